@@ -1,0 +1,26 @@
+# loopline: pack a corpus, train a looped transformer in segments, sweep test-time depth,
+# run downstream benchmarks, track everything in MLflow. All logic lives in src/pipeline_lib.
+from snakemake.utils import min_version, validate
+
+from pipeline_lib.config import apply_default_config
+
+min_version("9.0")
+
+# The embedded default is config/config.yaml; --configfile and --config are merged over it
+# (a file that lists runs: replaces the default variants rather than adding to them).
+apply_default_config(config)
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/track.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/bench.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

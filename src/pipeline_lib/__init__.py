@@ -1,0 +1,1 @@
+"""loopline: looped-transformer pretraining pipeline library."""

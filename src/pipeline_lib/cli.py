@@ -1,0 +1,73 @@
+"""Command line: one subcommand per stage, each defined in ``pipeline_lib.commands.<name>``.
+
+Command modules import only argparse-level code at parser build time (so ``--help`` is
+fast); the stage itself is imported when the command runs. A :class:`PipelineError` is
+printed as one line and exits with status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from .errors import PipelineError
+
+# Order here is the order in `--help`.
+COMMAND_MODULES = [
+    "pack",
+    "train",
+    "heff",
+    "summarize_heff",
+    "bench",
+    "summarize_bench",
+    "lm_eval",
+    "track_init",
+    "sync_tracking",
+    "compare",
+    "schema",
+]
+
+
+def _available_commands() -> list:
+    modules = []
+    for name in COMMAND_MODULES:
+        try:
+            modules.append(importlib.import_module(f"pipeline_lib.commands.{name}"))
+        except ModuleNotFoundError as exc:
+            if exc.name != f"pipeline_lib.commands.{name}":
+                raise
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline_lib",
+        description="loopline stages: each runs alone, exactly as the Snakemake rule runs it.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="STAGE", required=True)
+    for module in _available_commands():
+        command = module.register(sub)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "lm-eval":  # passes everything through to lm-eval's own parser
+        from .commands import lm_eval
+
+        return lm_eval.passthrough(argv[1:])
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args._run(args) or 0)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

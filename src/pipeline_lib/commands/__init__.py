@@ -1,0 +1,1 @@
+"""One module per CLI stage: ``register(subparsers) -> parser`` and ``run(args) -> int``."""

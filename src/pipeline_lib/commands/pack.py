@@ -1,0 +1,34 @@
+"""``pack``: corpus → tokenizer → packed epoch shards in DIR (the rule ``pack_data`` calls the
+same :func:`pipeline_lib.data.pack.pack_corpus`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._common import add_config_args, config_from_args
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "pack", help="tokenize and pack the corpus into epoch shards",
+        description="Stream the configured sources, build or train the tokenizer, and write "
+                    "tokens.bin, docs.npy, train/epoch_*/, val/ and metadata.json into --out "
+                    "(replaced atomically).")
+    add_config_args(parser)
+    parser.add_argument("--out", type=Path, required=True,
+                        help="data directory to create (e.g. results/data/<data_id>)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..data.pack import pack_corpus
+
+    cfg = config_from_args(args)
+    meta = pack_corpus(cfg.data, args.out)
+    print(f"packed {meta['num_docs']} docs, {meta['total_tokens']} tokens "
+          f"(vocab {meta['vocab_size']}) into {meta['rows_per_epoch']} rows/epoch × "
+          f"{meta['num_epochs']} epochs of {meta['row_len']} tokens, fill "
+          f"{meta['fill_ratio']:.4f}, {meta['val_rows']} val rows, data_id "
+          f"{meta['data_id']}: {args.out}")
+    return 0

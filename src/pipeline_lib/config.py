@@ -1,0 +1,561 @@
+"""Configuration: one dataclass per section, OmegaConf only at the edges.
+
+Resolution order (later wins): dataclass defaults ← ``config/config.yaml`` (the embedded
+default) ← a user config file (may be partial) ← ``key=value`` overrides. A named variant
+from ``runs:`` is applied last by :func:`config_for_run`.
+
+Every field carries a ``help`` text (its unit, its meaning); the JSON schema in
+``workflow/schemas/config.schema.yaml`` is generated from these dataclasses
+(:mod:`pipeline_lib.config_schema`), so schema and dataclasses cannot drift apart.
+
+This module must stay light: the Snakefile imports it on every call (no torch, no mlflow).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "config.yaml"
+RUN_NAME_PATTERN = r"^(?!data$|compare$)[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _f(default: Any, help: str, **schema: Any) -> Any:
+    """A dataclass field with a help text and optional schema constraints.
+
+    ``schema`` may hold ``choices`` (allowed values), ``minimum``, ``exclusive_minimum``,
+    ``maximum`` and ``items`` (constraints for list items); they feed both the generated
+    JSON schema and :func:`validate_config`.
+    """
+    meta = {"help": help, **schema}
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class ExperimentConfig:
+    """Identity of the experiment and where its results go."""
+
+    name: str = _f("loopline-default", "MLflow experiment name; one experiment per config file.")
+    seed: int = _f(1234, "Master seed for model initialisation, loop sampling and training RNG.", minimum=0)
+    results_dir: str = _f("results", "Directory of the run tree (data packs, runs, compare, mlflow.db).")
+    device: str = _f(
+        "auto",
+        "Compute device: auto picks cuda, then npu, then cpu.",
+        choices=["auto", "cpu", "cuda", "npu"],
+    )
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow tracking; the MLFLOW_TRACKING_URI environment variable overrides ``uri``."""
+
+    enabled: bool = _f(True, "Log params, metrics and artifacts to MLflow.")
+    uri: str = _f(
+        "sqlite:///results/mlflow.db",
+        "Tracking store URI: sqlite:///path for a local store, http://host:port for a server.",
+    )
+    system_metrics: bool = _f(False, "Also log CPU/memory/GPU usage through MLflow system metrics.")
+
+
+@dataclass
+class SourceConfig:
+    """One corpus source. ``path`` is a glob for parquet/jsonl/text; built-ins need none."""
+
+    type: str = _f(
+        "stdlib",
+        "Source kind: parquet, jsonl, text (one document per file), stdlib (Python's standard "
+        "library sources) or reasoning (seeded procedural multi-step problems).",
+        choices=["parquet", "jsonl", "text", "stdlib", "reasoning"],
+    )
+    path: str = _f("", "Glob of input files (parquet, jsonl, text); empty for built-ins.")
+    text_field: str = _f("text", "Column (parquet) or key (jsonl) holding the document text.")
+    weight: float = _f(
+        1.0,
+        "Repeat factor: each document appears floor(weight) times plus once more with "
+        "probability frac(weight) (seeded).",
+        exclusive_minimum=0,
+    )
+    max_docs: int = _f(0, "Read at most this many documents from the source (0 = all).", minimum=0)
+    num_docs: int = _f(2000, "reasoning: number of documents to generate.", minimum=1)
+    tasks: list[str] = _f(
+        ["khop", "addition", "parity"],
+        "reasoning: generators to draw from (khop, addition, parity).",
+        items={"choices": ["khop", "addition", "parity"]},
+    )
+    min_difficulty: int = _f(1, "reasoning: smallest difficulty k (hops, digits, bits).", minimum=1)
+    max_difficulty: int = _f(4, "reasoning: largest difficulty k used in training data.", minimum=1)
+    seed: int = _f(0, "reasoning: generator seed (benchmarks use disjoint seeds).", minimum=0)
+
+
+@dataclass
+class TokenizerConfig:
+    """Tokenizer trained or built at pack time and saved as tokenizer.json."""
+
+    type: str = _f("byte", "byte: byte-level, 256 symbols + specials; bpe: BPE trained on the corpus.",
+                   choices=["byte", "bpe"])
+    vocab_size: int = _f(1024, "bpe: target vocabulary size including special tokens.", minimum=260)
+    min_frequency: int = _f(2, "bpe: minimum pair frequency for a merge.", minimum=1)
+
+
+@dataclass
+class DataConfig:
+    """Corpus, tokenizer and packing into rows of seq_len + 1 tokens."""
+
+    sources: list[SourceConfig] = _f(
+        [SourceConfig(type="stdlib", max_docs=400), SourceConfig(type="reasoning")],
+        "Corpus sources, concatenated in order before the train/validation split.",
+    )
+    tokenizer: TokenizerConfig = _f(TokenizerConfig(), "Tokenizer settings.")
+    seq_len: int = _f(128, "Tokens per training row (inputs); rows hold seq_len + 1 tokens.", minimum=2)
+    epochs: int = _f(2, "Epoch permutations packed; the data stream cycles past the last one.", minimum=1)
+    val_fraction: float = _f(0.02, "Fraction of whole documents held out for validation.",
+                             minimum=0, maximum=0.5)
+    seed: int = _f(0, "Seed of the validation split and the per-epoch row order.", minimum=0)
+    token_dtype: str = _f("auto", "Element type of tokens.bin: auto (uint16 when the vocabulary "
+                          "fits in 65536 ids, else uint32), uint16 or uint32.",
+                          choices=["auto", "uint16", "uint32"])
+
+
+@dataclass
+class ModelConfig:
+    """Looped transformer: prelude → core × loops (input injection) → coda → norm → head."""
+
+    vocab_size: int = _f(0, "Vocabulary size; 0 = taken from the packed data's tokenizer.", minimum=0)
+    d_model: int = _f(128, "Residual stream width.", minimum=8)
+    n_heads: int = _f(4, "Attention heads; must divide d_model.", minimum=1)
+    prelude_layers: int = _f(1, "Blocks before the loop (run once).", minimum=0)
+    core_layers: int = _f(1, "Blocks in the looped core.", minimum=1)
+    coda_layers: int = _f(1, "Blocks after the loop (run once per readout).", minimum=0)
+    loops: int = _f(4, "Core applications in training (fixed sampling) and the default readout.",
+                    minimum=1)
+    ffn_hidden: int = _f(0, "SwiGLU hidden width; 0 = 8/3·d_model rounded up to a multiple of 16.",
+                         minimum=0)
+    moe_experts: int = _f(0, "Experts per MoE FFN; 0 = dense SwiGLU.", minimum=0)
+    moe_top_k: int = _f(2, "Experts chosen per token.", minimum=1)
+    moe_ffn_hidden: int = _f(0, "Hidden width per expert; 0 = ffn_hidden / top_k.", minimum=0)
+    moe_aux_loss_weight: float = _f(0.01, "Weight of the Switch load-balancing loss (0 = off).", minimum=0)
+    moe_bias_update_rate: float = _f(
+        0.001, "γ of aux-loss-free balancing: bias += γ·(1/E − load) after each step (0 = off).",
+        minimum=0)
+    injection: str = _f("add", "Input injection: add (core(state + λ·e)) or linear (core(W[state; e])).",
+                        choices=["add", "linear"])
+    injection_scale: float = _f(1.0, "λ of additive injection (initial value when learnable).")
+    learn_injection_scale: bool = _f(False, "Make λ a learnable scalar with its own parameter group.")
+    step_embedding: bool = _f(False, "Add a learned per-loop step embedding to the state.")
+    state_init: str = _f("zeros", "Initial loop state: zeros or the prelude output (embedding).",
+                         choices=["zeros", "embedding"])
+    tie_embeddings: bool = _f(True, "Share the token embedding with the output head.")
+    rope_theta: float = _f(10000.0, "RoPE base frequency.", exclusive_minimum=0)
+    norm_eps: float = _f(1e-6, "RMSNorm epsilon.", exclusive_minimum=0)
+    init_std: float = _f(0.02, "Standard deviation of the normal weight init.", exclusive_minimum=0)
+    loss_chunk_size: int = _f(1024, "Tokens per chunk of the chunked cross-entropy.", minimum=1)
+    attention: str = _f("auto", "Attention kernel: auto (flex on CUDA, else sdpa), sdpa or flex.",
+                        choices=["auto", "sdpa", "flex"])
+
+
+@dataclass
+class LoopSamplingConfig:
+    """How many loops each training step runs (seeded by (seed, step): resume-exact)."""
+
+    mode: str = _f("fixed", "fixed (model.loops), uniform [min_loops, max_loops] or poisson_lognormal.",
+                   choices=["fixed", "uniform", "poisson_lognormal"])
+    min_loops: int = _f(1, "Smallest loop count drawn.", minimum=1)
+    max_loops: int = _f(8, "Largest loop count drawn.", minimum=1)
+    mean: float = _f(4.0, "poisson_lognormal: mean loop count.", exclusive_minimum=0)
+    sigma: float = _f(0.5, "poisson_lognormal: log-normal sigma of the Poisson rate.", minimum=0)
+
+
+@dataclass
+class BpttConfig:
+    """Backpropagation through loops."""
+
+    mode: str = _f("full", "full, truncated (last k loops carry gradients) or segmented "
+                   "(every k loops: loss, backward, optimizer step, detach).",
+                   choices=["full", "truncated", "segmented"])
+    k: int = _f(2, "Loops with gradients (truncated) or loops per segment (segmented).", minimum=1)
+
+
+@dataclass
+class SpikeGuardConfig:
+    """Skip optimizer steps on loss spikes; abort after too many in a row."""
+
+    enabled: bool = _f(True, "Run the spike guard.")
+    warmup_steps: int = _f(20, "Steps with only the non-finite checks while baselines settle.", minimum=0)
+    ema_beta: float = _f(0.98, "EMA factor of the loss baseline.", minimum=0, maximum=1)
+    rel_threshold: float = _f(1.5, "Spike when loss > max(delta_floor, rel_threshold·baseline)…", minimum=1)
+    delta_floor: float = _f(0.5, "…and loss − baseline exceeds this absolute floor (nats).", minimum=0)
+    ratio_jump: float = _f(3.0, "Spike when loss / previous loss exceeds this ratio.", minimum=1)
+    hard_jump: float = _f(5.0, "Spike when loss − previous loss exceeds this (nats).", minimum=0)
+    abort_consecutive: int = _f(8, "Abort the segment after this many consecutive skipped steps.",
+                                minimum=1)
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, batch plan, loop handling and segmenting."""
+
+    total_steps: int = _f(300, "Optimizer steps in total; 0 = from the token budget.", minimum=0)
+    token_budget_multiplier: float = _f(
+        20.0, "When total_steps is 0: tokens = parameters × this (Chinchilla-style).", exclusive_minimum=0)
+    steps_per_segment: int = _f(100, "Optimizer steps per training job (one Snakemake job each).",
+                                minimum=1)
+    global_batch_rows: int = _f(16, "Rows per optimizer step over all ranks and micro-batches.", minimum=1)
+    micro_batch_rows: int = _f(8, "Rows per forward/backward pass per rank.", minimum=1)
+    nproc: int = _f(1, "Processes (torchrun) per training job.", minimum=1)
+    optimizer: str = _f("adamw", "adamw or adamatan2.", choices=["adamw", "adamatan2"])
+    lr: float = _f(3e-3, "Peak learning rate.", exclusive_minimum=0)
+    min_lr_ratio: float = _f(0.1, "Final learning rate as a fraction of the peak.", minimum=0, maximum=1)
+    injection_lr: float = _f(0.0, "Peak learning rate of λ (0 = same as lr).", minimum=0)
+    weight_decay: float = _f(0.1, "AdamW weight decay (not on norms, biases, embeddings, λ).", minimum=0)
+    beta1: float = _f(0.9, "Adam β1.", minimum=0, maximum=1)
+    beta2: float = _f(0.95, "Adam β2.", minimum=0, maximum=1)
+    eps: float = _f(1e-8, "Adam ε.", exclusive_minimum=0)
+    schedule: str = _f("cosine", "cosine (warmup + cosine) or wsd (warmup–stable–decay).",
+                       choices=["cosine", "wsd"])
+    warmup_steps: int = _f(20, "Linear warmup steps.", minimum=0)
+    decay_fraction: float = _f(0.2, "wsd: fraction of total steps spent decaying.", minimum=0, maximum=1)
+    grad_clip: float = _f(1.0, "Clip the global gradient norm to this (0 = off).", minimum=0)
+    lr_scaling: str = _f("none", "Scale lr with global batch: none, sqrt or linear.",
+                         choices=["none", "sqrt", "linear"])
+    reference_batch_rows: int = _f(16, "Global batch at which lr is given (for lr_scaling).", minimum=1)
+    loop_sampling: LoopSamplingConfig = _f(LoopSamplingConfig(), "Loop-count sampling.")
+    bptt: BpttConfig = _f(BpttConfig(), "Backpropagation through loops.")
+    objective: str = _f("deep_supervision",
+                        "last (loss after the last loop) or deep_supervision (mean over loops).",
+                        choices=["last", "deep_supervision"])
+    answer_weight: float = _f(1.0, "Loss weight of answer tokens in reasoning documents.", minimum=0)
+    spike: SpikeGuardConfig = _f(SpikeGuardConfig(), "Spike guard.")
+    ema_decay: float = _f(0.0, "Keep an EMA of the weights with this decay (0 = off).", minimum=0, maximum=1)
+    eval_interval: int = _f(50, "Validation loss every this many steps (0 = only at segment end).",
+                            minimum=0)
+    eval_rows: int = _f(32, "Validation rows per in-training evaluation (fixed slice).", minimum=1)
+    diagnostics_interval: int = _f(50, "Per-block grad norm / activation RMS every N steps (0 = off).",
+                                   minimum=0)
+    compile: bool = _f(False, "torch.compile the model (off by default on the CPU).")
+    deterministic: bool = _f(True, "torch deterministic algorithms (bit-exact resume on the CPU).")
+    rollback_skip_steps: int = _f(10, "On a retry after a spike abort, skip this many steps of data.",
+                                  minimum=0)
+    segment_runtime_minutes: int = _f(60, "Wall-time limit of one segment job (SLURM runtime).", minimum=1)
+    sample_prompts: list[str] = _f(["def ", "a=3;b=a;print("],
+                                   "Prompts for greedy samples written with each snapshot.")
+    sample_tokens: int = _f(32, "Tokens generated per sample prompt.", minimum=0)
+
+
+@dataclass
+class SnapshotsConfig:
+    """Which segment-end snapshots are kept (the rest are deleted once consumed)."""
+
+    keep_last: int = _f(2, "Keep the last N segment snapshots.", minimum=1)
+    keep_every: int = _f(0, "Also keep every snapshot whose step is a multiple of this (0 = off).",
+                         minimum=0)
+    keep_best: bool = _f(False, "Also keep the snapshot with the best validation loss.")
+
+
+@dataclass
+class EvalConfig:
+    """H_eff sweep: validation loss at several test-time loop counts, one pass per batch."""
+
+    h_eff: list[int] = _f([1, 2, 4, 8], "Loop counts read out (may exceed model.loops).",
+                          items={"minimum": 1})
+    max_tokens: int = _f(65536, "Validation tokens evaluated per snapshot.", minimum=1)
+    batch_rows: int = _f(16, "Rows per evaluation batch.", minimum=1)
+    use_ema: bool = _f(False, "Evaluate the EMA weights when the snapshot has them.")
+
+
+@dataclass
+class BenchConfig:
+    """Downstream benchmarks through lm-evaluation-harness."""
+
+    tasks: list[str] = _f(["loopline_khop", "loopline_addition", "loopline_parity"],
+                          "Task names: built-in loopline_* tasks or any installed lm-eval task.")
+    h_eff: list[int] = _f([1, 4, 8], "Loop counts at which every task is scored.", items={"minimum": 1})
+    snapshots: str = _f("final", "Benchmark the final snapshot only, or every kept one.",
+                        choices=["final", "kept"])
+    examples_per_level: int = _f(40, "Built-in tasks: examples per difficulty level.", minimum=1)
+    min_difficulty: int = _f(1, "Built-in tasks: smallest difficulty level.", minimum=1)
+    max_difficulty: int = _f(6, "Built-in tasks: largest level (beyond training = extrapolation).",
+                             minimum=1)
+    seed: int = _f(10_000, "Seed of the built-in task sets (disjoint from training seeds).", minimum=0)
+    batch_size: int = _f(16, "Requests per model batch.", minimum=1)
+    max_gen_toks: int = _f(16, "Generation budget for generate_until tasks.", minimum=1)
+    limit: int = _f(0, "Examples per lm-eval task at most (0 = all).", minimum=0)
+
+
+@dataclass
+class Config:
+    """The whole pipeline configuration."""
+
+    experiment: ExperimentConfig = _f(ExperimentConfig(), "Experiment identity.")
+    tracking: TrackingConfig = _f(TrackingConfig(), "MLflow tracking.")
+    data: DataConfig = _f(DataConfig(), "Corpus, tokenizer and packing.")
+    model: ModelConfig = _f(ModelConfig(), "Model architecture.")
+    train: TrainConfig = _f(TrainConfig(), "Training.")
+    snapshots: SnapshotsConfig = _f(SnapshotsConfig(), "Snapshot retention.")
+    eval: EvalConfig = _f(EvalConfig(), "H_eff sweep.")
+    bench: BenchConfig = _f(BenchConfig(), "Downstream benchmarks.")
+    runs: dict[str, Any] = _f(
+        {}, "Named variants, each a partial override of the sections above; one MLflow parent "
+        "run and one results/{run} directory each.")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _omegaconf():
+    from omegaconf import OmegaConf  # imported here: keeps `import pipeline_lib.config` cheap
+
+    return OmegaConf
+
+
+def _merge(base: Any, update: Any, source: str) -> Any:
+    from omegaconf.errors import OmegaConfBaseException
+
+    OmegaConf = _omegaconf()
+    try:
+        return OmegaConf.merge(base, update)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_explain_omegaconf_error(exc, source)) from None
+
+
+def _explain_omegaconf_error(exc: Exception, source: str) -> str:
+    key = getattr(exc, "full_key", None) or "?"
+    msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]
+    if "not in struct" in str(exc) or "Key '" in msg and "not" in msg:
+        section = key.rsplit(".", 1)[0] if "." in key else "the top level"
+        return (f"{source}: unknown config key '{key}'; check its spelling against "
+                f"workflow/schemas/config.schema.yaml (keys allowed in {section})")
+    return f"{source}: bad value for config key '{key}': {msg}; fix the value's type"
+
+
+def _read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file")
+    OmegaConf = _omegaconf()
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as exc:  # yaml.YAMLError and friends
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from None
+    if loaded is None:
+        return OmegaConf.create({})
+    if not isinstance(loaded, Mapping) and not hasattr(loaded, "keys"):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not a list")
+    return loaded
+
+
+def _structured(data: Mapping[str, Any] | Any, source: str) -> Config:
+    OmegaConf = _omegaconf()
+    schema = OmegaConf.structured(Config)
+    merged = _merge(schema, data, source)
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, Config)
+    validate_config(cfg)
+    return cfg
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    base: str | Path | None = DEFAULT_CONFIG_PATH,
+) -> Config:
+    """Defaults ← ``base`` (config/config.yaml) ← ``path`` ← ``key=value`` overrides.
+
+    Sections merge key by key and lists are replaced; a file that lists ``runs:`` replaces
+    the variants below it (a variant set is one unit, see :func:`merge_config_dicts`).
+    """
+    OmegaConf = _omegaconf()
+    cfg = OmegaConf.structured(Config)
+    if base is not None and Path(base).is_file():
+        cfg = _merge(cfg, _read_yaml(Path(base)), str(base))
+    if path is not None and (base is None or Path(path).resolve() != Path(base).resolve()):
+        update = _read_yaml(Path(path))
+        if "runs" in update:
+            cfg.runs = {}
+        cfg = _merge(cfg, update, str(path))
+    if overrides:
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override '{item}' must look like key=value (e.g. train.lr=1e-3)")
+        try:
+            dotlist = OmegaConf.from_dotlist(list(overrides))
+        except Exception as exc:
+            raise ConfigError(f"cannot parse overrides {list(overrides)}: {exc}") from None
+        cfg = _merge(cfg, dotlist, "command-line override")
+    out = OmegaConf.to_object(cfg)
+    assert isinstance(out, Config)
+    validate_config(out)
+    return out
+
+
+def merge_config_dicts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain-data merge with the loader's rules: mappings merge recursively, lists and
+    scalars replace, and a top-level ``runs`` in ``update`` replaces ``base``'s variants."""
+
+    def merge(a: Any, b: Any) -> Any:
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out = dict(a)
+            for key, value in b.items():
+                out[key] = merge(a[key], value) if key in a else copy.deepcopy(value)
+            return out
+        return copy.deepcopy(b)
+
+    merged = merge(base, update)
+    if "runs" in update:
+        merged["runs"] = copy.deepcopy(update["runs"])
+    return merged
+
+
+def apply_default_config(config: dict[str, Any], default: Path = DEFAULT_CONFIG_PATH) -> None:
+    """In place: ``config`` (what --configfile/--config gave Snakemake) merged over the
+    embedded default, by :func:`merge_config_dicts`. The Snakefile calls this instead of a
+    ``configfile:`` directive, whose recursive merge would add a file's variants to the
+    default ones instead of replacing them."""
+    import yaml
+
+    with open(default) as fh:
+        base = yaml.safe_load(fh) or {}
+    merged = merge_config_dicts(base, config)
+    config.clear()
+    config.update(merged)
+
+
+def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
+    """Build a validated :class:`Config` from a plain (possibly partial) mapping."""
+    return _structured(dict(data), source)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config (or one section) as plain, JSON-able data."""
+    return dataclasses.asdict(cfg)
+
+
+def config_for_run(cfg: Config, run: str) -> Config:
+    """The config of variant ``run``: ``runs[run]`` merged over the other sections.
+
+    The result has ``runs`` emptied: it is what one run directory trains and evaluates.
+    """
+    if run not in cfg.runs:
+        known = ", ".join(sorted(cfg.runs)) or "(none)"
+        raise ConfigError(f"unknown run '{run}' (config key runs.{run}); known runs: {known}")
+    base = to_dict(cfg)
+    base["runs"] = {}
+    OmegaConf = _omegaconf()
+    merged = _merge(OmegaConf.structured(Config), base, "config")
+    merged = _merge(merged, cfg.runs[run] or {}, f"runs.{run}")
+    out = OmegaConf.to_object(merged)
+    assert isinstance(out, Config)
+    validate_config(out)
+    return out
+
+
+def config_hash(cfg: Any, length: int = 12) -> str:
+    """Short stable hash of a config (or section): sorted-key JSON, sha256."""
+    data = to_dict(cfg) if dataclasses.is_dataclass(cfg) else cfg
+    blob = json.dumps(data, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:length]
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Write the resolved config as YAML (plain data, loadable by :func:`load_config`)."""
+    OmegaConf = _omegaconf()
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mapping → {"a.b.c": value}; lists are kept as values."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_field_constraints(obj: Any, prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_field_constraints(value, f"{key}.")
+            continue
+        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                _check_field_constraints(item, f"{key}[{i}].")
+            continue
+        _check_value(key, value, f.metadata)
+        if isinstance(value, list) and "items" in f.metadata:
+            for i, item in enumerate(value):
+                _check_value(f"{key}[{i}]", item, f.metadata["items"])
+
+
+def _check_value(key: str, value: Any, meta: Mapping[str, Any]) -> None:
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"config key {key} = {value!r} is not allowed; use one of {choices}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        lo, lo_x, hi = meta.get("minimum"), meta.get("exclusive_minimum"), meta.get("maximum")
+        if lo is not None and value < lo:
+            raise ConfigError(f"config key {key} = {value} is below its minimum {lo}; raise it")
+        if lo_x is not None and value <= lo_x:
+            raise ConfigError(f"config key {key} = {value} must be greater than {lo_x}")
+        if hi is not None and value > hi:
+            raise ConfigError(f"config key {key} = {value} is above its maximum {hi}; lower it")
+
+
+def validate_config(cfg: Config) -> None:
+    """Range/choice checks from field metadata, then cross-field rules. Raises ConfigError."""
+    _check_field_constraints(cfg, "")
+    m, t, d = cfg.model, cfg.train, cfg.data
+    if m.d_model % m.n_heads:
+        raise ConfigError(f"model.d_model = {m.d_model} is not divisible by model.n_heads = "
+                          f"{m.n_heads}; pick n_heads that divides d_model")
+    if (m.d_model // m.n_heads) % 2:
+        raise ConfigError(f"model.d_model / model.n_heads = {m.d_model // m.n_heads} must be even "
+                          "for RoPE; change d_model or n_heads")
+    if m.moe_experts and m.moe_top_k > m.moe_experts:
+        raise ConfigError(f"model.moe_top_k = {m.moe_top_k} exceeds model.moe_experts = "
+                          f"{m.moe_experts}; lower top_k or add experts")
+    per_pass = t.micro_batch_rows * t.nproc
+    if t.global_batch_rows % per_pass:
+        raise ConfigError(
+            f"train.global_batch_rows = {t.global_batch_rows} is not a multiple of "
+            f"train.micro_batch_rows × train.nproc = {t.micro_batch_rows} × {t.nproc}; "
+            f"use a multiple of {per_pass}")
+    ls = t.loop_sampling
+    if ls.min_loops > ls.max_loops:
+        raise ConfigError(f"train.loop_sampling.min_loops = {ls.min_loops} exceeds max_loops = "
+                          f"{ls.max_loops}; swap them")
+    for i, src in enumerate(d.sources):
+        if src.type in ("parquet", "jsonl", "text") and not src.path:
+            raise ConfigError(f"data.sources[{i}].path is empty for a {src.type} source; "
+                              "set it to a file glob")
+        if src.min_difficulty > src.max_difficulty:
+            raise ConfigError(f"data.sources[{i}].min_difficulty exceeds max_difficulty; swap them")
+    if not d.sources:
+        raise ConfigError("data.sources is empty; list at least one corpus source")
+    if cfg.bench.min_difficulty > cfg.bench.max_difficulty:
+        raise ConfigError("bench.min_difficulty exceeds bench.max_difficulty; swap them")
+    for name in cfg.runs:
+        if not re.match(RUN_NAME_PATTERN, name):
+            raise ConfigError(f"runs.{name}: run names must be identifiers other than 'data' "
+                              "and 'compare' (letters, digits, underscores)")

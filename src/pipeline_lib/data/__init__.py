@@ -1,0 +1,13 @@
+"""Data stage: corpus sources → tokenizer → tokens.bin → packed epoch shards → batches.
+
+Modules (each imported on its own; this package imports nothing heavy, because the
+Snakefile imports :mod:`pipeline_lib.data.identity` on every call):
+
+- :mod:`.identity`: ``data_id`` (short hash of everything that determines the packed bytes).
+- :mod:`.reasoning`: seeded procedural problems (k-hop chains, addition, parity).
+- :mod:`.sources`: streaming readers for parquet, jsonl, text, stdlib and reasoning sources.
+- :mod:`.tokenizer`: byte-level or trained BPE tokenizers (HF ``tokenizers``).
+- :mod:`.packing`: document splitting and best-fit-decreasing packing into rows.
+- :mod:`.pack`: ``pack_corpus``, the whole stage, written atomically.
+- :mod:`.loader`: deterministic, resumable batches over a packed directory.
+"""

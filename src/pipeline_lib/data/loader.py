@@ -1,0 +1,275 @@
+"""Deterministic, resumable batches over a packed data directory (see :mod:`.pack`).
+
+The training data is one stream of rows: epoch 0's rows in their packed order, then
+epoch 1's, …; past the last packed epoch the stream cycles through the packed epochs
+again (with a warning). Global step s consumes the G rows that follow the cursor (G =
+global batch in rows); rank r of W takes the r-th contiguous block of G/W of them, cut
+into micro-batches of B rows. Concatenating every rank's micro-batches in rank order
+therefore gives the same G rows whatever W and B are, and a run resumed from a cursor
+reads exactly what an uninterrupted run would have read.
+
+Each batch is a dict of tensors, all [B, seq_len]:
+``input_ids``, ``targets`` (next token, or -100 across a document boundary and in
+padding), ``position_ids`` (restarting at 0 at every document piece and at the padding),
+``doc_ids`` (index of the piece within its row; the padding has its own id, one past the
+last piece) and the bool ``answer_mask`` (targets that are answer tokens of a reasoning
+document, for answer-weighted losses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, DataError
+from .identity import FORMAT_VERSION
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+LAYOUT = "document_causal_lm"
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DataCursor:
+    """Position in the row stream: the next row to read is ``row`` of logical ``epoch``."""
+
+    epoch: int = 0
+    row: int = 0
+
+    def to_json(self) -> list[int]:
+        """``[epoch, row]``: what a checkpoint stores."""
+        return [self.epoch, self.row]
+
+    @classmethod
+    def from_json(cls, value: Sequence[int]) -> DataCursor:
+        """Inverse of :meth:`to_json`."""
+        if (len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                       for v in value) or min(value) < 0):
+            raise DataError(f"data cursor {value!r} is not [epoch, row] with non-negative "
+                            "integers; the trainer state file is damaged")
+        return cls(int(value[0]), int(value[1]))
+
+
+def advance_cursor(cursor: DataCursor, num_rows: int, rows_per_epoch: int) -> DataCursor:
+    """The cursor ``num_rows`` rows further along the stream (crossing epochs as needed)."""
+    flat = cursor.row + num_rows
+    return DataCursor(cursor.epoch + flat // rows_per_epoch, flat % rows_per_epoch)
+
+
+@dataclass(frozen=True)
+class PackedSplit:
+    """One packed split (an epoch of train/, or val/), memory-mapped."""
+
+    piece_start: np.ndarray  # int64 [pieces]
+    piece_len: np.ndarray  # int64 [pieces]
+    row_ptr: np.ndarray  # int64 [rows + 1]
+
+
+def assemble_rows(tokens: np.ndarray, split: PackedSplit, rows: np.ndarray, row_len: int,
+                  pad_id: int, answers: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                  ) -> dict[str, np.ndarray]:
+    """Build the batch arrays (numpy, [len(rows), row_len - 1]) of the given rows of a split.
+
+    ``answers`` = (doc_start, answer_start, answer_end), absolute token offsets per document,
+    or None when the pack has no answer spans.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    n = len(rows)
+    first = np.asarray(split.row_ptr[rows])
+    count = np.asarray(split.row_ptr[rows + 1]) - first  # pieces per row, ≥ 1
+    row_first = np.cumsum(count) - count  # position of each row's first piece in the batch
+    piece_row = np.repeat(np.arange(n), count)
+    piece = np.repeat(first - row_first, count) + np.arange(int(count.sum()))
+    start = np.asarray(split.piece_start[piece])
+    length = np.asarray(split.piece_len[piece])
+    before = np.cumsum(length) - length  # tokens of earlier pieces in the batch
+    piece_off = before - before[row_first][piece_row]  # column where the piece begins
+    piece_in_row = np.arange(len(piece)) - row_first[piece_row]
+    used = np.bincount(piece_row, weights=length, minlength=n).astype(np.int64)
+    assert used.max(initial=0) <= row_len, "a packed row is longer than seq_len + 1"
+
+    tok_piece = np.repeat(np.arange(len(piece)), length)
+    tok_in_piece = np.arange(int(length.sum())) - np.repeat(before, length)
+    absolute = start[tok_piece] + tok_in_piece
+    r, c = piece_row[tok_piece], piece_off[tok_piece] + tok_in_piece
+
+    columns = np.arange(row_len)[None, :]
+    ids = np.full((n, row_len), pad_id, dtype=np.int64)
+    ids[r, c] = tokens[absolute]
+    doc = np.broadcast_to(count[:, None], (n, row_len)).copy()  # padding: one past the last piece
+    doc[r, c] = piece_in_row[tok_piece]
+    pos = columns - used[:, None]  # padding restarts at 0 too
+    pos[r, c] = tok_in_piece
+    answer = np.zeros((n, row_len), dtype=bool)
+    if answers is not None:
+        doc_start, ans_start, ans_end = answers
+        d = np.searchsorted(doc_start, start, side="right") - 1  # document of each piece
+        answer[r, c] = (absolute >= ans_start[d][tok_piece]) & (absolute < ans_end[d][tok_piece])
+
+    is_pad = columns >= used[:, None]
+    same_doc = (doc[:, 1:] == doc[:, :-1]) & ~is_pad[:, 1:]
+    return {
+        "input_ids": ids[:, :-1],
+        "targets": np.where(same_doc, ids[:, 1:], IGNORE_INDEX),
+        "position_ids": pos[:, :-1],
+        "doc_ids": doc[:, :-1],
+        "answer_mask": answer[:, 1:] & same_doc,
+    }
+
+
+def _to_torch(arrays: dict[str, np.ndarray]) -> Batch:
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+class PackedData:
+    """Reader of ``results/data/{data_id}``: training stream, validation slice, cursor maths."""
+
+    def __init__(self, data_dir: str | Path):
+        self.data_dir = Path(data_dir)
+        meta_path = self.data_dir / "metadata.json"
+        if not meta_path.is_file():
+            raise DataError(f"{self.data_dir} is not a packed data directory (no metadata.json);"
+                            " run `python -m pipeline_lib pack --out DIR` first")
+        try:
+            self.metadata: dict[str, Any] = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{meta_path} is not valid JSON ({exc}); re-run the pack") from None
+        fmt, layout = self.metadata.get("format"), self.metadata.get("layout")
+        if fmt != FORMAT_VERSION or layout != LAYOUT:
+            raise DataError(f"{self.data_dir} has format {fmt!r}/{layout!r}, this code reads "
+                            f"{FORMAT_VERSION}/{LAYOUT}; re-run the pack")
+        m = self.metadata
+        self.seq_len: int = m["seq_len"]
+        self.row_len: int = m["row_len"]
+        self.rows_per_epoch: int = m["rows_per_epoch"]
+        self.num_epochs: int = m["num_epochs"]
+        self.val_rows: int = m["val_rows"]
+        self.vocab_size: int = m["vocab_size"]
+        self.eos_id: int = m["eos_id"]
+        self.pad_id: int = m["pad_id"]
+        tokens_path = self._path("tokens.bin")
+        dtype = np.dtype(m["token_dtype"])
+        expected = m["total_tokens"] * dtype.itemsize
+        if tokens_path.stat().st_size != expected:
+            raise DataError(f"{tokens_path} has {tokens_path.stat().st_size} bytes, metadata "
+                            f"says {expected}; the pack is damaged, re-run it")
+        self.tokens = np.memmap(tokens_path, dtype=dtype, mode="r")
+        docs = np.load(self._path("docs.npy"))
+        self._answers = None
+        spans_path = self.data_dir / "answer_spans.npy"
+        if spans_path.is_file():
+            spans = np.load(spans_path)
+            if (spans[:, 1] > 0).any():
+                ans_start = docs[:, 0] + spans[:, 0]
+                self._answers = (docs[:, 0], ans_start, ans_start + spans[:, 1])
+        self._splits: dict[str, PackedSplit] = {}
+        self._warned_epochs: set[int] = set()
+
+    def _path(self, rel: str) -> Path:
+        path = self.data_dir / rel
+        if not path.is_file():
+            raise DataError(f"{path} is missing; the pack in {self.data_dir} is incomplete, "
+                            "re-run it")
+        return path
+
+    def split(self, prefix: str) -> PackedSplit:
+        """The memory-mapped arrays of ``train/epoch_{e}`` (a packed epoch) or ``val``."""
+        if prefix not in self._splits:
+            self._splits[prefix] = PackedSplit(
+                *(np.load(self._path(f"{prefix}/{name}.npy"), mmap_mode="r")
+                  for name in ("doc_start", "doc_len", "row_ptr")))
+        return self._splits[prefix]
+
+    def _packed_epoch(self, epoch: int) -> int:
+        if epoch >= self.num_epochs and epoch not in self._warned_epochs:
+            self._warned_epochs.add(epoch)
+            log.warning("data stream entered epoch %d but only %d epochs are packed; reusing "
+                        "epoch %d (raise data.epochs to avoid repeats)",
+                        epoch, self.num_epochs, epoch % self.num_epochs)
+        return epoch % self.num_epochs
+
+    def rows(self, epoch: int, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Batch arrays (numpy) of ``rows`` of logical training ``epoch``."""
+        split = self.split(f"train/epoch_{self._packed_epoch(epoch)}")
+        return assemble_rows(self.tokens, split, rows, self.row_len, self.pad_id, self._answers)
+
+    def _check_cursor(self, cursor: DataCursor) -> None:
+        if cursor.epoch < 0 or not 0 <= cursor.row < self.rows_per_epoch:
+            raise DataError(f"data cursor (epoch {cursor.epoch}, row {cursor.row}) is outside "
+                            f"this pack ({self.rows_per_epoch} rows per epoch); resume with the "
+                            "data pack the run started with")
+
+    def advance(self, cursor: DataCursor, steps: int, global_batch_rows: int) -> DataCursor:
+        """The cursor after ``steps`` global steps (e.g. to skip data after a rollback)."""
+        self._check_cursor(cursor)
+        return advance_cursor(cursor, steps * global_batch_rows, self.rows_per_epoch)
+
+    def stream_rows(self, cursor: DataCursor, count: int) -> dict[str, np.ndarray]:
+        """The next ``count`` rows of the stream from ``cursor``, as numpy batch arrays."""
+        self._check_cursor(cursor)
+        parts = []
+        while count > 0:
+            take = min(count, self.rows_per_epoch - cursor.row)
+            parts.append(self.rows(cursor.epoch, np.arange(cursor.row, cursor.row + take)))
+            cursor = advance_cursor(cursor, take, self.rows_per_epoch)
+            count -= take
+        return _concat(parts)
+
+    def batches_for_step(self, cursor: DataCursor, global_batch_rows: int, micro_batch_rows: int,
+                         world_size: int = 1, rank: int = 0) -> tuple[list[Batch], DataCursor]:
+        """This rank's micro-batches of the global step starting at ``cursor``, and the cursor
+        of the next step. Every rank returns the same next cursor."""
+        per_pass = micro_batch_rows * world_size
+        if global_batch_rows % per_pass:
+            raise ConfigError(f"train.global_batch_rows = {global_batch_rows} is not a multiple "
+                              f"of micro_batch_rows × world size = {per_pass}; use a multiple")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        per_rank = global_batch_rows // world_size
+        self._check_cursor(cursor)
+        mine = self.stream_rows(advance_cursor(cursor, rank * per_rank, self.rows_per_epoch),
+                                per_rank)
+        micro = [_to_torch({k: v[i:i + micro_batch_rows] for k, v in mine.items()})
+                 for i in range(0, per_rank, micro_batch_rows)]
+        return micro, advance_cursor(cursor, global_batch_rows, self.rows_per_epoch)
+
+    def val_batches(self, num_rows: int, batch_rows: int) -> Iterator[Batch]:
+        """The first ``num_rows`` validation rows (fewer if val/ is smaller), in batches."""
+        if self.val_rows == 0:
+            raise DataError(f"{self.data_dir} has no validation rows; set data.val_fraction > 0"
+                            " and re-run the pack")
+        total = min(num_rows, self.val_rows)
+        if total < num_rows:
+            log.info("validation asks for %d rows, the pack has %d; using all", num_rows, total)
+        split = self.split("val")
+        for i in range(0, total, batch_rows):
+            rows = np.arange(i, min(i + batch_rows, total))
+            yield _to_torch(assemble_rows(self.tokens, split, rows, self.row_len, self.pad_id,
+                                          self._answers))
+
+    def verify(self) -> None:
+        """Check the sha256 of every array against metadata.json (reads every byte)."""
+        for rel, expected in self.metadata["arrays"].items():
+            sha = hashlib.sha256()
+            with open(self._path(rel), "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    sha.update(chunk)
+            if sha.hexdigest() != expected:
+                raise DataError(f"{self.data_dir / rel} does not match its sha256 in "
+                                "metadata.json; the pack is damaged, re-run it")

@@ -1,0 +1,315 @@
+"""The data stage: corpus → tokenizer → ``tokens.bin`` → packed epoch shards + metadata.
+
+Layout of the output directory (see DESIGN.md, "Data formats")::
+
+    tokenizer.json  metadata.json  tokens.bin  docs.npy  answer_spans.npy
+    train/epoch_{e}/{doc_start,doc_len,row_ptr}.npy    val/{doc_start,doc_len,row_ptr}.npy
+
+Everything is written into a hidden temporary sibling and renamed into place at the end,
+so a failed or interrupted pack leaves nothing that looks complete. Documents are streamed
+(tokenized in batches and appended to ``tokens.bin``); only per-document lengths stay in
+memory. The same config gives byte-identical files: every random choice comes from
+``numpy.random.default_rng([data.seed, stream, …])``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ..config import DataConfig
+from ..errors import ConfigError, DataError
+from .identity import FORMAT_VERSION, data_id, fingerprint_hash, source_files, source_fingerprint
+from .packing import PackedRows, fill_ratio, pack_documents
+from .sources import RawDocument, SourceStats, check_source, iter_documents
+from .tokenizer import TokenEncoder, build_tokenizer, eos_id, pad_id
+
+log = logging.getLogger(__name__)
+
+LAYOUT = "document_causal_lm"
+BATCH_DOCS = 1024  # documents per tokenizer batch…
+BATCH_CHARS = 4 << 20  # …or this many characters, whichever comes first
+_DTYPE_MAX_IDS = {"uint16": 1 << 16, "uint32": 1 << 32}
+# Stream ids of the seeded generators (default_rng([seed, stream, …])).
+_SPLIT, _WEIGHTS, _EPOCH, _VAL = 1, 2, 3, 4
+
+
+@dataclass
+class _Tokenized:
+    doc_len: np.ndarray  # int64 [docs], tokens incl. EOS
+    doc_source: np.ndarray  # int64 [docs], index into data.sources
+    answer_spans: np.ndarray  # int64 [docs, 2], (offset in doc, length); (0, 0) if none
+    tokens_sha256: str
+
+
+def _check_config(data: DataConfig) -> None:
+    if data.seq_len < 2:
+        raise ConfigError(f"config key data.seq_len = {data.seq_len} is below 2; rows need at "
+                          "least one input and one target, raise it")
+    if data.token_dtype != "auto":
+        limit = _DTYPE_MAX_IDS[data.token_dtype]
+        if data.tokenizer.type == "bpe" and data.tokenizer.vocab_size > limit:
+            raise ConfigError(
+                f"config key data.tokenizer.vocab_size = {data.tokenizer.vocab_size} does not "
+                f"fit data.token_dtype = {data.token_dtype} (at most {limit} ids); set "
+                "data.token_dtype to auto or uint32, or lower the vocabulary size")
+
+
+def _token_dtype(data: DataConfig, vocab_size: int) -> np.dtype:
+    name = data.token_dtype
+    if name == "auto":
+        name = "uint16" if vocab_size <= _DTYPE_MAX_IDS["uint16"] else "uint32"
+    if vocab_size > _DTYPE_MAX_IDS[name]:
+        raise ConfigError(f"the tokenizer has {vocab_size} ids, more than data.token_dtype = "
+                          f"{name} can hold; set data.token_dtype to auto or uint32")
+    return np.dtype(name)
+
+
+def _all_documents(data: DataConfig, stats: list[SourceStats]) -> Iterator[tuple[int, RawDocument]]:
+    for index, src in enumerate(data.sources):
+        for doc in iter_documents(index, src, stats[index]):
+            yield index, doc
+
+
+def _batches(docs: Iterator[tuple[int, RawDocument]]) -> Iterator[list[tuple[int, RawDocument]]]:
+    batch, chars = [], 0
+    for item in docs:
+        batch.append(item)
+        chars += len(item[1].text)
+        if len(batch) >= BATCH_DOCS or chars >= BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _assemble(enc: TokenEncoder, batch: list[tuple[int, RawDocument]],
+              eos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens of a batch laid out as text + answer + EOS per document.
+
+    Returns (ids int64 [tokens], doc_len, answer_offset, answer_len), each int64 [docs];
+    answer_offset is the text length where there is an answer, else 0.
+    """
+    text_ids, text_len = enc.encode_batch([d.text for _, d in batch])
+    has_answer = any(d.answer for _, d in batch)
+    if has_answer:
+        ans_ids, ans_len = enc.encode_batch([d.answer for _, d in batch])
+    else:
+        ans_ids, ans_len = np.zeros(0, np.int64), np.zeros(len(batch), np.int64)
+    doc_len = text_len + ans_len + 1
+    doc_start = np.cumsum(doc_len) - doc_len
+    out = np.empty(int(doc_len.sum()), dtype=np.int64)
+    text_first = np.cumsum(text_len) - text_len
+    out[np.repeat(doc_start - text_first, text_len) + np.arange(len(text_ids))] = text_ids
+    if has_answer:
+        ans_first = np.cumsum(ans_len) - ans_len
+        ans_pos = np.repeat(doc_start + text_len - ans_first, ans_len) + np.arange(len(ans_ids))
+        out[ans_pos] = ans_ids
+    out[doc_start + doc_len - 1] = eos
+    return out, doc_len, np.where(ans_len > 0, text_len, 0), ans_len
+
+
+def _tokenize(data: DataConfig, enc: TokenEncoder, eos: int, dtype: np.dtype, path: Path,
+              stats: list[SourceStats]) -> _Tokenized:
+    """Stream every source through the tokenizer into ``path``; keep only per-doc numbers."""
+    lens, sources, span_off, span_len = [], [], [], []
+    sha = hashlib.sha256()
+    bar = tqdm(desc="tokenizing", unit="doc", disable=None)
+    with open(path, "wb") as fh:
+        for batch in _batches(_all_documents(data, stats)):
+            ids, doc_len, ans_off, ans_len = _assemble(enc, batch, eos)
+            blob = ids.astype(dtype).tobytes()
+            fh.write(blob)
+            sha.update(blob)
+            lens.append(doc_len)
+            sources.append(np.fromiter((i for i, _ in batch), np.int64, len(batch)))
+            span_off.append(ans_off)
+            span_len.append(ans_len)
+            bar.update(len(batch))
+    bar.close()
+    if not lens:
+        where = ", ".join(f"data.sources[{i}] ({s.type}" + (f" {s.path!r})" if s.path else ")")
+                          for i, s in enumerate(data.sources))
+        raise DataError(f"the corpus is empty: {where} produced no non-empty documents; "
+                        "add documents or fix the source paths")
+    for i, st in enumerate(stats):
+        if st.num_docs == 0:
+            log.warning("data.sources[%d] (%s) produced no documents", i, data.sources[i].type)
+    spans = np.stack([np.concatenate(span_off), np.concatenate(span_len)], axis=1)
+    return _Tokenized(np.concatenate(lens), np.concatenate(sources), spans, sha.hexdigest())
+
+
+def _split(data: DataConfig, num_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train_idx, val_idx): a seeded choice of whole documents held out for validation."""
+    num_val = int(round(data.val_fraction * num_docs))
+    if data.val_fraction > 0 and num_docs >= 2:
+        num_val = min(max(num_val, 1), num_docs - 1)
+    elif data.val_fraction > 0:
+        log.warning("only one document: nothing held out for validation")
+        num_val = 0
+    rng = np.random.default_rng([data.seed, _SPLIT])
+    is_val = np.zeros(num_docs, dtype=bool)
+    is_val[rng.choice(num_docs, num_val, replace=False)] = True
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
+
+
+def _repeat_by_weight(data: DataConfig, train_idx: np.ndarray,
+                      doc_source: np.ndarray) -> np.ndarray:
+    """Training documents with repeats: floor(weight) copies, one more with p = frac(weight)."""
+    weights = np.array([s.weight for s in data.sources], dtype=np.float64)[doc_source[train_idx]]
+    rng = np.random.default_rng([data.seed, _WEIGHTS])
+    whole = np.floor(weights)
+    reps = whole.astype(np.int64) + (rng.random(len(train_idx)) < weights - whole)
+    return np.repeat(train_idx, reps)
+
+
+def _save(tmp: Path, rel: str, array: np.ndarray, hashes: dict[str, str]) -> None:
+    path = tmp / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, np.ascontiguousarray(array))
+    hashes[rel] = _sha256_file(path)
+
+
+def _sha256_file(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _save_rows(tmp: Path, prefix: str, packed: PackedRows, hashes: dict[str, str]) -> None:
+    _save(tmp, f"{prefix}/doc_start.npy", packed.piece_start, hashes)
+    _save(tmp, f"{prefix}/doc_len.npy", packed.piece_len, hashes)
+    _save(tmp, f"{prefix}/row_ptr.npy", packed.row_ptr, hashes)
+
+
+def _source_report(data: DataConfig, stats: list[SourceStats], tok: _Tokenized) -> list[dict]:
+    tokens = np.bincount(tok.doc_source, weights=tok.doc_len, minlength=len(data.sources))
+    out = []
+    for i, (src, st) in enumerate(zip(data.sources, stats, strict=True)):
+        out.append({
+            "index": i, "type": src.type, "path": src.path, "weight": src.weight,
+            "num_files": len(source_files(src)),
+            "fingerprint": fingerprint_hash(source_fingerprint(src)),
+            "num_tokens": int(tokens[i]), **asdict(st),
+        })
+    return out
+
+
+def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
+    row_len = data.seq_len + 1
+    if data.tokenizer.type == "bpe":  # a first streaming pass trains the tokenizer
+        train_stats = [SourceStats() for _ in data.sources]
+        texts = (d.text + d.answer for _, d in _all_documents(data, train_stats))
+        tokenizer = build_tokenizer(data.tokenizer, tqdm(texts, desc="training BPE",
+                                                         unit="doc", disable=None))
+    else:
+        tokenizer = build_tokenizer(data.tokenizer, ())
+    vocab_size = tokenizer.get_vocab_size()
+    dtype = _token_dtype(data, vocab_size)
+    tokenizer.save(str(tmp / "tokenizer.json"))
+    eos = eos_id(tokenizer)
+    enc = TokenEncoder(tokenizer, byte_level=data.tokenizer.type == "byte")
+    stats = [SourceStats() for _ in data.sources]
+    tok = _tokenize(data, enc, eos, dtype, tmp / "tokens.bin", stats)
+    num_docs = len(tok.doc_len)
+    doc_start = np.cumsum(tok.doc_len) - tok.doc_len
+    hashes = {"tokens.bin": tok.tokens_sha256}
+    _save(tmp, "docs.npy", np.stack([doc_start, tok.doc_len], axis=1), hashes)
+    _save(tmp, "answer_spans.npy", tok.answer_spans, hashes)
+
+    train_idx, val_idx = _split(data, num_docs)
+    train_docs = _repeat_by_weight(data, train_idx, tok.doc_source)
+    if train_docs.size == 0:
+        raise DataError("no training documents are left after the validation split and source "
+                        "weights; lower data.val_fraction or raise data.sources[*].weight")
+    rows_per_epoch, fill = 0, 0.0
+    for epoch in tqdm(range(data.epochs), desc="packing", unit="epoch", disable=None):
+        rng = np.random.default_rng([data.seed, _EPOCH, epoch])
+        packed = pack_documents(doc_start[train_docs], tok.doc_len[train_docs], row_len, rng)
+        # Ties only change row contents, never the row count (see packing.pack_documents).
+        assert epoch == 0 or packed.num_rows == rows_per_epoch
+        rows_per_epoch, fill = packed.num_rows, fill_ratio(packed, row_len)
+        _save_rows(tmp, f"train/epoch_{epoch}", packed, hashes)
+    val = pack_documents(doc_start[val_idx], tok.doc_len[val_idx], row_len,
+                         np.random.default_rng([data.seed, _VAL]))
+    _save_rows(tmp, "val", val, hashes)
+
+    sources = _source_report(data, stats, tok)
+    meta: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "layout": LAYOUT,
+        "data_id": data_id(data),
+        "vocab_size": vocab_size,
+        "eos_id": eos,
+        "pad_id": pad_id(tokenizer),
+        "token_dtype": dtype.name,
+        "tokenizer": asdict(data.tokenizer),
+        "tokenizer_sha256": _sha256_file(tmp / "tokenizer.json"),
+        "seq_len": data.seq_len,
+        "row_len": row_len,
+        "num_docs": num_docs,
+        "num_train_docs": int(train_docs.size),
+        "num_val_docs": int(val_idx.size),
+        "total_tokens": int(tok.doc_len.sum()),
+        "train_tokens_per_epoch": int(tok.doc_len[train_docs].sum()),
+        "val_tokens": int(tok.doc_len[val_idx].sum()),
+        "num_epochs": data.epochs,
+        "rows_per_epoch": rows_per_epoch,
+        "val_rows": val.num_rows,
+        "fill_ratio": fill,
+        "val_fill_ratio": fill_ratio(val, row_len),
+        "split_docs": int((tok.doc_len[train_docs] > row_len).sum()),
+        "answer_docs": int((tok.answer_spans[:, 1] > 0).sum()),
+        "seed": data.seed,
+        "val_fraction": data.val_fraction,
+        "invalid_utf8_docs": sum(s["invalid_utf8_docs"] for s in sources),
+        "invalid_utf8_sequences": sum(s["invalid_utf8_sequences"] for s in sources),
+        "sources": sources,
+        "arrays": hashes,
+    }
+    (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return meta
+
+
+def pack_corpus(data: DataConfig, out_dir: Path) -> dict[str, Any]:
+    """Pack the corpus of ``data`` into ``out_dir`` (replaced if present); returns metadata.
+
+    Raises ConfigError / DataError (one line, naming the key or file) before writing
+    anything when it can, and removes its temporary directory when it fails later.
+    """
+    out_dir = Path(out_dir)
+    _check_config(data)
+    for index, src in enumerate(data.sources):
+        check_source(index, src)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        meta = _write_pack(data, tmp)
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+            out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("packed %d documents, %d tokens into %d rows/epoch × %d epochs (fill %.4f): %s",
+             meta["num_docs"], meta["total_tokens"], meta["rows_per_epoch"],
+             meta["num_epochs"], meta["fill_ratio"], out_dir)
+    return meta

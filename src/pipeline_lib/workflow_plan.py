@@ -1,0 +1,129 @@
+"""What the Snakefile needs to know, computed once from the Snakemake config dict.
+
+Runs, their resolved configs, data ids, segment ends and the kept snapshot steps. Kept
+snapshots live at ``snapshots/step_{step}``; the others are temporary outputs at
+``snapshots/segments/step_{step}`` that Snakemake deletes once the next segment consumed
+them, so a finished run re-run finds nothing to do. Torch-free and cheap: Snakemake
+evaluates this on every call, dry runs included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Config, DataConfig, config_for_run, config_from_dict, config_hash, to_dict
+from .data.identity import data_id as compute_data_id
+from .snapshots_policy import kept_steps, segment_ends, step_dir_name, total_steps
+
+DEFAULT_RUN = "default"
+BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)
+TEMP_SEGMENTS = "segments"
+
+
+def planned_vocab_size(data: DataConfig) -> int:
+    """Vocabulary size known before packing (for a token-budget step count)."""
+    return BYTE_VOCAB_SIZE if data.tokenizer.type == "byte" else data.tokenizer.vocab_size
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One variant of the experiment: resolved config (total_steps filled in) and steps."""
+
+    name: str
+    config: Config
+    data_id: str
+    segment_ends: list[int]
+    kept_steps: list[int]
+
+    @property
+    def final_step(self) -> int:
+        return self.segment_ends[-1]
+
+
+class WorkflowPlan:
+    """Runs, data packs and snapshot steps of one Snakemake invocation."""
+
+    def __init__(self, config: Mapping[str, Any]):
+        self.config = config_from_dict(config, "Snakemake config")
+        self.results = Path(self.config.experiment.results_dir)
+        names = list(self.config.runs) or [DEFAULT_RUN]
+        self.runs = {name: self._plan_run(name) for name in names}
+
+    def _plan_run(self, name: str) -> RunPlan:
+        cfg = config_for_run(self.config, name) if self.config.runs else self.config
+        steps = total_steps(cfg.train, cfg.model, cfg.data.seq_len, planned_vocab_size(cfg.data))
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, total_steps=steps))
+        ends = segment_ends(steps, cfg.train.steps_per_segment)
+        return RunPlan(name=name, config=cfg, data_id=compute_data_id(cfg.data),
+                       segment_ends=ends, kept_steps=kept_steps(ends, cfg.snapshots))
+
+    # ------------------------------------------------------------------ runs and data
+
+    @property
+    def run_names(self) -> list[str]:
+        return list(self.runs)
+
+    @property
+    def data_ids(self) -> list[str]:
+        return sorted({plan.data_id for plan in self.runs.values()})
+
+    def data_config(self, data_id: str) -> DataConfig:
+        for plan in self.runs.values():
+            if plan.data_id == data_id:
+                return plan.config.data
+        raise KeyError(f"no run uses data pack {data_id}")
+
+    def data_params(self, data_id: str) -> dict[str, Any]:
+        """The data section as plain data (a Snakemake param: a change re-packs)."""
+        return to_dict(self.data_config(data_id))
+
+    def data_dir(self, run: str) -> str:
+        return str(self.results / "data" / self.runs[run].data_id)
+
+    def run_dir(self, run: str) -> str:
+        return str(self.results / run)
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshot_path(self, run: str, step: int) -> str:
+        """Kept snapshots at ``snapshots/step_…``, temporary ones under ``segments/``."""
+        plan = self.runs[run]
+        if step not in plan.segment_ends:
+            raise ValueError(f"step {step} is not a segment end of run {run}")
+        base = self.results / run / "snapshots"
+        if step not in plan.kept_steps:
+            base = base / TEMP_SEGMENTS
+        return str(base / step_dir_name(step))
+
+    def previous_snapshot(self, run: str, step: int) -> list[str]:
+        """The snapshot the segment ending at ``step`` resumes from ([] for the first)."""
+        ends = self.runs[run].segment_ends
+        i = ends.index(step)
+        return [self.snapshot_path(run, ends[i - 1])] if i else []
+
+    def kept_snapshots(self, run: str) -> list[str]:
+        return [self.snapshot_path(run, s) for s in self.runs[run].kept_steps]
+
+    def bench_steps(self, run: str) -> list[int]:
+        plan = self.runs[run]
+        return plan.kept_steps if plan.config.bench.snapshots == "kept" else [plan.final_step]
+
+    # ------------------------------------------------------------------ params
+
+    def train_signature(self, run: str) -> str:
+        """Hash of what determines the trained weights: a change retrains, eval.* does not."""
+        cfg = self.runs[run].config
+        relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
+                    "data_id": self.runs[run].data_id, "model": to_dict(cfg.model),
+                    "train": to_dict(cfg.train), "keep_best": cfg.snapshots.keep_best}
+        return config_hash(relevant)
+
+    def eval_signature(self, run: str) -> str:
+        return config_hash(to_dict(self.runs[run].config.eval))
+
+    def bench_signature(self, run: str) -> str:
+        return config_hash(to_dict(self.runs[run].config.bench))

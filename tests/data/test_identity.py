@@ -1,0 +1,75 @@
+"""data_id: short, stable, sensitive to what changes the bytes, blind to what does not."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+
+from data_corpus import write_text_files
+
+from pipeline_lib.config import DataConfig, SourceConfig, TokenizerConfig
+from pipeline_lib.data.identity import data_id, source_fingerprint
+
+
+def test_data_id_is_12_hex_and_stable():
+    a = data_id(DataConfig())
+    assert re.fullmatch(r"[0-9a-f]{12}", a)
+    assert a == data_id(DataConfig())
+
+
+def test_data_id_follows_everything_that_changes_the_bytes():
+    base = DataConfig()
+    ids = {data_id(base)}
+    variants = [
+        replace(base, seq_len=64), replace(base, epochs=3), replace(base, val_fraction=0.1),
+        replace(base, seed=1), replace(base, token_dtype="uint32"),
+        replace(base, tokenizer=TokenizerConfig(type="bpe")),
+        replace(base, sources=[SourceConfig(type="reasoning", seed=1)]),
+        replace(base, sources=[SourceConfig(type="reasoning", max_difficulty=5)]),
+        replace(base, sources=[SourceConfig(type="stdlib", max_docs=10)]),
+        replace(base, sources=[SourceConfig(type="stdlib", weight=2.0)]),
+    ]
+    for v in variants:
+        ids.add(data_id(v))
+    assert len(ids) == len(variants) + 1
+
+
+def test_bpe_knobs_do_not_change_a_byte_pack():
+    a = DataConfig(tokenizer=TokenizerConfig(type="byte", vocab_size=512))
+    b = DataConfig(tokenizer=TokenizerConfig(type="byte", vocab_size=4096))
+    assert data_id(a) == data_id(b)
+    c = DataConfig(tokenizer=TokenizerConfig(type="bpe", vocab_size=512))
+    d = DataConfig(tokenizer=TokenizerConfig(type="bpe", vocab_size=4096))
+    assert data_id(c) != data_id(d)
+
+
+def test_file_sources_are_fingerprinted_by_stat(tmp_path):
+    glob = write_text_files(tmp_path / "t", ["one", "two"])
+    data = DataConfig(sources=[SourceConfig(type="text", path=glob)])
+    first = data_id(data)
+    files = source_fingerprint(data.sources[0])["files"]
+    assert [os.path.basename(f[0]) for f in files] == ["doc_000.txt", "doc_001.txt"]
+    assert [f[1] for f in files] == [3, 3]
+    os.utime(tmp_path / "t" / "doc_000.txt", ns=(1, 1_000_000_000))
+    second = data_id(data)
+    assert second != first
+    (tmp_path / "t" / "doc_002.txt").write_text("three")
+    assert data_id(data) not in {first, second}
+
+
+def test_missing_files_give_an_id_not_an_error(tmp_path):
+    data = DataConfig(sources=[SourceConfig(type="parquet", path=str(tmp_path / "*.parquet"))])
+    assert re.fullmatch(r"[0-9a-f]{12}", data_id(data))
+
+
+def test_identity_imports_nothing_heavy():
+    code = ("import sys; from pipeline_lib.config import DataConfig; "
+            "from pipeline_lib.data.identity import data_id; import pipeline_lib.data; "
+            "data_id(DataConfig()); "
+            "heavy = {'torch', 'pyarrow', 'tokenizers', 'numpy'} & {m.split('.')[0] "
+            "for m in sys.modules}; print(sorted(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

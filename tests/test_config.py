@@ -1,0 +1,203 @@
+"""Config loading, merging, validation, and agreement between schema and dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from pipeline_lib.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    config_for_run,
+    config_from_dict,
+    config_hash,
+    load_config,
+    save_config,
+    to_dict,
+)
+from pipeline_lib.config_schema import SCHEMA_PATH, build_schema, schema_yaml
+from pipeline_lib.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_FILES = sorted((ROOT / "config").rglob("*.yaml"))
+
+
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(build_schema())
+
+
+def test_committed_schema_is_generated_from_dataclasses():
+    assert SCHEMA_PATH.read_text() == schema_yaml(), (
+        "workflow/schemas/config.schema.yaml is stale: run `make schema`")
+
+
+def test_schema_is_valid_draft_2020_12():
+    jsonschema.Draft202012Validator.check_schema(build_schema())
+
+
+def _schema_keys(schema: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for name, prop in schema["properties"].items():
+        if prop.get("type") == "object" and "properties" in prop:
+            out.update(_schema_keys(prop, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = prop.get("default", "<object>")
+    return out
+
+
+def _dataclass_keys(obj: object, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_dataclass_keys(value, f"{prefix}{f.name}."))
+        else:
+            plain = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value] \
+                if isinstance(value, list) else value
+            out[f"{prefix}{f.name}"] = plain
+    return out
+
+
+def test_schema_and_dataclasses_have_same_keys_and_defaults():
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    assert _schema_keys(schema) == _dataclass_keys(Config())
+
+
+def test_every_schema_key_has_a_description():
+    def walk(node: dict, path: str) -> None:
+        for name, prop in node.get("properties", {}).items():
+            assert prop.get("description"), f"{path}{name} has no description"
+            walk(prop, f"{path}{name}.")
+            if isinstance(prop.get("items"), dict):
+                walk(prop["items"], f"{path}{name}[].")
+        assert node.get("additionalProperties") is False or "properties" not in node
+
+    walk(build_schema(), "")
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_config_file_validates_against_schema_and_dataclasses(path: Path):
+    data = yaml.safe_load(path.read_text()) or {}
+    _validator().validate(data)
+    cfg = load_config(path)
+    for run in cfg.runs:
+        config_for_run(cfg, run)
+
+
+def test_default_config_documents_every_key_with_a_comment():
+    """Scalars carry an inline comment; sections a comment line above (runs: are examples)."""
+    lines = DEFAULT_CONFIG_PATH.read_text().splitlines()
+    section = ""
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if not line.startswith(" "):
+            section = stripped
+        if section.startswith("runs:") and line.startswith(" "):
+            continue
+        if stripped.rstrip(":").lstrip("- ").isidentifier() and stripped.endswith(":"):
+            assert lines[i - 1].strip().startswith("#"), f"line {i + 1} needs a comment above"
+        else:
+            assert " # " in line, f"line {i + 1} has no comment: {line}"
+
+
+def test_default_has_two_variants_that_differ_in_loops():
+    cfg = load_config()
+    loops = {config_for_run(cfg, r).model.loops for r in cfg.runs}
+    assert len(cfg.runs) >= 2 and len(loops) >= 2
+
+
+def test_partial_file_merges_over_default_and_overrides_win(tmp_path: Path):
+    partial = tmp_path / "x.yaml"
+    partial.write_text("model:\n  d_model: 64\ntrain:\n  lr: 0.01\n")
+    cfg = load_config(partial, ["train.lr=0.02", "model.loops=7"])
+    default = load_config()
+    assert cfg.model.d_model == 64
+    assert cfg.train.lr == 0.02
+    assert cfg.model.loops == 7
+    assert cfg.model.n_heads == default.model.n_heads
+    assert cfg.runs == default.runs
+
+
+def test_run_variant_applies_override_and_clears_runs():
+    cfg = config_from_dict({"runs": {"deep": {"model": {"loops": 9}}, "shallow": None}})
+    deep = config_for_run(cfg, "deep")
+    assert deep.model.loops == 9 and deep.runs == {}
+    assert config_for_run(cfg, "shallow").model.loops == cfg.model.loops
+    with pytest.raises(ConfigError, match="unknown run 'nope'"):
+        config_for_run(cfg, "nope")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [
+        (["model.foo=1"], r"unknown config key 'model\.foo'"),
+        (["model.d_model=abc"], r"config key 'model\.d_model'"),
+        (["data.seq_len=1"], r"data\.seq_len = 1 is below its minimum 2"),
+        (["model.n_heads=5"], r"not divisible by model\.n_heads"),
+        (["model.moe_experts=2", "model.moe_top_k=3"], r"moe_top_k = 3 exceeds"),
+        (["train.global_batch_rows=12", "train.micro_batch_rows=8"], r"multiple of 8"),
+        (["train.optimizer=sgd"], r"train\.optimizer = 'sgd' is not allowed"),
+        (["nonsense"], r"key=value"),
+    ],
+)
+def test_bad_config_is_one_clear_line(overrides: list[str], pattern: str):
+    with pytest.raises(ConfigError, match=pattern) as info:
+        load_config(None, overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_run_name_and_missing_file(tmp_path: Path):
+    with pytest.raises(ConfigError, match="identifiers other than 'data'"):
+        config_from_dict({"runs": {"data": {}}})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_save_and_reload_round_trip_and_hash(tmp_path: Path):
+    cfg = load_config(None, ["model.loops=3"])
+    save_config(cfg, tmp_path / "c.yaml")
+    again = load_config(tmp_path / "c.yaml", base=None)
+    assert to_dict(again) == to_dict(cfg)
+    assert config_hash(again) == config_hash(cfg)
+    assert config_hash(load_config(None, ["model.loops=5"])) != config_hash(cfg)
+
+
+def test_config_import_stays_light():
+    code = ("import sys, pipeline_lib.config, pipeline_lib.workflow_plan; "
+            "heavy = [m for m in ('torch', 'mlflow', 'lm_eval', 'pyarrow') if m in sys.modules]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_file_with_runs_replaces_the_default_variants(tmp_path: Path):
+    partial = tmp_path / "x.yaml"
+    partial.write_text("runs:\n  only:\n    model: {loops: 3}\n")
+    assert list(load_config(partial).runs) == ["only"]
+    partial.write_text("model: {loops: 3}\n")
+    assert load_config(partial).runs == load_config().runs
+
+
+def test_snakemake_config_merge_matches_the_loader(tmp_path: Path):
+    from pipeline_lib.config import apply_default_config, merge_config_dicts
+
+    user = {"model": {"d_model": 64}, "runs": {"a": {"model": {"loops": 2}}},
+            "data": {"sources": [{"type": "reasoning"}]}}
+    snakemake_config = dict(user)
+    apply_default_config(snakemake_config)
+    (tmp_path / "u.yaml").write_text(yaml.safe_dump(user))
+    assert config_from_dict(snakemake_config) == load_config(tmp_path / "u.yaml")
+    assert merge_config_dicts({"a": {"b": 1, "c": [1]}}, {"a": {"c": [2]}}) == \
+        {"a": {"b": 1, "c": [2]}}

@@ -1,0 +1,13 @@
+"""Rule bench_downstream: lm-eval tasks on one snapshot at every bench.h_eff."""
+
+from pathlib import Path
+
+from pipeline_lib.stages import bench_stage
+from pipeline_lib.workflow_io import run_config, script_logging
+
+snakemake = globals()["snakemake"]
+
+with script_logging(snakemake.log[0]):
+    bench_stage(run_config(snakemake), Path(snakemake.input.tracking).parent,
+                Path(snakemake.input.snapshot), Path(snakemake.output.result),
+                Path(snakemake.output.tasks))

@@ -1,0 +1,13 @@
+"""Rule eval_heff: validation loss of one kept snapshot at every eval.h_eff, one pass."""
+
+from pathlib import Path
+
+from pipeline_lib.stages import heff_stage
+from pipeline_lib.workflow_io import run_config, script_logging
+
+snakemake = globals()["snakemake"]
+
+with script_logging(snakemake.log[0]):
+    heff_stage(run_config(snakemake), Path(snakemake.input.tracking).parent,
+               Path(snakemake.input.snapshot), Path(snakemake.input.data),
+               Path(snakemake.output.result))

@@ -1,0 +1,13 @@
+"""Rule track_init: the variant's MLflow parent run (tracking.json) and its pack child run."""
+
+from pathlib import Path
+
+from pipeline_lib.stages import init_tracking
+from pipeline_lib.workflow_io import run_config, script_logging
+
+snakemake = globals()["snakemake"]
+
+with script_logging(snakemake.log[0]):
+    run = snakemake.params.run
+    init_tracking(run_config(snakemake), run, Path(snakemake.output.tracking).parent,
+                  Path(snakemake.input.data))

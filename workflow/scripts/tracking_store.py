@@ -1,0 +1,12 @@
+"""Rule tracking_store: create the MLflow store schema and experiment once (local rule)."""
+
+from pathlib import Path
+
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.stages import prepare_tracking_store
+from pipeline_lib.workflow_io import script_logging
+
+snakemake = globals()["snakemake"]
+
+with script_logging(snakemake.log[0]):
+    prepare_tracking_store(config_from_dict(snakemake.config), Path(snakemake.output.marker))
