@@ -37,8 +37,11 @@ bench: $(STAMP)
 schema: $(STAMP)
 	$(BIN)/python -m pipeline_lib schema --write
 
+UI_PORT ?= 5000
+UI_STORE ?= sqlite:///results/mlflow.db
 ui: $(STAMP)
-	$(BIN)/python -m pipeline_lib ui
+	@echo "MLflow UI on http://127.0.0.1:$(UI_PORT) (store $(UI_STORE)); Ctrl-C stops it"
+	$(BIN)/mlflow ui --backend-store-uri $(UI_STORE) --host 127.0.0.1 --port $(UI_PORT) --workers 1
 
 clean:
 	rm -rf results logs benchmarks/pack_data benchmarks/train_segment .snakemake

@@ -297,6 +297,22 @@ class BenchConfig:
 
 
 @dataclass
+class ResourcesConfig:
+    """Per-job cluster resources (SLURM executor); local runs use only mem_mb and runtime."""
+
+    slurm_partition: str = _f("", "SLURM partition for every job (empty = the cluster default).")
+    slurm_account: str = _f("", "SLURM account charged (empty = your default account).")
+    train_gpus: int = _f(0, "GPUs per training segment job (torchrun uses train.nproc of them).",
+                         minimum=0)
+    train_cpus: int = _f(2, "CPU cores per training segment job.", minimum=1)
+    train_mem_mb: int = _f(4000, "Memory per training segment job (MB).", minimum=100)
+    eval_gpus: int = _f(0, "GPUs per evaluation or benchmark job.", minimum=0)
+    eval_cpus: int = _f(2, "CPU cores per evaluation or benchmark job.", minimum=1)
+    eval_mem_mb: int = _f(4000, "Memory per evaluation or benchmark job (MB).", minimum=100)
+    eval_runtime_minutes: int = _f(60, "Wall-time limit of an evaluation or benchmark job.", minimum=1)
+
+
+@dataclass
 class Config:
     """The whole pipeline configuration."""
 
@@ -308,6 +324,7 @@ class Config:
     snapshots: SnapshotsConfig = _f(SnapshotsConfig(), "Snapshot retention.")
     eval: EvalConfig = _f(EvalConfig(), "H_eff sweep.")
     bench: BenchConfig = _f(BenchConfig(), "Downstream benchmarks.")
+    resources: ResourcesConfig = _f(ResourcesConfig(), "Cluster resources per job.")
     runs: dict[str, Any] = _f(
         {}, "Named variants, each a partial override of the sections above; one MLflow parent "
         "run and one results/{run} directory each.")

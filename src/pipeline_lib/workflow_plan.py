@@ -112,6 +112,27 @@ class WorkflowPlan:
         plan = self.runs[run]
         return plan.kept_steps if plan.config.bench.snapshots == "kept" else [plan.final_step]
 
+    # ------------------------------------------------------------------ resources
+
+    def cluster_resources(self, family: str) -> dict[str, Any]:
+        """Resources of the ``train`` or ``eval`` rule family (SLURM executor names);
+        partition and account only when set, so the cluster defaults apply otherwise."""
+        r = self.config.resources
+        res: dict[str, Any] = {
+            "cpus_per_task": r.train_cpus if family == "train" else r.eval_cpus,
+            "mem_mb": r.train_mem_mb if family == "train" else r.eval_mem_mb,
+        }
+        gpus = r.train_gpus if family == "train" else r.eval_gpus
+        if gpus:
+            res["gpu"] = gpus
+        if family != "train":
+            res["runtime"] = r.eval_runtime_minutes
+        if r.slurm_partition:
+            res["slurm_partition"] = r.slurm_partition
+        if r.slurm_account:
+            res["slurm_account"] = r.slurm_account
+        return res
+
     # ------------------------------------------------------------------ params
 
     def train_signature(self, run: str) -> str:

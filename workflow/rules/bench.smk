@@ -15,6 +15,10 @@ rule bench_downstream:
         "logs/bench_downstream/{run}/step_{step}.log",
     benchmark:
         "benchmarks/bench_downstream/{run}/step_{step}.tsv"
+    resources:
+        **PLAN.cluster_resources("eval"),
+    resources:
+        **PLAN.cluster_resources("eval"),
     conda:
         "../../envs/bench.yaml"
     script:

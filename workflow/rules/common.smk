@@ -29,4 +29,15 @@ def all_targets():
             f"{RESULTS}/{run}/bench/summary.parquet",
             f"{RESULTS}/{run}/bench/accuracy_vs_heff.png",
         ]
-    return targets
+    return targets + [f"{RESULTS}/compare/summary.md"]
+
+
+def compare_inputs(wildcards):
+    """Per run: its H_eff table, its final benchmark JSON and its snapshot index."""
+    inputs = {}
+    for run in PLAN.run_names:
+        final = PLAN.runs[run].final_step
+        inputs[f"{run}_heff"] = f"{RESULTS}/{run}/eval/heff.parquet"
+        inputs[f"{run}_bench"] = f"{RESULTS}/{run}/bench/step_{final:07d}.json"
+        inputs[f"{run}_index"] = f"{RESULTS}/{run}/snapshots/index.json"
+    return inputs

@@ -15,6 +15,10 @@ rule eval_heff:
         "logs/eval_heff/{run}/step_{step}.log",
     benchmark:
         "benchmarks/eval_heff/{run}/step_{step}.tsv"
+    resources:
+        **PLAN.cluster_resources("eval"),
+    resources:
+        **PLAN.cluster_resources("eval"),
     conda:
         "../../envs/evaluate.yaml"
     script:

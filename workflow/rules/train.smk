@@ -19,6 +19,7 @@ rule train_segment:
         "benchmarks/train_segment/{run}/step_{step}.tsv"
     retries: 1
     resources:
+        **PLAN.cluster_resources("train"),
         runtime=lambda wc: PLAN.runs[wc.run].config.train.segment_runtime_minutes,
     conda:
         "../../envs/train.yaml"

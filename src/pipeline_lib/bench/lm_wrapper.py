@@ -1,0 +1,380 @@
+"""A loopline snapshot as an lm-evaluation-harness ``LM``, registered as ``loopline``.
+
+``--model loopline --model_args snapshot=DIR,h_eff=N,batch_size=B,device=cpu[,use_ema=true]``
+
+Every score is read out after ``h_eff`` loops of the core block (any count ≥ 1, also beyond
+the training loop count), so one loaded model serves a whole H_eff sweep: set
+:attr:`LooplineLM.h_eff` between ``simple_evaluate`` calls.
+
+- ``loglikelihood``: exact log-probability of the continuation tokens given the context,
+  and whether greedy decoding would produce them. Contexts longer than the model's
+  ``seq_len`` are left-truncated; a continuation longer than ``seq_len`` is scored in
+  windows (as ``loglikelihood_rolling`` does), so every token is scored exactly once.
+- ``loglikelihood_rolling``: the document after an EOS prefix, in windows of ``seq_len``
+  (lm-eval's ``get_rolling_token_windows`` layout, context length 1).
+- ``generate_until``: greedy, stops at EOS, at the first stop string (``until``; the
+  returned text ends before it) or after ``max_gen_toks`` tokens.
+
+Batches are right-padded: the model is causal, so padding after a row's last real token
+never changes the logits at that token or before it (no attention mask needed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from ..errors import ConfigError, DeviceError
+
+log = logging.getLogger(__name__)
+
+MODEL_ARGS = ("snapshot", "h_eff", "batch_size", "device", "use_ema", "tokenizer", "max_gen_toks",
+              "max_batch_size")
+DEFAULT_BATCH_SIZE = 16
+DEFAULT_MAX_GEN_TOKS = 256
+
+# (input ids [≤ seq_len], targets: the last len(targets) positions predict them)
+Window = tuple[list[int], list[int]]
+
+
+def score_windows(context: Sequence[int], continuation: Sequence[int], seq_len: int) -> list[Window]:
+    """Windows of at most ``seq_len`` inputs that together score every continuation token once.
+
+    Targets are cut into consecutive chunks of ``seq_len`` tokens; each chunk is predicted
+    from the (up to) ``seq_len`` tokens ending just before its last token, so the last chunk,
+    and the only one in the usual short-continuation case, gets as much left context as fits.
+    """
+    assert context, "the context needs at least one token (EOS for an empty context)"
+    tokens = list(context) + list(continuation)
+    first = len(context)
+    windows: list[Window] = []
+    for a in range(first, len(tokens), seq_len):
+        b = min(a + seq_len, len(tokens))
+        start = max(0, b - 1 - seq_len)
+        windows.append((tokens[start:b - 1], tokens[a:b]))
+    return windows
+
+
+def _as_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str, float)):
+        raise ConfigError(f"loopline model_args {name}={value!r} is not an integer; "
+                          f"pass {name}=N with N >= {minimum}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"loopline model_args {name}={value!r} is not an integer; "
+                          f"pass {name}=N with N >= {minimum}") from None
+    if number != value and not isinstance(value, str) or number < minimum:
+        raise ConfigError(f"loopline model_args {name}={value!r} must be an integer >= {minimum}")
+    return number
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"loopline model_args {name}={value!r} is not a boolean; use true or false")
+
+
+def _resolve_device(device: Any) -> torch.device:
+    """``auto``/``cpu``/``cuda``/``npu`` as ``experiment.device`` means; also ``cuda:N``."""
+    from ..device import DEVICE_CHOICES, resolve_device
+
+    name = "auto" if device in (None, "") else str(device)
+    if name in DEVICE_CHOICES:
+        return resolve_device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"loopline model_args device={device!r} is not a torch device; "
+                          f"use one of {list(DEVICE_CHOICES)} or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"loopline model_args device={device!r} asks for CUDA, which this "
+                          "machine does not have; use device=cpu")
+    return dev
+
+
+@register_model("loopline")
+class LooplineLM(TemplateLM):
+    """lm-eval model over a loopline ``LoopedLM`` read out after ``h_eff`` loops.
+
+    Build it from ``snapshot=DIR`` (what lm-eval does with ``--model_args``), or in process
+    from objects: ``LooplineLM(model=looped_lm, tokenizer=tokenizers.Tokenizer, seq_len=…)``.
+    """
+
+    def __init__(
+        self,
+        snapshot: str | Path | None = None,
+        h_eff: int | None = None,
+        batch_size: int | str | None = DEFAULT_BATCH_SIZE,
+        device: str | None = "cpu",
+        use_ema: bool | str = False,
+        tokenizer: Any = None,
+        max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+        max_batch_size: int | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        seq_len: int | None = None,
+        **unknown: Any,
+    ) -> None:
+        super().__init__()
+        if unknown:
+            raise ConfigError(f"unknown loopline model_args key(s) {sorted(unknown)}; "
+                              f"known keys: {', '.join(MODEL_ARGS)}")
+        requested_h_eff = None if h_eff is None else _as_int("h_eff", h_eff, 1)  # fail before loading
+        self._device = _resolve_device(device)
+        self.batch_size = self._batch_size(batch_size)
+        self.max_gen_toks = _as_int("max_gen_toks", max_gen_toks, 1)
+        self.snapshot: Path | None = None
+        self.step: int | None = None
+        self.config: Any = None
+        if model is None:
+            if snapshot in (None, ""):
+                raise ConfigError("loopline model_args need snapshot=DIR (a snapshot directory "
+                                  "with MANIFEST.json), e.g. snapshot=results/base/snapshots/final")
+            from ..evaluate.loading import load_for_eval as load_for_bench
+
+            loaded = load_for_bench(Path(str(snapshot)), use_ema=_as_bool("use_ema", use_ema),
+                                    tokenizer=tokenizer)
+            model, tok, self.config = loaded.model, loaded.tokenizer, loaded.config
+            self.snapshot, self.step = loaded.path, loaded.step
+            seq_len = seq_len or loaded.seq_len
+            default_h_eff = loaded.config.model.loops
+        else:
+            if snapshot not in (None, ""):
+                raise ConfigError("loopline: pass either snapshot=DIR or a model object, not both")
+            tok = self._tokenizer_object(tokenizer)
+            if seq_len is None:
+                raise ConfigError("loopline: a model object needs seq_len= (its context length)")
+            default_h_eff = getattr(getattr(model, "cfg", None), "loops", None)
+        self.tokenizer = tok
+        self.seq_len = _as_int("seq_len", seq_len, 1)
+        self.model = model.to(self._device).eval()
+        self.h_eff = default_h_eff if requested_h_eff is None else requested_h_eff
+        from ..data.tokenizer import eos_id
+
+        self._eos = eos_id(tok)
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ configuration
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any],
+                            additional_config: dict[str, Any] | None = None) -> LooplineLM:
+        """``--model_args`` win over lm-eval's own ``--batch_size``/``--device``.
+
+        lm-eval's CLI always passes those, with defaults batch size 1 and ``cuda:0``; a CUDA
+        device that did not come from ``--model_args`` falls back to the CPU when absent.
+        """
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if str(extra.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+            extra.pop("device")
+        return cls(**{**extra, **arg_dict})
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str,
+                               additional_config: dict[str, Any] | None = None) -> LooplineLM:
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @staticmethod
+    def _batch_size(value: Any) -> int:
+        if value is None:
+            return DEFAULT_BATCH_SIZE
+        if isinstance(value, str) and value.startswith("auto"):
+            log.info("loopline: batch_size=%s is not searched; using %d", value, DEFAULT_BATCH_SIZE)
+            return DEFAULT_BATCH_SIZE
+        return _as_int("batch_size", value, 1)
+
+    @staticmethod
+    def _tokenizer_object(tokenizer: Any) -> Any:
+        if tokenizer is None:
+            raise ConfigError("loopline: a model object needs tokenizer= (a tokenizers.Tokenizer "
+                              "or the path of a tokenizer.json)")
+        if isinstance(tokenizer, (str, Path)):
+            from ..data.tokenizer import load_tokenizer
+
+            return load_tokenizer(tokenizer)
+        return tokenizer
+
+    @property
+    def h_eff(self) -> int:
+        """Loop count at which every score is read out."""
+        return self._h_eff
+
+    @h_eff.setter
+    def h_eff(self, value: Any) -> None:
+        if value is None:
+            raise ConfigError("loopline model_args need h_eff=N (test-time loops, N >= 1)")
+        self._h_eff = _as_int("h_eff", value, 1)
+
+    @property
+    def eot_token_id(self) -> int:
+        return self._eos
+
+    @property
+    def max_length(self) -> int:
+        return self.seq_len
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"loopline-{self.tokenizer.get_vocab_size()}"
+
+    def get_model_info(self) -> dict[str, Any]:
+        """Added by lm-eval to ``results["config"]``."""
+        return {"snapshot": str(self.snapshot) if self.snapshot else None, "step": self.step,
+                "h_eff": self.h_eff, "seq_len": self.seq_len}
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
+                   ) -> list[int]:
+        return list(self.tokenizer.encode(string, add_special_tokens=False).ids)
+
+    def tok_decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    # ------------------------------------------------------------------ forward
+
+    @torch.inference_mode()
+    def _log_probs(self, rows: list[list[int]]) -> torch.Tensor:
+        """Log-softmax over the vocabulary for right-padded ``rows``: [B, L, V] float32."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self._eos, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        logits = self.model.logits_at(ids.to(self._device), self.h_eff)  # [B, L, V]
+        return torch.log_softmax(logits.float(), dim=-1).cpu()
+
+    def _score_windows(self, windows: list[Window], desc: str, disable_tqdm: bool
+                       ) -> list[tuple[float, bool]]:
+        """(sum of target log-probs, all targets greedy) per window, batched by length."""
+        order = sorted(range(len(windows)), key=lambda i: -len(windows[i][0]))
+        out: list[tuple[float, bool]] = [(0.0, True)] * len(windows)
+        bar = tqdm(total=len(windows), desc=desc, disable=disable_tqdm)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            logp = self._log_probs([windows[i][0] for i in chunk])
+            for row, i in enumerate(chunk):
+                inputs, targets = windows[i]
+                n = len(targets)
+                picked = logp[row, len(inputs) - n: len(inputs)]  # [n, V]
+                target = torch.tensor(targets, dtype=torch.long)
+                total = picked.gather(1, target[:, None]).double().sum().item()
+                greedy = bool((picked.argmax(dim=-1) == target).all())
+                out[i] = (float(total), greedy)
+            bar.update(len(chunk))
+        bar.close()
+        return out
+
+    def _windows_for(self, context: list[int], continuation: list[int]) -> list[Window]:
+        if len(context) + len(continuation) > self.seq_len + 1 and "truncate" not in self._warned:
+            self._warned.add("truncate")
+            log.warning("loopline: a request is longer than seq_len=%d tokens; its context is "
+                        "left-truncated", self.seq_len)
+        return score_windows(context, continuation, self.seq_len)
+
+    # ------------------------------------------------------------------ lm-eval API
+
+    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
+                              disable_tqdm: bool = False, **kwargs: Any
+                              ) -> list[tuple[float, bool]]:
+        windows: list[Window] = []
+        owner: list[int] = []
+        for r, (_, context, continuation) in enumerate(requests):
+            for window in self._windows_for(context, continuation):
+                windows.append(window)
+                owner.append(r)
+        scored = self._score_windows(windows, f"loglikelihood h_eff={self.h_eff}", disable_tqdm)
+        results = [(0.0, True)] * len(requests)
+        for r, (logprob, greedy) in zip(owner, scored, strict=True):
+            results[r] = (results[r][0] + logprob, results[r][1] and greedy)
+        for (pair, _, _), result in zip(requests, results, strict=True):
+            if pair is not None:
+                self.cache_hook.add_partial("loglikelihood", pair, result)
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False
+                              ) -> list[float]:
+        windows: list[Window] = []
+        owner: list[int] = []
+        for r, request in enumerate(requests):
+            (string,) = request.args
+            for window in score_windows([self._eos], self.tok_encode(string), self.seq_len):
+                windows.append(window)
+                owner.append(r)
+        scored = self._score_windows(windows, f"rolling h_eff={self.h_eff}", disable_tqdm)
+        totals = [0.0] * len(requests)
+        for r, (logprob, _) in zip(owner, scored, strict=True):
+            totals[r] += logprob
+        for request, total in zip(requests, totals, strict=True):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    def _stops(self, gen_kwargs: dict[str, Any]) -> tuple[list[str], int]:
+        until = gen_kwargs.get("until") or []
+        if isinstance(until, str):
+            until = [until]
+        if not isinstance(until, list) or not all(isinstance(s, str) for s in until):
+            raise ConfigError(f"generation_kwargs until={until!r} must be a string or a list of "
+                              "strings")
+        if (gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature") or 0.0) > 0) \
+                and "sample" not in self._warned:
+            self._warned.add("sample")
+            log.warning("loopline decodes greedily; do_sample/temperature are ignored")
+        max_gen = _as_int("max_gen_toks", gen_kwargs.get("max_gen_toks", self.max_gen_toks), 0)
+        return [s for s in until if s], max_gen
+
+    @staticmethod
+    def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
+        """``text`` up to the earliest stop string, and whether one was found."""
+        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+        return (text[:cut], True) if cut >= 0 else (text, False)
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        prompts = [self.tok_encode(ctx) or [self._eos] for ctx, _ in (r.args for r in requests)]
+        settings = [self._stops(dict(r.args[1] or {})) for r in requests]
+        outputs = [""] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))
+        bar = tqdm(total=len(requests), desc=f"generate h_eff={self.h_eff}", disable=disable_tqdm)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            for i, text in zip(chunk, self._generate_batch([prompts[i] for i in chunk],
+                                                           [settings[i] for i in chunk]),
+                               strict=True):
+                outputs[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+            bar.update(len(chunk))
+        bar.close()
+        return outputs
+
+    def _generate_batch(self, prompts: list[list[int]], settings: list[tuple[list[str], int]]
+                        ) -> list[str]:
+        """Greedy continuations of ``prompts``; each row stops on its own."""
+        generated: list[list[int]] = [[] for _ in prompts]
+        texts = [""] * len(prompts)
+        active = [i for i, (_, max_gen) in enumerate(settings) if max_gen > 0]
+        while active:
+            rows = [(prompts[i] + generated[i])[-self.seq_len:] for i in active]
+            logp = self._log_probs(rows)  # [B, L, V]
+            next_ids = [int(logp[b, len(row) - 1].argmax()) for b, row in enumerate(rows)]
+            still = []
+            for i, token in zip(active, next_ids, strict=True):
+                stops, max_gen = settings[i]
+                if token == self._eos:
+                    continue
+                generated[i].append(token)
+                texts[i], stopped = self._cut(self.tok_decode(generated[i]), stops)
+                if not stopped and len(generated[i]) < max_gen:
+                    still.append(i)
+            active = still
+        return texts

@@ -1,0 +1,128 @@
+"""Run the downstream benchmarks of one snapshot at every H_eff and write its JSON.
+
+One model is loaded and every task is scored through ``lm_eval.simple_evaluate`` once per
+H_eff (the wrapper's ``h_eff`` is switched between calls). Built-in ``loopline_*`` tasks are
+written first (YAML + JSONL) and scored per difficulty level from lm-eval's per-sample logs;
+any other installed lm-eval task in ``bench.tasks`` is passed through and scored overall.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import BenchConfig
+from ..errors import ConfigError
+from .scoring import chance_level, task_scores
+from .tasks import BUILTIN_TASKS, builtin_metric, is_builtin, write_builtin_tasks
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_ITERS = 1000  # only non-mean metrics of passed-through tasks bootstrap; means are closed-form
+
+
+def _train_max_difficulty(cfg: Any) -> int | None:
+    """Top of the difficulty range the snapshot's reasoning training data covered."""
+    if cfg is None:
+        return None
+    levels = [s.max_difficulty for s in cfg.data.sources if s.type == "reasoning"]
+    return max(levels) if levels else None
+
+
+def task_manager_for(tasks: Sequence[str], tasks_dir: Path) -> Any:
+    """A TaskManager over the built-in task files; lm-eval's own index only when needed.
+
+    Indexing lm-eval's ~15k bundled task configs costs seconds, so it is skipped when every
+    requested task is built in.
+    """
+    from lm_eval.tasks import TaskManager
+
+    needs_defaults = any(not is_builtin(t) for t in tasks)
+    manager = TaskManager(include_path=str(Path(tasks_dir).resolve()),
+                          include_defaults=needs_defaults)
+    known = set(manager.all_tasks)
+    missing = [t for t in tasks if t not in known]
+    if missing:
+        raise ConfigError(f"bench.tasks names unknown lm-eval task(s) {missing}; use built-ins "
+                          f"{sorted(BUILTIN_TASKS)} or names from `lm-eval ls tasks`")
+    return manager
+
+
+def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[int],
+                limit: int = 0) -> dict[str, Any]:
+    """Scores of ``lm`` on ``tasks`` at each H_eff: the ``tasks`` part of the bench JSON."""
+    import lm_eval
+
+    out: dict[str, Any] = {}
+    for name in tasks:
+        builtin = is_builtin(name)
+        out[name] = {"builtin": builtin, "metric": builtin_metric(name) if builtin else None,
+                     "output_type": BUILTIN_TASKS[name].output_type if builtin else None,
+                     "h_eff": {}}
+    for h in h_effs:
+        lm.h_eff = h
+        started = time.perf_counter()
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=list(tasks), task_manager=manager, limit=limit or None,
+            log_samples=True, bootstrap_iters=BOOTSTRAP_ITERS)
+        assert results is not None, "single-process evaluation always returns results"
+        for name in tasks:
+            info = out[name]
+            info["h_eff"][str(h)] = task_scores(results, name, info["metric"])
+            if info["builtin"] and "chance" not in info:
+                info["chance"] = chance_level(results["samples"][name])
+                info["n"] = len(results["samples"][name])
+            if info["output_type"] is None:
+                info["output_type"] = results["configs"].get(name, {}).get("output_type")
+        log.info("bench h_eff=%d: %s (%.1f s)", h, {
+            n: out[n]["h_eff"][str(h)]["overall"].get(out[n]["metric"] or "", None)
+            for n in tasks}, time.perf_counter() - started)
+    return out
+
+
+def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_json: Path | None,
+                   h_effs: Sequence[int] | None = None, *, device: str = "cpu") -> dict[str, Any]:
+    """Benchmark the snapshot at ``snapshot_dir`` at each H_eff; write and return the JSON.
+
+    ``h_effs`` defaults to ``bench.h_eff``. ``tasks_dir`` receives the built-in task files.
+    """
+    from .lm_wrapper import LooplineLM
+
+    h_effs = [int(h) for h in (h_effs if h_effs is not None else bench.h_eff)]
+    if not h_effs or min(h_effs) < 1:
+        raise ConfigError(f"bench H_eff list {h_effs} must be non-empty with every value >= 1")
+    if not bench.tasks:
+        raise ConfigError("bench.tasks is empty; list built-in loopline_* or lm-eval task names")
+    write_builtin_tasks(bench, Path(tasks_dir))
+    manager = task_manager_for(bench.tasks, Path(tasks_dir))
+    lm = LooplineLM(snapshot=str(snapshot_dir), h_eff=h_effs[0], batch_size=bench.batch_size,
+                    max_gen_toks=bench.max_gen_toks, device=device)
+    started = time.perf_counter()
+    scores = evaluate_lm(lm, bench.tasks, manager, h_effs, bench.limit)
+    import lm_eval
+
+    report = {
+        "step": lm.step,
+        "snapshot": str(Path(snapshot_dir).resolve()),
+        "h_eff": h_effs,
+        "train_loops": lm.config.model.loops if lm.config is not None else None,
+        "train_max_difficulty": _train_max_difficulty(lm.config),
+        "bench": {"seed": bench.seed, "examples_per_level": bench.examples_per_level,
+                  "min_difficulty": bench.min_difficulty, "max_difficulty": bench.max_difficulty,
+                  "limit": bench.limit, "max_gen_toks": bench.max_gen_toks},
+        "lm_eval_version": getattr(lm_eval, "__version__", None),
+        "seconds": round(time.perf_counter() - started, 3),
+        "tasks": scores,
+    }
+    if out_json is not None:
+        out_json = Path(out_json)
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_json.with_name(out_json.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        tmp.replace(out_json)
+        log.info("bench results → %s", out_json)
+    return report

@@ -1,0 +1,181 @@
+"""Built-in lm-eval task files generated from the ``reasoning`` problem generators.
+
+Each built-in task is one YAML config plus one JSONL data file in a directory handed to
+lm-eval as ``include_path``. The data are drawn by :func:`pipeline_lib.data.reasoning.
+generate_problems` from ``bench.seed``: a stream per (task, level, seed) of its own, so the
+sets never share a random stream with the training documents (those come from the
+``loopline-reasoning:{seed}`` stream). Levels run from ``bench.min_difficulty`` to
+``bench.max_difficulty``; levels above the training range (``data.sources[*].max_difficulty``,
+4 by default) measure depth extrapolation.
+
+Every example carries its ``level`` so per-level accuracy can be read back from lm-eval's
+per-sample logs. Examples are interleaved by level, so ``--limit`` keeps every level.
+Files are only rewritten when their bytes change, so the datasets cache stays valid.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import BenchConfig
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+TASK_PREFIX = "loopline_"
+TASK_TAG = "loopline"
+TASK_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BuiltinTask:
+    """How one reasoning generator becomes an lm-eval task."""
+
+    name: str  # lm-eval task name
+    generator: str  # pipeline_lib.data.reasoning task
+    output_type: str  # multiple_choice | generate_until
+    metric: str  # the metric scored per sample (acc | exact_match)
+
+
+BUILTIN_TASKS: dict[str, BuiltinTask] = {
+    t.name: t
+    for t in (
+        BuiltinTask("loopline_khop", "khop", "multiple_choice", "acc"),
+        BuiltinTask("loopline_addition", "addition", "generate_until", "exact_match"),
+        BuiltinTask("loopline_parity", "parity", "multiple_choice", "acc"),
+    )
+}
+
+# Generation stops at the first of these (and always at EOS, which ends every training document).
+GENERATION_STOPS = ["\n", ";", " "]
+
+
+def is_builtin(task: str) -> bool:
+    """True for the ``loopline_*`` tasks this module writes."""
+    return task in BUILTIN_TASKS
+
+
+def builtin_metric(task: str) -> str:
+    """The per-sample metric of a built-in task (``acc`` or ``exact_match``)."""
+    return BUILTIN_TASKS[task].metric
+
+
+def _check_bench(bench: BenchConfig) -> None:
+    if bench.min_difficulty > bench.max_difficulty:
+        raise ConfigError(f"bench.min_difficulty = {bench.min_difficulty} exceeds bench."
+                          f"max_difficulty = {bench.max_difficulty}; swap them")
+    unknown = [t for t in bench.tasks if t.startswith(TASK_PREFIX) and t not in BUILTIN_TASKS]
+    if unknown:
+        raise ConfigError(f"bench.tasks names unknown built-in task(s) {unknown}; built-ins are "
+                          f"{sorted(BUILTIN_TASKS)}")
+
+
+def task_examples(task: BuiltinTask, bench: BenchConfig) -> list[dict[str, Any]]:
+    """The JSONL rows of one built-in task, levels interleaved.
+
+    Multiple-choice rows hold ``choices`` (answer and distractors, shuffled by a seeded
+    stream) and the index ``label`` of the answer.
+    """
+    from ..data.reasoning import generate_problems
+
+    levels = range(bench.min_difficulty, bench.max_difficulty + 1)
+    per_level = {
+        level: generate_problems(task.generator, level, bench.examples_per_level, bench.seed)
+        for level in levels
+    }
+    shuffle_rng = random.Random(f"loopline-bench-choices:{task.name}:{bench.seed}")
+    rows: list[dict[str, Any]] = []
+    for i in range(bench.examples_per_level):
+        for level in levels:
+            problem = per_level[level][i]
+            row: dict[str, Any] = {
+                "id": f"{task.generator}-{level}-{i}",
+                "level": level,
+                "prompt": problem.prompt,
+                "answer": problem.answer,
+            }
+            if task.output_type == "multiple_choice":
+                assert problem.distractors, f"{task.generator} problems need distractors"
+                choices = [problem.answer, *problem.distractors]
+                shuffle_rng.shuffle(choices)
+                row["choices"] = choices
+                row["label"] = choices.index(problem.answer)
+            rows.append(row)
+    return rows
+
+
+def task_config(task: BuiltinTask, data_file: Path, bench: BenchConfig) -> dict[str, Any]:
+    """The lm-eval YAML config of one built-in task (plain data, absolute data path)."""
+    cfg: dict[str, Any] = {
+        "task": task.name,
+        "tag": [TASK_TAG],
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data_file.resolve())}},
+        "test_split": "test",
+        "output_type": task.output_type,
+        # Field names (not Jinja templates): prompts are code-like and may contain braces.
+        "doc_to_text": "prompt",
+        "target_delimiter": "",  # the training document is exactly prompt + answer
+        "num_fewshot": 0,
+    }
+    if task.output_type == "multiple_choice":
+        cfg["doc_to_choice"] = "choices"
+        cfg["doc_to_target"] = "label"
+        cfg["metric_list"] = [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]
+    else:
+        cfg["doc_to_target"] = "answer"
+        cfg["generation_kwargs"] = {
+            "until": list(GENERATION_STOPS),
+            "max_gen_toks": bench.max_gen_toks,
+            "do_sample": False,
+        }
+        cfg["metric_list"] = [{"metric": "exact_match", "aggregation": "mean",
+                               "higher_is_better": True}]
+    cfg["metadata"] = {
+        "version": TASK_FORMAT_VERSION,
+        "seed": bench.seed,
+        "levels": list(range(bench.min_difficulty, bench.max_difficulty + 1)),
+        "examples_per_level": bench.examples_per_level,
+    }
+    return cfg
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if path.is_file() and path.read_text() == text:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # concurrent bench jobs
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_builtin_tasks(bench: BenchConfig, out_dir: Path) -> list[str]:
+    """Write YAML + JSONL for every built-in task named in ``bench.tasks``.
+
+    Returns the built-in task names written (in ``bench.tasks`` order); other names in
+    ``bench.tasks`` are installed lm-eval tasks and need no files.
+    """
+    import yaml
+
+    _check_bench(bench)
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    for name in bench.tasks:
+        if name not in BUILTIN_TASKS or name in written:
+            continue
+        task = BUILTIN_TASKS[name]
+        data_file = out_dir / f"{name}.jsonl"
+        rows = task_examples(task, bench)
+        _write_if_changed(data_file, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        config = task_config(task, data_file, bench)
+        _write_if_changed(out_dir / f"{name}.yaml", yaml.safe_dump(config, sort_keys=False))
+        log.info("built-in task %s: %d examples (levels %d..%d) in %s", name, len(rows),
+                 bench.min_difficulty, bench.max_difficulty, data_file)
+        written.append(name)
+    return written

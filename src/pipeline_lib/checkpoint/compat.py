@@ -1,0 +1,140 @@
+"""May this snapshot be resumed under the current config? And the explicit warm start.
+
+Exact resume restores weights, optimizer moments, RNG streams and the data cursor, so the
+keys that give those states their meaning must be unchanged:
+
+- ``data.*`` (all of it): the cursor (epoch, row) indexes rows of one specific pack;
+- ``model.*`` except pure kernel choices that compute the same function
+  (``model.attention``, ``model.loss_chunk_size``); ``model.vocab_size`` is compared only
+  when both sides give it (0 means "from the tokenizer");
+- ``train.optimizer`` (state layout), ``train.beta1``, ``train.beta2``, ``train.eps`` (the
+  moments are estimates under these), ``train.global_batch_rows`` (a step's meaning: rows
+  per step, tokens seen, where the cursor moves).
+
+Everything else may change between segments on purpose: ``total_steps`` (extend a run),
+``steps_per_segment``, the schedule and peak lr, warmup, weight decay, grad clipping,
+``nproc`` / ``micro_batch_rows`` (same global batch on another world size), loop sampling,
+backprop mode, spike-guard thresholds, EMA, evaluation and tracking settings.
+
+A deliberate change of the checked keys is a *warm start*: :func:`load_weights_only`
+copies the model weights and nothing else (optimizer, spike guard, RNG and cursor start
+fresh), and the trainer records that it did so.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, config_from_dict, to_dict
+from ..errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+RESUME_MODEL_EXEMPT = frozenset({"model.attention", "model.loss_chunk_size"})
+RESUME_TRAIN_KEYS = ("train.optimizer", "train.beta1", "train.beta2", "train.eps",
+                     "train.global_batch_rows")
+
+
+def _flat(data: Any, prefix: str) -> dict[str, Any]:
+    """{"a.b[0].c": value}: descends into dicts and lists of dicts."""
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for key, value in data.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else key))
+    elif isinstance(data, list) and data and all(isinstance(v, dict) for v in data):
+        out[f"{prefix}#len"] = len(data)
+        for i, value in enumerate(data):
+            out.update(_flat(value, f"{prefix}[{i}]"))
+    else:
+        out[prefix] = data
+    return out
+
+
+def resume_mismatches(snapshot_config: Config, current: Config) -> list[tuple[str, Any, Any]]:
+    """``(key, snapshot value, current value)`` for every resume-relevant key that differs."""
+    old, new = to_dict(snapshot_config), to_dict(current)
+    a = {**_flat(old["data"], "data"), **_flat(old["model"], "model")}
+    b = {**_flat(new["data"], "data"), **_flat(new["model"], "model")}
+    for key in RESUME_TRAIN_KEYS:
+        section, name = key.split(".")
+        a[key], b[key] = old[section][name], new[section][name]
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key in RESUME_MODEL_EXEMPT:
+            continue
+        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+        if key == "model.vocab_size" and 0 in (va, vb):
+            continue
+        if va != vb:
+            out.append((key.replace("#len", " (length)"), va, vb))
+    return out
+
+
+def check_resume_compatible(snapshot_config: Config, current: Config, *,
+                            source: str | Path = "the snapshot") -> None:
+    """Raise CheckpointError listing every mismatched key when an exact resume is unsafe."""
+    diffs = resume_mismatches(snapshot_config, current)
+    if not diffs:
+        return
+    listed = "; ".join(f"{k}: snapshot {va!r}, now {vb!r}" for k, va, vb in diffs)
+    raise CheckpointError(f"cannot resume from {source}: config keys differ from the snapshot's "
+                          f"({listed}); restore these values, or warm-start the weights only "
+                          "(resets optimizer, spike guard, RNG and data cursor)")
+
+
+def config_from_yaml(text: str, source: str) -> Config:
+    """The :class:`Config` stored in a snapshot's ``config.yaml``."""
+    from omegaconf import OmegaConf
+
+    try:
+        data = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+    except Exception as exc:  # yaml and omegaconf errors have no common base
+        raise CheckpointError(f"{source} is not valid YAML ({str(exc).splitlines()[0]}); the "
+                              "snapshot is corrupted, rerun the segment that writes it") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{source} does not hold a config mapping; the snapshot is corrupted")
+    try:
+        return config_from_dict(data, source)
+    except ConfigError as exc:
+        raise CheckpointError(f"{source} is not a config this version reads ({exc}); resume "
+                              "with the pipeline_lib version that wrote it") from None
+
+
+def load_weights_only(snapshot_dir: str | Path, model: Any, *, which: str = "model",
+                      strict: bool = True) -> dict[str, Any]:
+    """Warm start: copy a snapshot's weights into ``model`` and nothing else.
+
+    Use this deliberately when the config changed in a resume-relevant key (see the module
+    docstring); optimizer state, spike-guard baselines, RNG streams and the data cursor are
+    NOT restored and start fresh. ``which`` may name an extra tensor set (``"ema"``). With
+    ``strict``, missing, unexpected or differently shaped keys raise CheckpointError listing
+    them. Returns ``{"warm_start_from": path, "step": …}`` for the trainer state and logs.
+    """
+    import json
+
+    from .snapshot import TRAINER_STATE, load_model_state
+
+    snapshot_dir = Path(snapshot_dir)
+    state = load_model_state(snapshot_dir, which=which)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    problems = ([f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
+                + [f"{k} shape {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                   for k in shapes])
+    if shapes or (strict and problems):
+        shown = "; ".join(problems[:12]) + (f"; … {len(problems) - 12} more" if len(problems) > 12
+                                             else "")
+        raise CheckpointError(f"warm start from {snapshot_dir}: weights do not fit the model "
+                              f"({shown}); match the model config to the snapshot's")
+    model.load_state_dict(state, strict=strict)
+    try:
+        step = json.loads((snapshot_dir / TRAINER_STATE).read_text()).get("step")
+    except (OSError, ValueError):
+        step = None
+    log.info("warm start: loaded %s weights from %s (step %s); optimizer, guard, RNG and "
+             "cursor start fresh", which, snapshot_dir, step)
+    return {"warm_start_from": str(snapshot_dir), "step": step, "weights": which}

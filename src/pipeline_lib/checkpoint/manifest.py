@@ -1,0 +1,164 @@
+"""MANIFEST.json: the sha256 and size of every file of a snapshot, written last.
+
+A snapshot directory is complete exactly when its MANIFEST.json exists and every listed file
+matches it; nothing else may sit in the directory. :func:`verify_snapshot` checks all of
+that and raises :class:`CheckpointError` naming the offending file, so a half-written,
+truncated or bit-flipped snapshot is refused before anything is loaded from it.
+
+Torch-free (hashlib + json), so workflow code can verify without the tensor stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..errors import CheckpointError
+
+MANIFEST_NAME = "MANIFEST.json"
+SNAPSHOT_FORMAT = "loopline-snapshot"
+SNAPSHOT_VERSION = 1
+_CHUNK = 8 << 20
+_THREAD_MIN = 1 << 20  # smaller writes are hashed inline
+
+
+class HashingWriter:
+    """File writer that hashes (sha256) and counts the bytes as they go out.
+
+    Large writes are hashed on a helper thread while the main thread writes the same bytes
+    (hashlib and file writes both release the GIL), so hashing costs little extra time.
+    Call :meth:`record` (which waits for the hash) after the last write.
+    """
+
+    def __init__(self, fh: BinaryIO):
+        self.fh = fh
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._last: Future | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        if view.nbytes < _THREAD_MIN:
+            self._drain()
+            self.sha.update(view)
+            self.fh.write(view)
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
+            for start in range(0, view.nbytes, _CHUNK):
+                chunk = view[start:start + _CHUNK]
+                # one worker runs updates in submission order; the view keeps its buffer alive
+                self._last = self._pool.submit(self.sha.update, chunk)
+                self.fh.write(chunk)
+        self.size += view.nbytes
+
+    def _drain(self) -> None:
+        if self._last is not None:
+            self._last.result()
+            self._last = None
+
+    def record(self, role: str) -> dict[str, Any]:
+        """Wait for the hash; the manifest record ``{"size", "sha256", "role"}``."""
+        self._drain()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        return {"size": self.size, "sha256": self.sha.hexdigest(), "role": role}
+
+
+def write_bytes_file(path: Path, data: bytes, role: str) -> dict[str, Any]:
+    """Write ``data`` to ``path``, fsync it, and return its manifest record."""
+    with open(path, "wb") as fh:
+        writer = HashingWriter(fh)
+        writer.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return writer.record(role)
+
+
+def file_sha256(path: Path) -> str:
+    """Streaming sha256 of a file (bounded memory)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def manifest_bytes(files: dict[str, dict[str, Any]]) -> bytes:
+    """The MANIFEST.json content for these file records (sorted, deterministic)."""
+    doc = {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
+           "files": {name: files[name] for name in sorted(files)}}
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Parse ``path/MANIFEST.json``; CheckpointError when it is absent or malformed."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"snapshot {path} does not exist or is not a directory; pass the "
+                              "path of a snapshot directory (…/snapshots/step_NNNNNNN)")
+    mpath = path / MANIFEST_NAME
+    if not mpath.is_file():
+        raise CheckpointError(f"snapshot {path} is incomplete: {MANIFEST_NAME} is missing (its "
+                              "write was interrupted); resume from an earlier snapshot or rerun "
+                              "the segment that writes it")
+    try:
+        doc = json.loads(mpath.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"snapshot {path}: {MANIFEST_NAME} is unreadable ({exc}); the "
+                              "snapshot is corrupted, rerun the segment that writes it") from None
+    if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
+        raise CheckpointError(f"snapshot {path}: {MANIFEST_NAME} is not a {SNAPSHOT_FORMAT} "
+                              "manifest; point at a directory written by pipeline_lib")
+    if doc.get("version") != SNAPSHOT_VERSION:
+        raise CheckpointError(f"snapshot {path}: {MANIFEST_NAME} has format version "
+                              f"{doc.get('version')!r}, this code reads {SNAPSHOT_VERSION}; use "
+                              "the matching pipeline_lib version")
+    files = doc.get("files")
+    if not isinstance(files, dict) or not all(
+            isinstance(r, dict) and isinstance(r.get("size"), int)
+            and isinstance(r.get("sha256"), str) for r in files.values()):
+        raise CheckpointError(f"snapshot {path}: {MANIFEST_NAME} has a malformed 'files' table; "
+                              "the snapshot is corrupted, rerun the segment that writes it")
+    return doc
+
+
+def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None) -> dict[str, Any]:
+    """Check a snapshot directory against its manifest and return the manifest.
+
+    Refuses (CheckpointError naming the file): a missing or malformed MANIFEST.json, a
+    listed file that is missing, a size mismatch, a sha256 mismatch, and any file or folder
+    the manifest does not list. ``hash_files`` restricts the (costly) sha256 check to those
+    names; sizes and presence are always checked for every file. Default: hash everything.
+    """
+    path = Path(path)
+    doc = read_manifest(path)
+    files: dict[str, dict[str, Any]] = doc["files"]
+    present = {entry.name for entry in path.iterdir()} - {MANIFEST_NAME}
+    for name in sorted(present - set(files)):
+        raise CheckpointError(f"snapshot {path} holds {name}, which {MANIFEST_NAME} does not "
+                              "list; remove it (snapshots are written whole, never edited)")
+    to_hash = set(files) if hash_files is None else set(hash_files)
+    for name in sorted(files):
+        record = files[name]
+        fpath = path / name
+        if name not in present or not fpath.is_file():
+            raise CheckpointError(f"snapshot {path} is missing {name}, listed in {MANIFEST_NAME}; "
+                                  "the snapshot is damaged, rerun the segment that writes it")
+        size = fpath.stat().st_size
+        if size != record["size"]:
+            raise CheckpointError(f"snapshot {path}: {name} has {size} bytes but {MANIFEST_NAME} "
+                                  f"says {record['size']}; the file is truncated or corrupted, "
+                                  "rerun the segment that writes it")
+        if name in to_hash and file_sha256(fpath) != record["sha256"]:
+            raise CheckpointError(f"snapshot {path}: {name} fails its sha256 check (the file is "
+                                  "corrupted); rerun the segment that writes it or resume from "
+                                  "an earlier snapshot")
+    return doc

@@ -1,0 +1,49 @@
+"""``lm-eval``: lm-evaluation-harness's own command line with the ``loopline`` model registered.
+
+``python -m pipeline_lib lm-eval --model loopline --model_args snapshot=DIR,h_eff=4
+--tasks loopline_khop --include_path DIR`` — every lm-eval option works, since the arguments
+go to lm-eval's parser unchanged (``cli.main`` hands them over before our parser sees them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "lm-eval", help="lm-evaluation-harness CLI with --model loopline available",
+        description="Pass every argument to lm-eval's own command line (see `lm-eval --help`) "
+                    "after registering the loopline model: --model loopline --model_args "
+                    "snapshot=DIR,h_eff=N,batch_size=B,device=cpu[,use_ema=true].",
+        add_help=False)
+    parser.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="lm-eval arguments")
+    return parser
+
+
+def passthrough(argv: Sequence[str]) -> int:
+    """Run lm-eval's CLI on ``argv`` with the loopline model registered; its exit status."""
+    from lm_eval.__main__ import cli_evaluate
+
+    from .. import bench  # noqa: F401  (registers --model loopline)
+    from ..errors import PipelineError
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *argv]
+    try:
+        cli_evaluate()
+    except SystemExit as exc:  # argparse --help / usage errors
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return passthrough(args.lm_eval_args)

@@ -1,0 +1,54 @@
+"""``train``: one training segment, from a snapshot (or scratch) to ``--until-step`` (the rule
+``train_segment`` calls the same :func:`pipeline_lib.train.trainer.train_segment`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._common import add_config_args, config_from_args
+
+
+def _resume(text: str) -> Path | None:
+    return None if text.lower() == "none" else Path(text)
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train", help="train one segment: resume a snapshot, run to --until-step, snapshot",
+        description="Restore --resume-from (or start from scratch with 'none'), train the "
+                    "steps up to --until-step, and write the snapshot --out atomically. "
+                    "Run-level logs (train/metrics.jsonl, train/spike_events.jsonl, "
+                    "tensorboard/) go to --run-dir. With --attempt > 1 a rollback record "
+                    "left by a spike-guard abort from the same snapshot is applied.")
+    add_config_args(parser)
+    parser.add_argument("--data", type=Path, required=True,
+                        help="packed data directory (results/data/<data_id>)")
+    parser.add_argument("--resume-from", type=_resume, required=True, metavar="SNAPSHOT_DIR|none",
+                        help="snapshot to resume, or 'none' to start from scratch")
+    parser.add_argument("--until-step", type=int, required=True, metavar="N",
+                        help="train until this many optimizer steps are done")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="snapshot directory to write (e.g. results/<run>/snapshots/"
+                             "step_0000100)")
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="run directory for logs (default: the parent of the snapshots/ "
+                             "directory holding --out)")
+    parser.add_argument("--attempt", type=int, default=1, metavar="K",
+                        help="1 for a first try; > 1 for a retry (applies a rollback record)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from ..train.trainer import train_segment
+
+    cfg = config_from_args(args)
+    out = train_segment(cfg, args.data, args.resume_from, args.until_step, args.out,
+                        run_dir=args.run_dir, attempt=args.attempt)
+    state = json.loads((out / "trainer_state.json").read_text())
+    val = state.get("val_loss")
+    print(f"step {state['step']}/{state['total_steps']}: val_loss {val}, tokens "
+          f"{state['tokens_seen']}, skipped {state['spike_guard']['skipped_total']} steps: {out}")
+    return 0

@@ -1,0 +1,96 @@
+"""Summary of every kept snapshot's H_eff sweep: one long table and one figure."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+
+log = logging.getLogger(__name__)
+COLUMNS = ("step", "h_eff", "loss", "perplexity", "tokens", "deeper_better")
+
+
+def read_sweeps(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """Sweep JSON documents, sorted by step; a malformed one is named in the error."""
+    sweeps = []
+    for path in paths:
+        try:
+            doc = json.loads(Path(path).read_text())
+            doc["losses"] = {int(h): float(v) for h, v in doc["losses"].items()}
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise DataError(f"{path} is not an H_eff sweep result ({exc}); rerun its eval_heff "
+                            "job") from None
+        sweeps.append(doc)
+    return sorted(sweeps, key=lambda d: (d.get("step") is None, d.get("step") or 0))
+
+
+def sweep_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Long format: one row per (snapshot step, H_eff)."""
+    rows = []
+    for doc in sweeps:
+        for h, loss in sorted(doc["losses"].items()):
+            rows.append({"step": doc.get("step"), "h_eff": h, "loss": loss,
+                         "perplexity": float(doc["perplexities"][str(h)]),
+                         "tokens": int(doc["tokens"]), "deeper_better": bool(doc["deeper_better"])})
+    return rows
+
+
+def write_table(rows: Sequence[dict[str, Any]], out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({c: [r[c] for r in rows] for c in COLUMNS})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out)
+
+
+def plot_sweeps(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") -> None:
+    """Left: loss vs H_eff, one line per snapshot. Right: loss vs step, one line per H_eff."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    cmap = plt.get_cmap("viridis")
+    n = max(len(sweeps) - 1, 1)
+    for i, doc in enumerate(sweeps):
+        hs = sorted(doc["losses"])
+        left.plot(hs, [doc["losses"][h] for h in hs], marker="o", color=cmap(i / n),
+                  label=f"step {doc.get('step')}")
+    left.set_xscale("log", base=2)
+    left.set_xlabel("test-time loops H_eff")
+    left.set_ylabel("validation loss (nats/token)")
+    left.set_title("loss vs H_eff per snapshot")
+    left.legend(fontsize="small")
+    all_h = sorted({h for doc in sweeps for h in doc["losses"]})
+    steps = [doc.get("step") for doc in sweeps]
+    for j, h in enumerate(all_h):
+        right.plot(steps, [doc["losses"].get(h, float("nan")) for doc in sweeps], marker="o",
+                   color=plt.get_cmap("plasma")(j / max(len(all_h) - 1, 1)), label=f"H_eff={h}")
+    right.set_xlabel("training step")
+    right.set_ylabel("validation loss (nats/token)")
+    right.set_title("loss vs step per H_eff")
+    right.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def summarize_heff(inputs: Sequence[Path], out_table: Path, out_plot: Path,
+                   title: str = "") -> list[dict[str, Any]]:
+    """Read every sweep JSON, write the parquet table and the figure; return the rows."""
+    if not inputs:
+        raise DataError("summarize_heff got no sweep results; evaluate at least one snapshot")
+    sweeps = read_sweeps(inputs)
+    rows = sweep_rows(sweeps)
+    write_table(rows, out_table)
+    plot_sweeps(sweeps, out_plot, title)
+    log.info("H_eff summary of %d snapshots → %s, %s", len(sweeps), out_table, out_plot)
+    return rows

@@ -1,0 +1,55 @@
+"""Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x)); FFN dense or MoE."""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .attention import Attention, DocumentMask
+from .layers import RMSNorm, SwiGLU
+from .moe import MoEFFN
+from .size import resolved_ffn_hidden, resolved_moe_hidden
+
+
+class Block(nn.Module):
+    """One transformer block; the same module is reused by every loop of the core."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.attn_norm = RMSNorm(d, cfg.norm_eps)
+        self.attn = Attention(d, cfg.n_heads)
+        self.ffn_norm = RMSNorm(d, cfg.norm_eps)
+        self.ffn: SwiGLU | MoEFFN
+        if cfg.moe_experts:
+            self.ffn = MoEFFN(d, resolved_moe_hidden(cfg), cfg.moe_experts, cfg.moe_top_k,
+                              cfg.moe_aux_loss_weight, cfg.moe_bias_update_rate)
+        else:
+            self.ffn = SwiGLU(d, resolved_ffn_hidden(cfg))
+
+    def reset_parameters(self, std: float, out_std: float) -> None:
+        """Normal(0, std) weights; residual output projections get the smaller ``out_std``."""
+        nn.init.normal_(self.attn.qkv.weight, std=std)
+        nn.init.normal_(self.attn.out.weight, std=out_std)
+        if isinstance(self.ffn, MoEFFN):
+            self.ffn.reset_parameters(std, out_std)
+        else:
+            nn.init.normal_(self.ffn.gate.weight, std=std)
+            nn.init.normal_(self.ffn.up.weight, std=std)
+            nn.init.normal_(self.ffn.down.weight, std=out_std)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: DocumentMask) -> Tensor:
+        # x: [B, L, D] → [B, L, D]
+        x = x + self.attn(self.attn_norm(x), rope, mask)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+def residual_out_std(init_std: float, effective_depth: int) -> float:
+    """GPT-2 style scaled init of residual output projections: std / sqrt(2·depth).
+
+    ``effective_depth`` counts core blocks once per training loop: that is how many
+    residual additions the stream sees.
+    """
+    return init_std / math.sqrt(2 * max(1, effective_depth))

@@ -1,0 +1,362 @@
+"""LoopedLM: embedding → prelude → core × H (input injection) → coda → final norm → head.
+
+A forward pass runs the core loop by loop and reads out after any listed loop count t:
+readout(t) = head(norm(coda(state_t))). Loop t never depends on the total count, so the
+losses at H_eff = 1, 2, 4, 8 from one pass are exactly the losses of four separate passes
+(the H_eff sweep and deep supervision rest on this).
+
+Entry points (shapes: B rows, L tokens, D width, V vocab):
+- ``model(batch, loops, answer_weight, no_grad_loops=, start=, state=) -> LoopOutput``
+  (losses per listed loop count and the state after the last one); ``model.losses(...)``
+  returns just the dict. Under FSDP call the module (``model(...)``) so its hooks run.
+- Segmented/truncated backprop pieces: ``embed(batch) -> LoopContext``,
+  ``forward_loops(ctx, start, end, state, no_grad_loops=) -> state``,
+  ``readout_loss(state, ctx, answer_weight) -> loss``.
+- ``logits_at(batch_or_input_ids, h_eff) -> [B, L, V]`` for generation and scoring.
+- MoE: ``take_aux_loss()``, ``update_moe_biases()``, ``clear_moe_loads()``,
+  ``moe_load_stats()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .attention import DocumentMask, resolve_attention_kernel
+from .blocks import Block, residual_out_std
+from .layers import RMSNorm, rope_tables
+from .loss import chunked_cross_entropy
+from .moe import MoEFFN
+from .size import check_model_config, step_embedding_rows
+
+Batch = Mapping[str, Tensor]
+
+
+@dataclass
+class LoopContext:
+    """What every loop and readout of one batch shares (built once per batch)."""
+
+    rope: tuple[Tensor, Tensor]  # cos, sin: [B, L, 1, head_dim/2]
+    mask: DocumentMask  # document-causal attention mask
+    targets: Tensor | None  # [B, L] next-token ids, -100 = ignored
+    answer_mask: Tensor | None  # [B, L] bool, answer tokens of reasoning documents
+    e: Tensor | None = None  # [B, L, D] prelude output, injected at every loop
+
+
+@dataclass
+class LoopOutput:
+    """Result of ``LoopedLM.forward``."""
+
+    losses: dict[int, Tensor]  # loop count → mean (weighted) loss, fp32 scalar
+    state: Tensor  # [B, L, D] loop state after the last loop run
+
+
+class LoopedLM(nn.Module):
+    """Looped (recurrent-depth) transformer language model; see the module docstring."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        check_model_config(cfg)
+        self.cfg = cfg
+        d, v = cfg.d_model, cfg.vocab_size
+        self.tok_emb = nn.Embedding(v, d)
+        self.prelude = nn.ModuleList(Block(cfg) for _ in range(cfg.prelude_layers))
+        self.core = nn.ModuleList(Block(cfg) for _ in range(cfg.core_layers))
+        self.coda = nn.ModuleList(Block(cfg) for _ in range(cfg.coda_layers))
+        self.norm = RMSNorm(d, cfg.norm_eps)
+        self.head = None if cfg.tie_embeddings else nn.Linear(d, v, bias=False)
+        self.injection_proj = nn.Linear(2 * d, d, bias=False) if cfg.injection == "linear" else None
+        scale = torch.tensor(float(cfg.injection_scale))
+        if cfg.injection == "add" and cfg.learn_injection_scale:
+            self.injection_scale = nn.Parameter(scale)  # λ, its own parameter group
+        else:  # fixed (or scheduled through set_injection_scale); config-determined, not saved
+            self.register_buffer("injection_scale", scale, persistent=False)
+        rows = step_embedding_rows(cfg)
+        self.step_emb = nn.Embedding(rows, d) if rows else None
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ set-up
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) weights, scaled residual outputs, [I | λI] linear injection."""
+        cfg = self.cfg
+        std = cfg.init_std
+        out_std = residual_out_std(
+            std, cfg.prelude_layers + cfg.core_layers * cfg.loops + cfg.coda_layers)
+        nn.init.normal_(self.tok_emb.weight, std=std)
+        for block in (*self.prelude, *self.core, *self.coda):
+            block.reset_parameters(std, out_std)
+        if self.head is not None:
+            nn.init.normal_(self.head.weight, std=std)
+        if self.injection_proj is not None:
+            # Starts as additive injection state + λ·e; the map is then learned.
+            eye = torch.eye(cfg.d_model)
+            self.injection_proj.weight.copy_(torch.cat([eye, cfg.injection_scale * eye], dim=1))
+        if self.step_emb is not None:
+            nn.init.normal_(self.step_emb.weight, std=std)
+
+    @property
+    def head_weight(self) -> Tensor:
+        """Output projection [V, D] (the token embedding when tied)."""
+        return self.tok_emb.weight if self.head is None else self.head.weight
+
+    @torch.no_grad()
+    def set_injection_scale(self, value: float) -> None:
+        """Set λ (for a schedule); with a learnable λ this overwrites the parameter's value."""
+        self.injection_scale.fill_(float(value))
+
+    def param_groups_by_role(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by optimizer role: ``decay`` (matrices), ``no_decay`` (embeddings,
+        norms) and ``injection`` (a learnable λ, for its own learning rate)."""
+        groups: dict[str, list[nn.Parameter]] = {"decay": [], "no_decay": [], "injection": []}
+        for name, p in self.named_parameters():
+            if name == "injection_scale":
+                groups["injection"].append(p)
+            elif p.dim() < 2 or name.startswith(("tok_emb.", "step_emb.")):
+                groups["no_decay"].append(p)
+            else:
+                groups["decay"].append(p)
+        return groups
+
+    # ------------------------------------------------------------------ batch → context
+
+    def context(self, batch: Batch | Tensor) -> LoopContext:
+        """RoPE tables and the document mask of a batch (no embedding yet).
+
+        ``batch`` is the loader's dict or bare ``input_ids`` [B, L]; missing
+        ``position_ids`` default to 0..L-1 and missing ``doc_ids`` to one document per row.
+        """
+        if isinstance(batch, Tensor):
+            batch = {"input_ids": batch}
+        ids = batch["input_ids"]
+        B, L = ids.shape
+        pos = batch.get("position_ids")
+        if pos is None:
+            pos = torch.arange(L, device=ids.device).expand(B, L)
+        doc = batch.get("doc_ids")
+        if doc is None:
+            doc = torch.zeros_like(ids)
+        kernel = resolve_attention_kernel(self.cfg.attention, ids.device)
+        return LoopContext(
+            rope=rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta),
+            mask=DocumentMask.build(doc, kernel),
+            targets=batch.get("targets"),
+            answer_mask=batch.get("answer_mask"),
+        )
+
+    def embed(self, batch: Batch | Tensor) -> LoopContext:
+        """Context of ``batch`` with ``ctx.e`` = prelude(embedding) [B, L, D].
+
+        Starts a new forward pass: MoE aux-loss terms not yet taken are dropped.
+        """
+        ctx = self.context(batch)
+        ids = batch if isinstance(batch, Tensor) else batch["input_ids"]
+        self._drop_aux_terms()
+        x = self.tok_emb(ids)  # [B, L, D]
+        for block in self.prelude:
+            x = block(x, ctx.rope, ctx.mask)
+        ctx.e = x
+        return ctx
+
+    def init_state(self, ctx: LoopContext) -> Tensor:
+        """Loop state before loop 1: zeros or the prelude output (``state_init``)."""
+        assert ctx.e is not None, "embed() the batch first"
+        return torch.zeros_like(ctx.e) if self.cfg.state_init == "zeros" else ctx.e
+
+    # ------------------------------------------------------------------ loops
+
+    def _loop(self, state: Tensor, ctx: LoopContext, t: int) -> Tensor:
+        """Loop t (0-based): inject e into the state, run the core blocks."""
+        if self.injection_proj is not None:
+            x = self.injection_proj(torch.cat([state, ctx.e], dim=-1))  # W[state; e]
+        else:
+            x = state + self.injection_scale.to(state.dtype) * ctx.e
+        if self.step_emb is not None:  # loops past the table reuse its last row
+            x = x + self.step_emb.weight[min(t, self.step_emb.num_embeddings - 1)]
+        for block in self.core:
+            x = block(x, ctx.rope, ctx.mask)
+        return x
+
+    def forward_loops(self, ctx_or_batch: LoopContext | Batch, start: int, end: int,
+                      state: Tensor | None = None, *, no_grad_loops: int = 0) -> Tensor:
+        """Run loops start+1 … end on ``state`` [B, L, D] (None at start 0: init_state).
+
+        The first ``no_grad_loops`` of them run without autograd (truncated backprop).
+        A batch (instead of a context) is embedded first; segmented backprop should pass a
+        fresh context per segment, since the previous segment's graph has been freed.
+        """
+        ctx = ctx_or_batch if isinstance(ctx_or_batch, LoopContext) else self.embed(ctx_or_batch)
+        if not 0 <= start <= end:
+            raise ValueError(f"need 0 <= start <= end, got start={start}, end={end}")
+        if state is None:
+            if start != 0:
+                raise ValueError(f"state is required when start = {start} > 0")
+            state = self.init_state(ctx)
+        n_free = min(max(no_grad_loops, 0), end - start)
+        if n_free:
+            with torch.no_grad():
+                for t in range(start, start + n_free):
+                    state = self._loop(state, ctx, t)
+        for t in range(start + n_free, end):
+            state = self._loop(state, ctx, t)
+        return state
+
+    # ------------------------------------------------------------------ readout
+
+    def readout_hidden(self, state: Tensor, ctx: LoopContext) -> Tensor:
+        """norm(coda(state)) [B, L, D]: what the head reads."""
+        x = state
+        for block in self.coda:
+            x = block(x, ctx.rope, ctx.mask)
+        return self.norm(x)
+
+    def readout_logits(self, state: Tensor, ctx: LoopContext) -> Tensor:
+        """Logits [B, L, V] of a loop state (materialised: for generation and scoring)."""
+        return F.linear(self.readout_hidden(state, ctx), self.head_weight)
+
+    def _token_weights(self, ctx: LoopContext, answer_weight: float) -> Tensor | None:
+        if answer_weight < 0:
+            raise ValueError(f"answer_weight must be >= 0, got {answer_weight}")
+        if ctx.answer_mask is None or answer_weight == 1.0:
+            return None
+        w = torch.where(ctx.answer_mask, float(answer_weight), 1.0)  # [B, L]
+        return w.reshape(-1)
+
+    def readout_loss(self, state: Tensor, ctx_or_batch: LoopContext | Batch,
+                     answer_weight: float = 1.0) -> Tensor:
+        """Mean next-token loss of a loop state; answer tokens weighted by ``answer_weight``.
+
+        Weighted mean Σ wᵢ·ceᵢ / Σ wᵢ over non-ignored targets (w = answer_weight on
+        ``answer_mask``, else 1), via the chunked loss (no [B·L, V] logits).
+        """
+        ctx = ctx_or_batch if isinstance(ctx_or_batch, LoopContext) else self.context(ctx_or_batch)
+        if ctx.targets is None:
+            raise ValueError("the batch has no 'targets'; readout_loss needs them")
+        h = self.readout_hidden(state, ctx)  # [B, L, D]
+        D = h.shape[-1]
+        return chunked_cross_entropy(h.reshape(-1, D), self.head_weight, ctx.targets.reshape(-1),
+                                     chunk_size=self.cfg.loss_chunk_size,
+                                     token_weights=self._token_weights(ctx, answer_weight))
+
+    # ------------------------------------------------------------------ full passes
+
+    def forward(self, batch: Batch | LoopContext, loops: Sequence[int],
+                answer_weight: float = 1.0, *, no_grad_loops: int = 0, start: int = 0,
+                state: Tensor | None = None) -> LoopOutput:
+        """Losses after each listed loop count, from one pass over the loops.
+
+        Counts may exceed ``cfg.loops`` (test-time extrapolation). ``start``/``state``
+        continue from a previous segment's (detached) state, so counts must exceed
+        ``start``; ``no_grad_loops`` loops after ``start`` run without gradients.
+        """
+        wanted = sorted(set(int(h) for h in loops))
+        if not wanted or wanted[0] <= start:
+            raise ValueError(f"loops must be a non-empty list of counts > start={start}, "
+                             f"got {list(loops)}")
+        ctx = batch if isinstance(batch, LoopContext) else self.embed(batch)
+        out: dict[int, Tensor] = {}
+        t = start
+        for h in wanted:
+            free = max(0, min(no_grad_loops - (t - start), h - t))
+            state = self.forward_loops(ctx, t, h, state, no_grad_loops=free)
+            out[h] = self.readout_loss(state, ctx, answer_weight)
+            t = h
+        assert state is not None
+        return LoopOutput(losses={int(h): out[int(h)] for h in loops}, state=state)
+
+    def losses(self, batch: Batch, loops: Sequence[int], answer_weight: float = 1.0, *,
+               no_grad_loops: int = 0) -> dict[int, Tensor]:
+        """``{h: loss after h loops}`` for every h in ``loops``, from one forward pass."""
+        return self(batch, loops, answer_weight, no_grad_loops=no_grad_loops).losses
+
+    @torch.no_grad()
+    def logits_by_loops(self, batch_or_input_ids: Batch | Tensor,
+                        loops: Sequence[int]) -> dict[int, Tensor]:
+        """``{h: logits [B, L, V]}`` after each listed loop count, one pass, no gradients."""
+        ctx = self.embed(batch_or_input_ids)
+        out: dict[int, Tensor] = {}
+        state, t = None, 0
+        for h in sorted(set(int(h) for h in loops)):
+            state = self.forward_loops(ctx, t, h, state)
+            out[h] = self.readout_logits(state, ctx)
+            t = h
+        return out
+
+    def logits_at(self, batch_or_input_ids: Batch | Tensor, h_eff: int) -> Tensor:
+        """Logits [B, L, V] after ``h_eff`` loops (no gradients)."""
+        if h_eff < 1:
+            raise ValueError(f"h_eff must be at least 1, got {h_eff}")
+        return self.logits_by_loops(batch_or_input_ids, [h_eff])[h_eff]
+
+    # ------------------------------------------------------------------ MoE
+
+    def moe_layers(self) -> list[tuple[str, MoEFFN]]:
+        """(name, layer) of every MoE FFN, e.g. ("core.0", …)."""
+        return [(name.removesuffix(".ffn"), m) for name, m in self.named_modules()
+                if isinstance(m, MoEFFN)]
+
+    def set_expert_impl(self, impl: str) -> None:
+        """``auto``, ``grouped`` (torch._grouped_mm) or ``loop`` for every MoE layer."""
+        if impl not in ("auto", "grouped", "loop"):
+            raise ValueError(f"expert impl must be auto, grouped or loop, not {impl!r}")
+        for _, layer in self.moe_layers():
+            layer.expert_impl = impl
+
+    def _drop_aux_terms(self) -> None:
+        for _, layer in self.moe_layers():
+            layer.take_aux_terms()
+
+    def take_aux_loss(self) -> Tensor:
+        """Weighted MoE load-balancing loss of the current forward pass, then cleared.
+
+        ``moe_aux_loss_weight`` × the mean Switch loss over every MoE call since the last
+        ``embed`` (prelude, each core loop, each readout's coda), recorded only in training
+        mode with gradients on. Add it to the loss before backward; 0 without MoE.
+        """
+        terms = [t for _, layer in self.moe_layers() for t in layer.take_aux_terms()]
+        if not terms:
+            return torch.zeros((), device=self.tok_emb.weight.device)
+        return self.cfg.moe_aux_loss_weight * torch.stack(terms).mean()
+
+    @torch.no_grad()
+    def update_moe_biases(self) -> None:
+        """Aux-loss-free balancing step ``bias += γ·(1/E − load)`` for every MoE layer.
+
+        Uses the loads of all training forwards since the last update (summed over ranks
+        when torch.distributed is initialised) and resets them. Call after each optimizer
+        step; on a skipped step call ``clear_moe_loads()`` instead.
+        """
+        layers = self.moe_layers()
+        if not layers:
+            return
+        counts = torch.stack([layer.load_counts for _, layer in layers])  # [layers, E]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(counts)
+        for (_, layer), c in zip(layers, counts, strict=True):
+            layer.update_bias(c)
+
+    @torch.no_grad()
+    def clear_moe_loads(self) -> None:
+        """Forget the loads counted since the last update (e.g. of a skipped step)."""
+        for _, layer in self.moe_layers():
+            layer.load_counts.zero_()
+
+    def moe_load_stats(self) -> dict[str, float]:
+        """``{"moe_load/<layer>/e<i>": fraction, "moe_load/<layer>/max": …}`` for logging.
+
+        Loads since the last bias update, or those of the last update when none since;
+        balanced routing gives 1/E per expert.
+        """
+        stats: dict[str, float] = {}
+        for name, layer in self.moe_layers():
+            load = layer.current_load().tolist()
+            for i, value in enumerate(load):
+                stats[f"moe_load/{name}/e{i}"] = float(value)
+            stats[f"moe_load/{name}/max"] = float(max(load))
+        return stats

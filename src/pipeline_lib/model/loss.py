@@ -1,0 +1,156 @@
+"""Chunked linear cross-entropy: loss of ``hidden @ weight.T`` without the [N, V] logits.
+
+The rows are processed ``chunk_size`` at a time. Each chunk's logits [C, V] are written into
+one reused buffer, turned into the chunk's losses and, when a gradient will be needed,
+*in place* into the gradient of the logits (softmax − one-hot, scaled by the token's
+weight); two matmuls then give that chunk's share of d hidden and d weight. The forward pass
+thus leaves the finished gradients behind and the backward pass only scales them (in place)
+by the incoming scalar, as fused kernels such as Liger's FusedLinearCrossEntropy do: three
+matmuls in all, one fewer than recomputing the logits in backward, and peak memory
+O(C·V + V·D) instead of O(N·V). The price: each loss holds a [V, D] fp32 gradient until its
+backward (one per readout when several loop counts are read out).
+
+The per-chunk step (logsumexp, loss, gradient of the logits) runs in a Triton kernel on CUDA
+(:mod:`.triton_loss`) and in torch elsewhere; the matmuls are torch's in both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+REDUCTIONS = ("mean", "sum")
+
+
+def _chunk_step_torch(logits: Tensor, targets: Tensor, scale: Tensor, ignore_index: int,
+                      compute_grad: bool) -> Tensor:
+    """Per-token CE of one chunk; overwrites ``logits`` [C, V] (fp32, owned) with its gradient.
+
+    Returns losses [C] (0 where the target is ignored). After the call, when
+    ``compute_grad``, ``logits[i] = scale[i]·(softmax(logits[i]) − onehot(targets[i]))``.
+    """
+    valid = targets != ignore_index
+    safe_t = torch.where(valid, targets, 0)[:, None]  # [C, 1]
+    target_logit = logits.gather(1, safe_t).squeeze(1)  # [C]
+    row_max = logits.amax(dim=1, keepdim=True)  # [C, 1]
+    logits.sub_(row_max).exp_()  # exp(x − max), in place: no second [C, V] buffer
+    sum_exp = logits.sum(dim=1, keepdim=True)  # [C, 1]
+    lse = (row_max + sum_exp.log()).squeeze(1)
+    losses = torch.where(valid, lse - target_logit, 0.0)
+    if compute_grad:
+        logits.mul_(scale[:, None] / sum_exp)
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        logits[rows, safe_t[:, 0]] -= scale  # scale is 0 for ignored targets
+    return losses
+
+
+def _chunk_step(backend: str):
+    if backend == "triton":
+        from .triton_loss import chunk_step_triton
+
+        return chunk_step_triton
+    return _chunk_step_torch
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be auto, torch or triton, not {backend!r}")
+    if backend != "auto":
+        return backend
+    if device.type == "cuda":
+        from .triton_loss import triton_available
+
+        if triton_available():
+            return "triton"
+    return "torch"
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Forward computes the loss and (when needed) both gradients, chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, token_weights: Tensor | None,
+                chunk_size: int, ignore_index: int, reduction: str, backend: str,
+                need_hidden_grad: bool, need_weight_grad: bool) -> Tensor:
+        N = hidden.shape[0]  # hidden: [N, D], weight: [V, D], targets: [N]
+        dtype = torch.promote_types(hidden.dtype, weight.dtype)
+        w_mat = weight.to(dtype)
+        valid = targets != ignore_index
+        tok_w = valid.float() if token_weights is None else token_weights.float() * valid  # [N]
+        if reduction == "mean":
+            total = tok_w.sum()
+            # All targets ignored (or weighted 0): loss 0 with zero gradients, not 0/0.
+            scale = tok_w / torch.where(total > 0, total, torch.ones_like(total))
+        else:
+            scale = tok_w
+        compute_grad = need_hidden_grad or need_weight_grad
+        step = _chunk_step(backend)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
+        grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+                       if need_weight_grad else None)
+        # One [C, V] fp32 buffer reused by every chunk: no allocator churn of large blocks.
+        buffer = torch.empty(min(chunk_size, N), weight.shape[0], dtype=torch.float32,
+                             device=hidden.device)
+        for start in range(0, N, chunk_size):
+            end = min(start + chunk_size, N)
+            h_c = hidden[start:end].to(dtype)  # [C, D]
+            logits = buffer[: end - start]  # [C, V]
+            if dtype == torch.float32:
+                torch.mm(h_c, w_mat.T, out=logits)
+            else:
+                logits.copy_(h_c @ w_mat.T)
+            losses = step(logits, targets[start:end], scale[start:end], ignore_index,
+                          compute_grad)
+            loss += (losses * scale[start:end]).sum()
+            if compute_grad:
+                grad_logits = logits.to(dtype)  # [C, V], now d loss / d logits
+                if grad_hidden is not None:
+                    grad_hidden[start:end] = grad_logits @ w_mat
+                if grad_weight is not None:
+                    grad_weight.addmm_(grad_logits.T.float(), h_c.float())
+        # Plain attributes, not save_for_backward: backward scales them in place and hands
+        # them over (no second [V, D] buffer at the end of backward).
+        ctx.grads = (grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        if ctx.grads is None:
+            raise RuntimeError("chunked_cross_entropy: backward ran twice through the same "
+                               "loss (retain_graph); compute the loss again instead")
+        grad_hidden, grad_weight = ctx.grads
+        ctx.grads = None
+        if grad_hidden is not None:
+            grad_hidden.mul_(grad_loss.to(grad_hidden.dtype))
+        if grad_weight is not None:
+            grad_weight = grad_weight.mul_(grad_loss).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
+
+
+def chunked_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int = 1024,
+                          ignore_index: int = -100, reduction: str = "mean",
+                          token_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
+    """Cross-entropy of ``hidden [N, D] @ weight.T [D, V]`` against ``targets [N]``.
+
+    Equals ``F.cross_entropy(hidden @ weight.T, targets, ignore_index=..., reduction=...)`` in
+    value and gradients, but never holds more than ``chunk_size`` rows of logits.
+    ``token_weights [N]`` (optional, ≥ 0) makes it a weighted loss: ``sum`` gives
+    Σ wᵢ·ceᵢ, ``mean`` gives Σ wᵢ·ceᵢ / Σ wᵢ over non-ignored tokens. With every target
+    ignored the loss is 0 (F.cross_entropy gives nan). ``backend``: ``auto`` (Triton kernel
+    on CUDA when importable, else torch), ``torch`` or ``triton`` (the latter also runs on
+    CPU tensors under ``TRITON_INTERPRET=1``). Returns an fp32 scalar.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, not {reduction!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
+    assert hidden.dim() == 2 and weight.dim() == 2 and hidden.shape[1] == weight.shape[1]
+    assert targets.shape == hidden.shape[:1]
+    assert token_weights is None or token_weights.shape == targets.shape
+    grad_on = torch.is_grad_enabled()
+    return _ChunkedCrossEntropy.apply(
+        hidden, weight, targets, token_weights, chunk_size, ignore_index, reduction,
+        _resolve_backend(backend, hidden.device),
+        grad_on and hidden.requires_grad, grad_on and weight.requires_grad)

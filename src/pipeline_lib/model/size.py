@@ -1,0 +1,99 @@
+"""Model sizes by arithmetic alone: no torch import.
+
+The Snakefile derives the step count of a token budget from the parameter count
+(tokens = parameters × multiplier), and Snakemake evaluates that on every call, dry runs
+included; importing torch there would cost seconds. So the count is computed from the
+config, and a test proves it equals ``sum(p.numel())`` of the real :class:`LoopedLM`.
+This module also resolves the derived widths (``ffn_hidden = 0`` and friends) so the
+model and the count cannot disagree, and holds the checks for impossible configs.
+"""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from ..errors import ConfigError
+
+
+def resolved_ffn_hidden(cfg: ModelConfig) -> int:
+    """Dense SwiGLU hidden width: ``ffn_hidden`` or 8/3·d_model rounded up to a multiple of 16."""
+    if cfg.ffn_hidden:
+        return cfg.ffn_hidden
+    # ceil(8·d/3 / 16)·16 == ceil(d/6)·16, in integers to avoid float rounding.
+    return -(-cfg.d_model // 6) * 16
+
+
+def resolved_moe_hidden(cfg: ModelConfig) -> int:
+    """Hidden width of one expert: ``moe_ffn_hidden`` or ffn_hidden / top_k (at least 1)."""
+    if cfg.moe_ffn_hidden:
+        return cfg.moe_ffn_hidden
+    return max(1, resolved_ffn_hidden(cfg) // cfg.moe_top_k)
+
+
+def step_embedding_rows(cfg: ModelConfig) -> int:
+    """Rows of the per-loop step embedding (one per training loop; later loops reuse the last)."""
+    return cfg.loops if cfg.step_embedding else 0
+
+
+def check_model_config(cfg: ModelConfig) -> None:
+    """Raise :class:`ConfigError` for a model that cannot be built.
+
+    ``validate_config`` already rejects these when the whole config is loaded; this guard
+    catches a ``ModelConfig`` built by hand (and ``vocab_size = 0``, which is legal in a
+    config file but must be resolved from the packed data before a model exists).
+    """
+    if cfg.vocab_size < 1:
+        raise ConfigError(f"model.vocab_size = {cfg.vocab_size} is not resolved; set it to the "
+                          "tokenizer's vocab size (metadata.json of the packed data) before "
+                          "building the model")
+    for key in ("d_model", "n_heads", "core_layers", "loops", "loss_chunk_size"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"model.{key} = {getattr(cfg, key)} must be at least 1; raise it")
+    for key in ("prelude_layers", "coda_layers", "ffn_hidden", "moe_experts", "moe_ffn_hidden"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"model.{key} = {getattr(cfg, key)} must not be negative; use 0 or more")
+    if cfg.d_model % cfg.n_heads:
+        raise ConfigError(f"model.d_model = {cfg.d_model} is not divisible by model.n_heads = "
+                          f"{cfg.n_heads}; pick n_heads that divides d_model")
+    if (cfg.d_model // cfg.n_heads) % 2:
+        raise ConfigError(f"model.d_model / model.n_heads = {cfg.d_model // cfg.n_heads} must be "
+                          "even for RoPE; change d_model or n_heads")
+    if cfg.moe_experts and not 1 <= cfg.moe_top_k <= cfg.moe_experts:
+        raise ConfigError(f"model.moe_top_k = {cfg.moe_top_k} must be between 1 and "
+                          f"model.moe_experts = {cfg.moe_experts}; lower top_k or add experts")
+    choices = {"injection": ("add", "linear"), "state_init": ("zeros", "embedding"),
+               "attention": ("auto", "sdpa", "flex")}
+    for key, allowed in choices.items():
+        if getattr(cfg, key) not in allowed:
+            raise ConfigError(f"model.{key} = {getattr(cfg, key)!r} is not allowed; use one of "
+                              f"{list(allowed)}")
+
+
+def block_param_count(cfg: ModelConfig) -> int:
+    """Parameters of one transformer block (two RMSNorms, attention, dense or MoE FFN)."""
+    d = cfg.d_model
+    norms = 2 * d
+    attention = 3 * d * d + d * d  # fused q/k/v projection + output projection
+    if cfg.moe_experts:
+        ffn = cfg.moe_experts * d + cfg.moe_experts * 3 * d * resolved_moe_hidden(cfg)  # router
+    else:
+        ffn = 3 * d * resolved_ffn_hidden(cfg)  # SwiGLU: gate, up, down
+    return norms + attention + ffn
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """Trainable parameters of ``LoopedLM(cfg)``; equals ``sum(p.numel() for p in parameters())``.
+
+    Buffers (MoE balancing biases, a fixed injection scale) are not parameters.
+    """
+    d, v = cfg.d_model, cfg.vocab_size
+    n_blocks = cfg.prelude_layers + cfg.core_layers + cfg.coda_layers
+    total = v * d  # token embedding
+    total += 0 if cfg.tie_embeddings else v * d  # output head
+    total += n_blocks * block_param_count(cfg)
+    total += d  # final RMSNorm
+    if cfg.injection == "linear":
+        total += 2 * d * d  # W of core(W[state; e])
+    elif cfg.learn_injection_scale:
+        total += 1  # λ
+    total += step_embedding_rows(cfg) * d
+    return total

@@ -1,0 +1,142 @@
+"""One function per Snakemake rule that is more than a single library call: each runs its
+stage and reports it to MLflow as a child run of the variant's parent run.
+
+The Snakemake scripts (workflow/scripts) and the CLI call these, so a stage behaves the
+same inside and outside the workflow. Tracking never decides success: an unreachable store
+sends everything to the run's outbox (see :mod:`pipeline_lib.tracking`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+
+log = logging.getLogger(__name__)
+
+
+def _step_name(step: int | None) -> str:
+    return "final" if step is None else f"step_{step:07d}"
+
+
+def _benchmark_tsvs(rule: str, run: str) -> list[Path]:
+    """Snakemake ``benchmark:`` files of ``rule`` for ``run`` (written when jobs finish)."""
+    root = Path("benchmarks") / rule
+    return sorted(root.glob(f"{run}*.tsv")) + sorted(root.glob(f"{run}/*.tsv"))
+
+
+def prepare_tracking_store(cfg: Config, marker: Path) -> None:
+    """Create the store's schema and the experiment once, before parallel jobs touch it.
+
+    Writes ``marker`` (JSON: uri, experiment id or the reason it is unreachable); an
+    unreachable store is not an error: stages then write their outboxes.
+    """
+    from .tracking import StoreUnavailable, ensure_store, resolve_uri
+
+    info: dict[str, Any] = {"enabled": cfg.tracking.enabled, "experiment": cfg.experiment.name}
+    if cfg.tracking.enabled:
+        info["uri"] = resolve_uri(cfg)
+        try:
+            info["experiment_id"] = ensure_store(info["uri"], cfg.experiment.name)
+        except StoreUnavailable as exc:
+            log.warning("tracking store unavailable (%s); stages will log to their outboxes", exc)
+            info["unavailable"] = str(exc)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(info, indent=2) + "\n")
+
+
+def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[str, Any]:
+    """Find or create the run's parent run; log the data pack as a ``pack`` child run.
+
+    Writes ``{run_dir}/tracking.json``. The pack is shared by every variant with the same
+    data config, so each variant gets its own ``pack`` child with the pack's metadata.
+    """
+    from .tracking import init_parent_run, start_stage
+
+    meta_path = Path(data_dir) / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    info = init_parent_run(cfg, run, Path(run_dir), meta.get("data_id", Path(data_dir).name))
+    with start_stage(cfg, run_dir, "pack", tags={"loopline.data_dir": str(data_dir)}) as stage:
+        numeric = {f"data/{k}": float(v) for k, v in meta.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        stage.log_metrics(0, numeric)
+        stage.log_artifact(meta_path, "data")
+        for tsv in sorted(Path("benchmarks/pack_data").glob(f"{Path(data_dir).name}*.tsv")):
+            stage.log_artifact(tsv, "benchmarks")
+    return info
+
+
+def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
+               out: Path) -> dict[str, Any]:
+    """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``."""
+    from .evaluate.heff import parse_h_eff, run_heff
+    from .tracking import start_stage
+
+    h_effs = parse_h_eff(cfg.eval.h_eff)
+    result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
+                      max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
+                      use_ema=cfg.eval.use_ema)
+    step = result["step"]
+    with start_stage(cfg, run_dir, f"eval_heff/{_step_name(step)}",
+                     params={"eval.h_eff": h_effs, "eval.max_tokens": cfg.eval.max_tokens,
+                             "eval.use_ema": cfg.eval.use_ema}) as stage:
+        metrics = {f"heff/loss_h{h}": v for h, v in result["losses"].items()}
+        metrics["heff/best_h"] = result["best_h_eff"]
+        metrics["heff/deeper_better"] = float(result["deeper_better"])
+        stage.log_metrics(step or 0, metrics)
+        stage.log_artifact(out, "eval/heff")
+    return result
+
+
+def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],
+                         table: Path, plot: Path) -> None:
+    """Parquet table + figure over every kept snapshot's sweep, logged as ``eval_summary``."""
+    from .evaluate.heff_summary import summarize_heff
+    from .tracking import start_stage
+
+    summarize_heff(list(inputs), Path(table), Path(plot), title=f"{run}: validation loss vs H_eff")
+    with start_stage(cfg, run_dir, "eval_summary") as stage:
+        stage.log_artifact(table, "eval")
+        stage.log_artifact(plot, "eval")
+        for tsv in _benchmark_tsvs("eval_heff", run) + _benchmark_tsvs("train_segment", run):
+            stage.log_artifact(tsv, "benchmarks")
+
+
+def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
+                tasks_dir: Path) -> dict[str, Any]:
+    """Downstream benchmarks of one snapshot at every ``bench.h_eff``, as child run
+    ``bench/step_…`` with metrics ``bench/{task}/{metric}_h{h}`` at the snapshot's step."""
+    from .bench import run_benchmarks
+    from .bench.scoring import bench_records
+    from .tracking import start_stage
+
+    result = run_benchmarks(Path(snapshot), cfg.bench, Path(tasks_dir), Path(out))
+    step = result.get("step")
+    with start_stage(cfg, run_dir, f"bench/{_step_name(step)}",
+                     params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff}
+                     ) as stage:
+        metrics = {}
+        for row in bench_records(result):
+            level = "" if row["level"] is None else f"_k{row['level']}"
+            metrics[f"bench/{row['task']}/{row['metric']}_h{row['h_eff']}{level}"] = row["value"]
+        stage.log_metrics(step or 0, metrics)
+        stage.log_artifact(out, "bench")
+    return result
+
+
+def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],
+                          table: Path, plot: Path) -> None:
+    """Long table + accuracy heatmaps over the benchmarked snapshots (``bench_summary``)."""
+    from .bench import summarize_bench
+    from .tracking import start_stage
+
+    summarize_bench([Path(p) for p in inputs], Path(table), Path(plot))
+    with start_stage(cfg, run_dir, "bench_summary") as stage:
+        stage.log_artifact(table, "bench")
+        stage.log_artifact(plot, "bench")
+        for tsv in _benchmark_tsvs("bench_downstream", run):
+            stage.log_artifact(tsv, "benchmarks")

@@ -1,0 +1,173 @@
+"""The parent run of a ``{run}`` directory and its ``tracking.json``.
+
+``{results}/{run}/tracking.json`` holds ``tracking_uri``, ``experiment_id``,
+``experiment_name`` and ``parent_run_id`` (plus ``enabled``). It is written only when its
+content changes, because Snakemake compares modification times: rewriting an identical
+file would make every downstream job look stale.
+
+Params of the parent are the flattened resolved config. MLflow params are immutable, so
+when a run directory's config changes later, the parent keeps the first values; the tag
+``loopline.config_hash`` moves to the new hash, ``loopline.params_changed`` lists the keys
+that differ (with a warning), and every version's resolved config is kept as the artifact
+``config/config_<hash>.yaml``. The parent run is found again by its tags, never created
+twice (a file lock in the run directory serialises concurrent first uses).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..config import (
+    PROJECT_ROOT,
+    Config,
+    config_for_run,
+    config_hash,
+    flatten,
+    save_config,
+    to_dict,
+)
+from .sink import Sink, get_sink
+from .store import file_lock, resolve_uri
+
+log = logging.getLogger(__name__)
+
+TRACKING_JSON = "tracking.json"
+LOCK_NAME = ".tracking.lock"
+CONFIG_DIR = "tracking_files"  # resolved configs logged as parent artifacts
+
+
+def read_tracking_info(run_dir: Path) -> dict[str, Any] | None:
+    """The run directory's tracking.json, or None if absent or unreadable."""
+    path = Path(run_dir) / TRACKING_JSON
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        log.warning("%s is not valid JSON; the parent run will be looked up again", path)
+        return None
+
+
+def write_tracking_info(run_dir: Path, info: dict[str, Any]) -> None:
+    """Write tracking.json atomically, and only if its content differs."""
+    path = Path(run_dir) / TRACKING_JSON
+    text = json.dumps(info, indent=2, sort_keys=True) + "\n"
+    if path.is_file() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def git_state(root: Path = PROJECT_ROOT) -> tuple[str, str]:
+    """(commit, dirty) of the project checkout; ("unknown", "unknown") without git."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                                 text=True, timeout=20, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    status = git("status", "--porcelain", "--untracked-files=no")
+    dirty = "unknown" if status is None else ("true" if status else "false")
+    return commit, dirty
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def provenance_tags(cfg: Config, run: str, data_id: str | None) -> dict[str, str]:
+    """Tags of a parent run: code, config and data identity, software versions."""
+    commit, dirty = git_state()
+    tags = {
+        "loopline.config_hash": config_hash(cfg),
+        "loopline.data_id": data_id or "unknown",
+        "loopline.git_commit": commit,
+        "loopline.git_dirty": dirty,
+        "loopline.version.snakemake": _version("snakemake"),
+        "loopline.version.torch": _version("torch"),
+        "loopline.version.mlflow": _version("mlflow"),
+        "loopline.version.python": platform.python_version(),
+    }
+    if commit != "unknown":
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def init_parent_run(cfg: Config, run: str, run_dir: Path, data_id: str | None) -> dict[str, Any]:
+    """Find or create the parent run of ``run``; write and return tracking.json's content.
+
+    Idempotent. ``cfg`` is the run's resolved config (a variant named in ``cfg.runs`` is
+    applied here if the caller has not). With tracking disabled nothing is contacted and
+    tracking.json records ``enabled: false``. An unreachable store yields a local parent
+    id, kept in the outbox until ``sync-tracking`` replays it.
+    """
+    if run in cfg.runs:
+        cfg = config_for_run(cfg, run)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not cfg.tracking.enabled:
+        info = {"enabled": False, "tracking_uri": None, "experiment_id": None,
+                "experiment_name": cfg.experiment.name, "parent_run_id": None}
+        write_tracking_info(run_dir, info)
+        return info
+    uri = resolve_uri(cfg)
+    with file_lock(run_dir / LOCK_NAME):
+        info = _find_or_create(cfg, run, run_dir, data_id, get_sink(uri, run_dir))
+        write_tracking_info(run_dir, info)
+    return info
+
+
+def _find_or_create(cfg: Config, run: str, run_dir: Path, data_id: str | None,
+                    sink: Sink) -> dict[str, Any]:
+    name = cfg.experiment.name
+    experiment_id = sink.experiment_id(name)
+    known = read_tracking_info(run_dir) or {}
+    earlier = known.get("parent_run_id") if known.get("tracking_uri") == sink.uri else None
+    parent = sink.create_parent(name, run, provenance_tags(cfg, run, data_id), earlier)
+    sink.log_params(parent, flatten(to_dict(cfg)))
+    config_file = run_dir / CONFIG_DIR / f"config_{config_hash(cfg)}.yaml"
+    if not config_file.is_file():
+        config_file.parent.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, config_file)
+    sink.log_artifact(parent, config_file, "config")
+    return {"enabled": True, "tracking_uri": sink.uri, "experiment_id": experiment_id,
+            "experiment_name": name, "parent_run_id": parent}
+
+
+def parent_for_stage(cfg: Config, run_dir: Path, sink: Sink,
+                     data_id: str | None = None) -> str:
+    """The parent run id a stage of ``run_dir`` attaches to (created on first use).
+
+    tracking.json is trusted when it names the current store; otherwise (absent, written
+    with tracking disabled, or for another store) the parent is found or created in the
+    current store, and tracking.json is written only if it did not exist.
+    """
+    info = read_tracking_info(run_dir)
+    if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.uri:
+        return sink.resolve(info["parent_run_id"])
+    run = Path(run_dir).name
+    if run in cfg.runs:
+        cfg = config_for_run(cfg, run)
+    with file_lock(Path(run_dir) / LOCK_NAME):
+        info = read_tracking_info(run_dir)  # another process may have written it meanwhile
+        if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.uri:
+            return sink.resolve(info["parent_run_id"])
+        fresh = _find_or_create(cfg, run, Path(run_dir), data_id, sink)
+        if info is None:
+            write_tracking_info(run_dir, fresh)
+    return fresh["parent_run_id"]

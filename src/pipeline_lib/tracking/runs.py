@@ -1,0 +1,104 @@
+"""Finding and creating loopline's runs in a store (used online and by outbox replay).
+
+The run model: one parent run per ``{run}`` directory, found by the tags
+``loopline.role = parent`` and ``loopline.run = {run}`` in the experiment, so creating it
+is idempotent; one child run per stage job, tagged ``mlflow.parentRunId`` (the parent
+link MLflow's UI nests by) and ``loopline.key`` (a unique key chosen by the process that
+created it, so a replayed or retried creation finds the run instead of duplicating it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import TrackingError
+from .commit import clean_tags
+from .store import call
+
+ROLE_TAG = "loopline.role"
+RUN_TAG = "loopline.run"
+KEY_TAG = "loopline.key"
+STAGE_TAG = "loopline.stage"
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def _quoted(value: str) -> str:
+    if "'" in value:
+        raise TrackingError(f"run name {value!r} contains a quote; use an identifier")
+    return f"'{value}'"
+
+
+def _first(client: Any, experiment_id: str, filter_string: str) -> str | None:
+    found = call(client.search_runs, [experiment_id], filter_string=filter_string,
+                 max_results=1, order_by=["attributes.start_time ASC"], what="search runs")
+    return found[0].info.run_id if found else None
+
+
+def find_parent(client: Any, experiment_id: str, run: str) -> str | None:
+    """The oldest active parent run of ``run`` in the experiment, if any."""
+    return _first(client, experiment_id,
+                  f"tags.`{ROLE_TAG}` = 'parent' and tags.`{RUN_TAG}` = {_quoted(run)}")
+
+
+def find_or_create_parent(client: Any, experiment_id: str, run: str,
+                          tags: dict[str, Any]) -> str:
+    """The parent run of ``run`` (tags refreshed), created if missing.
+
+    Callers serialise on a file lock in the run directory; two stores racing remain
+    possible only without it, and then the oldest parent is the one found later.
+    """
+    run_id = find_parent(client, experiment_id, run)
+    merged = clean_tags({**tags, ROLE_TAG: "parent", RUN_TAG: run})
+    if run_id is None:
+        created = call(client.create_run, experiment_id, tags=merged, run_name=run,
+                       what="create parent run")
+        run_id = created.info.run_id
+        # The parent is a container: mark it finished so the UI does not show it running.
+        call(client.set_terminated, run_id, "FINISHED", what="end parent run")
+    else:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, v) for k, v in merged.items()]
+        for i in range(0, len(items), 100):
+            call(client.log_batch, run_id, tags=items[i : i + 100], what="set parent tags")
+    return run_id
+
+
+def find_by_key(client: Any, experiment_id: str, key: str) -> str | None:
+    return _first(client, experiment_id, f"tags.`{KEY_TAG}` = {_quoted(key)}")
+
+
+def find_or_create_child(client: Any, experiment_id: str, key: str, parent_id: str,
+                         run_name: str, tags: dict[str, Any],
+                         start_ms: int | None = None) -> str:
+    """The child run with ``loopline.key = key``, created under ``parent_id`` if missing."""
+    run_id = find_by_key(client, experiment_id, key)
+    if run_id is not None:
+        return run_id
+    merged = clean_tags({**tags, KEY_TAG: key, PARENT_TAG: parent_id})
+    created = call(client.create_run, experiment_id, tags=merged, run_name=run_name,
+                   start_time=start_ms, what="create stage run")
+    return created.info.run_id
+
+
+def run_exists(client: Any, run_id: str) -> bool:
+    """True if the store holds an active run with this id."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = call(client.get_run, run_id, what="get run")
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return False
+        raise
+    return run.info.lifecycle_stage == "active"
+
+
+def set_status(client: Any, run_id: str, status: str, time_ms: int | None = None) -> None:
+    """RUNNING reopens a run (a continued training run); anything else terminates it."""
+    if status == "RUNNING":
+        call(client.update_run, run_id, status="RUNNING", what="reopen run")
+    else:
+        call(client.set_terminated, run_id, status, end_time=time_ms or int(time.time() * 1000),
+             what="end run")

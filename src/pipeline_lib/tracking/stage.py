@@ -1,0 +1,179 @@
+"""Child runs of stage jobs: buffered, exactly-once metrics; params, tags, artifacts.
+
+Usage (every stage)::
+
+    with start_stage(cfg, run_dir, "heff_step0000300") as stage:
+        stage.log_metrics(300, {"heff/loss_h1": 2.1, "heff/loss_h4": 1.9})
+        stage.log_artifact(table_path, "eval")
+    # leaving the block flushes and marks the run FINISHED (FAILED/KILLED on an exception)
+
+Training keeps ONE ``train`` child across segments: pass the id it stored in the previous
+snapshot (``run_id=``), store ``stage.run_id`` in the new snapshot, log every step, and call
+``flush()`` only after the snapshot is durable (renamed into place). Metrics of a segment
+that dies before its snapshot are discarded with the process; the retry logs those steps
+again and the commit rule of :mod:`~pipeline_lib.tracking.commit` (a key's step is
+committed only past the largest step stored) makes each step appear exactly once, also
+when the crash fell between the snapshot rename and the commit. Call it from one process
+(rank 0) per run.
+
+With ``tracking.enabled: false`` every method is a no-op and ``run_id`` is None.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..config import Config
+from .commit import Point, check_metric_key
+from .parent import parent_for_stage
+from .sink import Sink, get_sink
+from .store import resolve_uri
+
+log = logging.getLogger(__name__)
+
+SYSTEM_METRICS_INTERVAL_S = 10.0
+
+
+class StageRun:
+    """One child run (see the module docstring). Not thread-safe."""
+
+    def __init__(self, sink: Sink | None, run_id: str | None, stage: str,
+                 parent_run_id: str | None = None, monitor: Any = None) -> None:
+        self._sink = sink
+        self.run_id = run_id
+        self.stage = stage
+        self.parent_run_id = parent_run_id
+        self._monitor = monitor
+        self._buffer: list[Point] = []
+        self._ended = sink is None
+
+    @property
+    def enabled(self) -> bool:
+        return self._sink is not None
+
+    @property
+    def offline(self) -> bool:
+        """True when operations go to the outbox instead of the store."""
+        return self._sink is not None and not self._sink.online
+
+    @property
+    def pending(self) -> int:
+        """Buffered metric points not yet committed."""
+        return len(self._buffer)
+
+    def log_metrics(self, step: int, values: Mapping[str, float]) -> None:
+        """Buffer ``values`` at optimizer step ``step``; committed by :meth:`flush`."""
+        if self._sink is None:
+            return
+        stamp = int(time.time() * 1000)
+        for key, value in values.items():
+            check_metric_key(key)
+            self._buffer.append((key, float(value), int(step), stamp))
+
+    def flush(self, through_step: int | None = None) -> int:
+        """Commit buffered points (those with step ≤ ``through_step`` if given).
+
+        Returns the number of points newly committed; points already committed (by an
+        earlier attempt) are dropped, see :mod:`~pipeline_lib.tracking.commit`.
+        """
+        if self._sink is None or not self._buffer:
+            return 0
+        if through_step is None:
+            todo, self._buffer = self._buffer, []
+        else:
+            todo = [p for p in self._buffer if p[2] <= through_step]
+            self._buffer = [p for p in self._buffer if p[2] > through_step]
+        return self._sink.commit_metrics(self.run_id, todo)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log params now (stringified; a changed value keeps the first and warns)."""
+        if self._sink is not None and params:
+            self._sink.log_params(self.run_id, dict(params))
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if self._sink is not None and tags:
+            self._sink.set_tags(self.run_id, dict(tags))
+
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
+        """Log a file now (by path when offline: keep it until ``sync-tracking``)."""
+        if self._sink is not None:
+            self._sink.log_artifact(self.run_id, Path(path), artifact_path)
+
+    def log_artifacts(self, directory: Path | str, artifact_path: str | None = None) -> None:
+        """Log a directory's files now (e.g. the TensorBoard event directory)."""
+        self.log_artifact(directory, artifact_path)
+
+    def end(self, status: str = "FINISHED") -> None:
+        """FINISHED flushes the buffer; any other status discards it. Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
+        if status == "FINISHED":
+            self.flush()
+        elif self._buffer:
+            log.info("stage %s ended %s: %d uncommitted metric points discarded (a retry logs "
+                     "them again)", self.stage, status, len(self._buffer))
+            self._buffer = []
+        if self._monitor is not None:
+            self._monitor.finish()
+        assert self._sink is not None
+        self._sink.set_status(self.run_id, status)
+
+    def __enter__(self) -> StageRun:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.end("FINISHED")
+        else:
+            killed = issubclass(exc_type, (KeyboardInterrupt, SystemExit))
+            self.end("KILLED" if killed else "FAILED")
+
+
+def start_stage(cfg: Config, run_dir: Path | str, stage: str, *, run_id: str | None = None,
+                params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
+                data_id: str | None = None) -> StageRun:
+    """Start (or, with ``run_id``, continue) the child run of a stage under the run's parent.
+
+    The parent comes from ``{run_dir}/tracking.json``, and is created on first use when a
+    stage runs without it (plain CLI). A ``run_id`` the store does not hold (another store,
+    or deleted) is replaced by a new child run, with a warning.
+    """
+    if not cfg.tracking.enabled:
+        return StageRun(None, None, stage)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sink = get_sink(resolve_uri(cfg), run_dir)
+    parent = parent_for_stage(cfg, run_dir, sink, data_id)
+    all_tags = {"loopline.run": run_dir.name, "loopline.stage": stage, **(tags or {})}
+    child = sink.continue_run(run_id) if run_id else None
+    if run_id and child is None:
+        log.warning("run %s is not in %s; starting a new %s run", run_id, sink.uri, stage)
+    if child is None:
+        child = sink.create_child(cfg.experiment.name, parent, stage, all_tags)
+    else:
+        sink.set_tags(child, all_tags)
+        sink.set_status(child, "RUNNING")
+    if params:
+        sink.log_params(child, dict(params))
+    monitor = _system_metrics(sink, child) if cfg.tracking.system_metrics else None
+    return StageRun(sink, child, stage, parent, monitor)
+
+
+def _system_metrics(sink: Sink, run_id: str) -> Any:
+    """MLflow's system-metrics monitor on the run (CPU, memory, disk, GPU when present)."""
+    if not sink.online or run_id.startswith("local:"):
+        log.info("system metrics are not recorded while the tracking store is unreachable")
+        return None
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+                                   resume_logging=True, tracking_uri=sink.uri)
+    monitor.start()
+    return monitor

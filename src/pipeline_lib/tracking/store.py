@@ -1,0 +1,226 @@
+"""The tracking store: URI resolution, one client per URI, retries, schema creation.
+
+Only SQL-backed stores are used: ``sqlite:///path`` locally (MLflow 3 refuses the plain
+file store) and ``http(s)://`` servers (themselves SQL-backed) on clusters. Relative SQLite
+paths are made absolute against the current directory (Snakemake runs from the repo root),
+so every process of a pipeline, whatever its working directory later, opens one file.
+
+Failures are sorted into two kinds. *Transient* ones (connection refused, timeouts, HTTP
+5xx, SQLite "database is locked") are retried with backoff and then raised as
+:class:`StoreUnavailable`, which callers turn into outbox records. Everything else (a bad
+metric name, a deleted experiment) is a real error and propagates.
+
+mlflow is imported inside functions only: ``import pipeline_lib.tracking`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import random
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..config import Config
+from ..errors import TrackingError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Retries on top of MLflow's own (SQLite already waits 20 s per statement: busy_timeout).
+RETRY_ATTEMPTS = 4
+RETRY_FIRST_DELAY_S = 0.5
+PROBE_TIMEOUT_S = 3.0
+# Applied with setdefault, so a user's own MLFLOW_HTTP_* settings win. MLflow's defaults
+# (7 retries, backoff factor 2, 120 s timeout) let a dead server stall a stage for minutes.
+# The last one keeps MLflow from writing "View run … at URL" to a stage's stdout.
+HTTP_ENV_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+}
+_TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED"}
+_TRANSIENT_TEXT = ("database is locked", "failed with exception", "max retries exceeded",
+                   "connection refused", "unable to open database file", "timed out")
+
+
+class StoreUnavailable(TrackingError):
+    """The store could not be reached (after retries); the caller falls back to the outbox."""
+
+
+def resolve_uri(cfg: Config) -> str:
+    """The store URI: ``MLFLOW_TRACKING_URI`` if set, else ``tracking.uri``; normalised."""
+    return normalize_uri(os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.uri)
+
+
+def normalize_uri(uri: str) -> str:
+    """Absolute SQLite paths, no trailing slash on servers; refuse stores MLflow 3 refuses."""
+    uri = uri.strip()
+    if uri.startswith("sqlite:"):
+        if not uri.startswith("sqlite:///") or uri in ("sqlite:///", "sqlite:///:memory:"):
+            raise TrackingError(f"tracking.uri = {uri!r} is not a SQLite file; use "
+                                "sqlite:///results/mlflow.db (an in-memory store is not shared)")
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).absolute()}"
+    if re.match(r"^https?://", uri):
+        return uri.rstrip("/")
+    if "://" not in uri or uri.startswith("file:"):
+        raise TrackingError(f"tracking.uri = {uri!r} is a plain file store, which MLflow 3 "
+                            "refuses; use sqlite:///results/mlflow.db or http://host:port")
+    return uri  # postgresql://, mysql://, databricks, …: passed through to MLflow
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, else None."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def probe(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when the store looks reachable, else a one-line reason. Fast: no MLflow calls."""
+    if is_server(uri):
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=timeout_s) as resp:
+                return None if resp.status == 200 else f"/health answered HTTP {resp.status}"
+        except (urllib.error.URLError, OSError) as exc:
+            return f"{uri}/health: {getattr(exc, 'reason', exc)}"
+    db = sqlite_path(uri)
+    if db is not None:
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"cannot create {db.parent}: {exc.strerror}"
+        if not os.access(db.parent, os.W_OK):
+            return f"{db.parent} is not writable"
+    return None
+
+
+def get_client(uri: str) -> Any:
+    """An ``MlflowClient`` for ``uri`` (MLflow caches the underlying store per URI).
+
+    Opening a SQLite store creates or migrates its schema right away, so the first open
+    is serialised by a file lock next to the database: parallel jobs touching a new store
+    at once cannot race on the migration.
+    """
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    if is_server(uri):
+        for key, value in HTTP_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+    db = sqlite_path(uri)
+    if db is None:
+        return MlflowClient(tracking_uri=uri)
+    try:
+        with file_lock(db.with_name(db.name + ".lock")):
+            return MlflowClient(tracking_uri=uri)
+    except MlflowException as exc:
+        if "out-of-date database schema" in str(exc):
+            raise TrackingError(f"{db} was written by an older MLflow; back it up and run "
+                                f"`mlflow db upgrade {uri}`") from None
+        raise
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures of reaching the store, as opposed to requests it rejects."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    code = getattr(exc, "error_code", None)
+    if code in _TRANSIENT_CODES:
+        return True
+    name = type(exc).__name__
+    text = str(exc).lower()
+    if name in ("OperationalError", "ConnectionError", "Timeout", "ReadTimeout",
+                "ConnectTimeout", "RequestException"):
+        return True
+    return name == "MlflowException" and any(t in text for t in _TRANSIENT_TEXT)
+
+
+def call(fn: Callable[..., T], *args: Any, what: str = "tracking call", **kwargs: Any) -> T:
+    """Run one store operation; retry transient failures with backoff, then StoreUnavailable.
+
+    Server connection failures are not retried here (MLflow already retried them per
+    ``HTTP_ENV_DEFAULTS``); SQLite lock and server 5xx errors are.
+    """
+    delay = RETRY_FIRST_DELAY_S
+    for attempt in range(1, RETRY_ATTEMPTS + 1):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            text = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            refused = "failed with exception" in text or isinstance(exc, ConnectionError)
+            if attempt == RETRY_ATTEMPTS or refused:
+                raise StoreUnavailable(f"{what}: {text}") from exc
+            log.debug("%s failed (%s); retry %d in %.1f s", what, text, attempt, delay)
+            time.sleep(delay * (1 + 0.25 * random.random()))
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive advisory lock across processes (``flock`` on ``path``, created if absent)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "experiment"
+
+
+def ensure_experiment(client: Any, uri: str, name: str) -> str:
+    """Id of the active experiment ``name``, created when missing (race-safe)."""
+    from mlflow.exceptions import MlflowException
+
+    exp = call(client.get_experiment_by_name, name, what="get experiment")
+    if exp is None:
+        db = sqlite_path(uri)
+        # SQLite: artifacts next to the database, not in ./mlruns of whoever ran first.
+        location = (db.parent / "mlartifacts" / _safe_name(name)).as_uri() if db else None
+        try:
+            return call(client.create_experiment, name, artifact_location=location,
+                        what="create experiment")
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            exp = call(client.get_experiment_by_name, name, what="get experiment")
+            assert exp is not None
+    if exp.lifecycle_stage != "active":
+        raise TrackingError(
+            f"experiment.name = {name!r} is deleted in {uri}; restore it with "
+            f"`mlflow experiments restore --experiment-id {exp.experiment_id}` or rename it")
+    return exp.experiment_id
+
+
+def ensure_store(uri: str, experiment_name: str) -> str:
+    """Create the store's schema and the experiment once; return the experiment id.
+
+    Call it from one process before parallel jobs touch a new SQLite store (the Snakemake
+    local rule ``track_init`` does): MLflow migrates an empty database on first open; the
+    file lock in :func:`get_client` also makes an unsynchronised first touch safe, and a
+    concurrent creation of the experiment is resolved by looking it up again. Raises
+    StoreUnavailable when the store cannot be reached.
+    """
+    reason = probe(uri)
+    if reason is not None:
+        raise StoreUnavailable(reason)
+    client = call(get_client, uri, what=f"open {uri}")
+    return ensure_experiment(client, uri, experiment_name)

@@ -1,0 +1,55 @@
+"""The bench, summarize-bench and lm-eval stage commands through ``pipeline_lib.cli.main``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline_lib.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_and_summarize_commands(snapshot_dir, tmp_path, capsys):
+    out = tmp_path / "bench" / "step_0000007.json"
+    rc = main(["bench", "--snapshot", str(snapshot_dir), "--out", str(out), "--h-eff", "1,2",
+               "bench.tasks=[loopline_parity]", "bench.examples_per_level=2",
+               "bench.max_difficulty=2"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["step"] == 7 and report["h_eff"] == [1, 2]
+    assert list(report["tasks"]) == ["loopline_parity"]
+    assert sorted(report["tasks"]["loopline_parity"]["h_eff"]["2"]["levels"]) == ["1", "2"]
+    assert (tmp_path / "bench" / "tasks" / "loopline_parity.jsonl").is_file()  # default tasks dir
+    assert "loopline_parity (acc)" in capsys.readouterr().out
+    rc = main(["summarize-bench", "--inputs", str(out), "--out-parquet",
+               str(tmp_path / "summary.parquet"), "--out-png", str(tmp_path / "acc.png")])
+    assert rc == 0
+    assert (tmp_path / "summary.parquet").stat().st_size > 0
+    assert (tmp_path / "acc.png").stat().st_size > 0
+
+
+def test_bench_command_errors_are_one_line(tmp_path, capsys):
+    rc = main(["bench", "--snapshot", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1 and "nope" in err
+
+
+def test_lm_eval_passthrough_runs_loopline(snapshot_dir, bench_report, tmp_path, capsys):
+    _, _, tasks_dir = bench_report
+    rc = main(["lm-eval", "--model", "loopline", "--model_args",
+               f"snapshot={snapshot_dir},h_eff=2,batch_size=4", "--tasks", "loopline_parity",
+               "--include_path", str(tasks_dir), "--limit", "3", "--output_path",
+               str(tmp_path / "out")])
+    assert rc == 0
+    (result_file,) = (tmp_path / "out").rglob("results_*.json")
+    results = json.loads(result_file.read_text())
+    assert results["n-samples"]["loopline_parity"]["effective"] == 3
+    assert 0.0 <= results["results"]["loopline_parity"]["acc,none"] <= 1.0
+    assert results["config"]["h_eff"] == 2 and results["config"]["step"] == 7
+    capsys.readouterr()
+    rc = main(["lm-eval", "--model", "loopline", "--model_args", f"snapshot={snapshot_dir},h_eff=0",
+               "--tasks", "loopline_parity", "--include_path", str(tasks_dir)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error: loopline model_args h_eff=0" in err

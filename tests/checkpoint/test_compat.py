@@ -1,0 +1,103 @@
+"""Resume compatibility listing and the explicit weights-only warm start."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from ckpt_helpers import TinyLM, make_state, snapshot_kwargs
+from omegaconf import OmegaConf
+
+from pipeline_lib.checkpoint import (
+    check_resume_compatible,
+    config_from_yaml,
+    load_weights_only,
+    resume_mismatches,
+    write_snapshot,
+)
+from pipeline_lib.config import Config, SourceConfig, to_dict
+from pipeline_lib.errors import CheckpointError
+
+
+def _replace(cfg: Config, section: str, **changes) -> Config:
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section),
+                                                                   **changes)})
+
+
+def test_identical_configs_are_compatible():
+    check_resume_compatible(Config(), Config())
+
+
+def test_allowed_changes_pass():
+    cfg = Config()
+    new = _replace(cfg, "train", total_steps=900, steps_per_segment=7, lr=1e-4, schedule="wsd",
+                   warmup_steps=3, nproc=2, micro_batch_rows=4, grad_clip=0.5, weight_decay=0.0)
+    new = _replace(new, "model", attention="sdpa", loss_chunk_size=64)
+    new = _replace(new, "eval", h_eff=[1, 2])
+    assert resume_mismatches(cfg, new) == []
+
+
+def test_mismatches_are_all_listed():
+    cfg = Config()
+    new = _replace(cfg, "model", d_model=256, moe_experts=4)
+    new = _replace(new, "train", optimizer="adamatan2", global_batch_rows=32, beta2=0.99)
+    new = _replace(new, "data", seq_len=64,
+                   sources=[*cfg.data.sources, SourceConfig(type="text", path="x/*.txt")])
+    diffs = resume_mismatches(cfg, new)
+    keys = [k for k, _, _ in diffs]
+    assert keys == sorted(keys)
+    assert set(keys) >= {"model.d_model", "model.moe_experts", "train.optimizer",
+                         "train.global_batch_rows", "train.beta2", "data.seq_len",
+                         "data.sources (length)", "data.sources[2].type"}
+    assert ("model.d_model", 128, 256) in diffs
+    with pytest.raises(CheckpointError) as err:
+        check_resume_compatible(cfg, new, source="runs/x/step_0000100")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("cannot resume from runs/x/step_0000100")
+    for key in ("model.d_model: snapshot 128, now 256", "train.optimizer: snapshot 'adamw', "
+                "now 'adamatan2'", "data.seq_len", "train.global_batch_rows", "warm-start"):
+        assert key in msg
+
+
+def test_vocab_size_zero_means_from_tokenizer():
+    cfg = Config()
+    assert resume_mismatches(_replace(cfg, "model", vocab_size=260), cfg) == []
+    diffs = resume_mismatches(_replace(cfg, "model", vocab_size=260),
+                              _replace(cfg, "model", vocab_size=300))
+    assert diffs == [("model.vocab_size", 260, 300)]
+
+
+def test_config_from_yaml_round_trip_and_errors():
+    cfg = _replace(Config(), "train", lr=1e-4)
+    text = OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
+    assert config_from_yaml(text, "snap/config.yaml") == cfg
+    with pytest.raises(CheckpointError, match="snap/config.yaml is not a config"):
+        config_from_yaml("model:\n  wings: 2\n", "snap/config.yaml")
+    with pytest.raises(CheckpointError, match="not valid YAML"):
+        config_from_yaml("a: [1,\n", "snap/config.yaml")
+
+
+def test_load_weights_only_copies_weights_and_nothing_else(tmp_path):
+    model, opt = make_state(seed=0, steps=3)
+    snap = write_snapshot(tmp_path / "step_0000003", **snapshot_kwargs(model, opt))
+    torch.manual_seed(42)
+    fresh = TinyLM()
+    info = load_weights_only(snap, fresh)
+    assert info == {"warm_start_from": str(snap), "step": 3, "weights": "model"}
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    assert fresh.head.weight is fresh.embed.weight  # tying survives
+
+
+def test_load_weights_only_lists_misfits(tmp_path):
+    model, opt = make_state(steps=1)
+    snap = write_snapshot(tmp_path / "s", **snapshot_kwargs(model, opt))
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with pytest.raises(CheckpointError, match=r"missing 0.weight; .*unexpected counter"):
+        load_weights_only(snap, other)
+    wider = TinyLM()
+    wider.mix = torch.nn.Linear(8, 9)
+    with pytest.raises(CheckpointError, match=r"mix.weight shape \(8, 8\) vs model \(9, 8\)"):
+        load_weights_only(snap, wider, strict=False)

@@ -1,0 +1,40 @@
+"""RMSNorm, RoPE and the dense SwiGLU FFN."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pipeline_lib.model.layers import RMSNorm, SwiGLU, apply_rope, rope_tables
+
+
+def test_rms_norm_value():
+    norm = RMSNorm(4, eps=0.0)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 2.0, 1.0, 0.5]))
+    x = torch.tensor([[3.0, -4.0, 0.0, 0.0]])  # rms = sqrt(25 / 4) = 2.5
+    torch.testing.assert_close(norm(x), torch.tensor([[1.2, -3.2, 0.0, 0.0]]))
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 1, 8, generator=gen)
+    k = torch.randn(1, 1, 1, 8, generator=gen)
+
+    def score(m: int, n: int) -> torch.Tensor:
+        cos, sin = rope_tables(torch.tensor([[m, n]]), 8, 10000.0)  # [1, 2, 1, 4]
+        qm = apply_rope(q, cos[:, :1], sin[:, :1])
+        kn = apply_rope(k, cos[:, 1:], sin[:, 1:])
+        return (qm * kn).sum()
+
+    torch.testing.assert_close(score(5, 2), score(13, 10), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(score(0, 0), (q * k).sum())  # position 0: no rotation
+    assert not torch.allclose(score(5, 2), score(5, 4))
+
+
+def test_swiglu_value():
+    torch.manual_seed(0)
+    ffn = SwiGLU(6, 10)
+    x = torch.randn(2, 3, 6)
+    ref = (F.silu(x @ ffn.gate.weight.T) * (x @ ffn.up.weight.T)) @ ffn.down.weight.T
+    torch.testing.assert_close(ffn(x), ref)

@@ -1,0 +1,62 @@
+"""param_count (pure arithmetic) equals the real model's parameter count; config checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipeline_lib.config import ModelConfig
+from pipeline_lib.errors import ConfigError
+from pipeline_lib.model import LoopedLM, param_count
+from pipeline_lib.model.size import check_model_config, resolved_ffn_hidden, resolved_moe_hidden
+
+CONFIGS = [
+    {},
+    {"prelude_layers": 0, "coda_layers": 0, "tie_embeddings": False},
+    {"moe_experts": 4, "moe_top_k": 2, "core_layers": 2},
+    {"moe_experts": 3, "moe_top_k": 1, "moe_ffn_hidden": 24, "ffn_hidden": 40},
+    {"injection": "linear", "step_embedding": True, "loops": 5},
+    {"learn_injection_scale": True, "coda_layers": 3, "d_model": 24, "n_heads": 3},
+]
+
+
+@pytest.mark.parametrize("overrides", CONFIGS)
+def test_param_count_equals_real_model(overrides, make_config):
+    cfg = make_config(**overrides)
+    model = LoopedLM(cfg)
+    assert param_count(cfg) == sum(p.numel() for p in model.parameters())
+
+
+def test_default_widths(make_config):
+    cfg = make_config(d_model=128, n_heads=4)
+    assert resolved_ffn_hidden(cfg) == 352  # 8/3·128 = 341.3 → next multiple of 16
+    assert resolved_moe_hidden(make_config(d_model=128, n_heads=4, moe_experts=8)) == 176
+
+
+def test_size_module_does_not_import_torch():
+    code = ("import sys; from pipeline_lib.model.size import param_count; "
+            "from pipeline_lib.model import ModelConfig, param_count as p2, sample_loop_count; "
+            "assert p2 is param_count; "
+            "print(param_count(ModelConfig(vocab_size=260)), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    count, torch_loaded = out.stdout.split()
+    assert torch_loaded == "False"
+    assert int(count) == param_count(ModelConfig(vocab_size=260))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"vocab_size": 0}, "model.vocab_size = 0"),
+    ({"d_model": 18, "n_heads": 4}, "not divisible by model.n_heads"),
+    ({"d_model": 18, "n_heads": 6}, "must be even for RoPE"),
+    ({"moe_experts": 2, "moe_top_k": 3}, "model.moe_top_k = 3"),
+    ({"injection": "concat"}, "model.injection = 'concat'"),
+    ({"loops": 0}, "model.loops = 0"),
+])
+def test_impossible_configs_raise_config_error(overrides, match, make_config):
+    cfg = make_config(**overrides)
+    with pytest.raises(ConfigError, match=match):
+        check_model_config(cfg)
+    with pytest.raises(ConfigError, match=match):
+        LoopedLM(cfg)

@@ -1,0 +1,89 @@
+"""Retention policy: step counts, segment ends, kept vs temporary snapshots (torch-free)."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pipeline_lib.config import ModelConfig, SnapshotsConfig, TrainConfig
+from pipeline_lib.errors import ConfigError
+from pipeline_lib.model.size import param_count
+from pipeline_lib.snapshots_policy import (
+    kept_steps,
+    previous_end,
+    segment_ends,
+    step_dir_name,
+    step_pattern,
+    temp_steps,
+    total_steps,
+)
+
+
+def test_total_steps_explicit_wins():
+    assert total_steps(TrainConfig(total_steps=300), ModelConfig(), 128, 260) == 300
+
+
+def test_total_steps_from_token_budget():
+    model = ModelConfig(d_model=64, n_heads=4)
+    train = TrainConfig(total_steps=0, token_budget_multiplier=20.0, global_batch_rows=16)
+    params = param_count(ModelConfig(d_model=64, n_heads=4, vocab_size=260))
+    expected = math.ceil(params * 20.0 / (128 * 16))
+    assert total_steps(train, model, 128, 260) == expected
+    # model.vocab_size, when set, is the one counted
+    params_v = param_count(ModelConfig(d_model=64, n_heads=4, vocab_size=1000))
+    assert total_steps(train, ModelConfig(d_model=64, n_heads=4, vocab_size=1000), 128, 260) == \
+        math.ceil(params_v * 20.0 / (128 * 16))
+    tiny = TrainConfig(total_steps=0, token_budget_multiplier=1e-9)
+    assert total_steps(tiny, model, 128, 260) == 1
+    with pytest.raises(ConfigError, match="vocab_size is 0"):
+        total_steps(train, model, 128, 0)
+
+
+def test_segment_ends():
+    assert segment_ends(300, 100) == [100, 200, 300]
+    assert segment_ends(250, 100) == [100, 200, 250]
+    assert segment_ends(50, 100) == [50]
+    assert segment_ends(1, 1) == [1]
+    with pytest.raises(ConfigError, match="total_steps = 0"):
+        segment_ends(0, 10)
+
+
+def test_kept_and_temp_steps_partition_the_ends():
+    ends = segment_ends(1000, 100)
+    snap = SnapshotsConfig(keep_last=2, keep_every=300)
+    assert kept_steps(ends, snap) == [300, 600, 900, 1000]
+    assert temp_steps(ends, snap) == [100, 200, 400, 500, 700, 800]
+    assert kept_steps(ends, SnapshotsConfig(keep_last=1)) == [1000]
+    assert kept_steps(ends, SnapshotsConfig(keep_last=3)) == [800, 900, 1000]
+    assert kept_steps([50], SnapshotsConfig(keep_last=5, keep_every=7)) == [50]
+    # the final one is kept even when keep_every does not divide it
+    assert kept_steps(segment_ends(250, 100), SnapshotsConfig(keep_last=1, keep_every=100)) == \
+        [100, 200, 250]
+
+
+def test_previous_end_and_names():
+    ends = [100, 200, 250]
+    assert [previous_end(ends, s) for s in ends] == [None, 100, 200]
+    with pytest.raises(ConfigError, match="not a segment end"):
+        previous_end(ends, 150)
+    assert step_dir_name(250) == "step_0000250"
+
+
+def test_step_pattern_matches_exactly_the_steps():
+    pat = re.compile(f"(?P<step>{step_pattern([300, 1000])})$")
+    assert pat.match("0000300") and pat.match("0001000")
+    assert not pat.match("0000100") and not pat.match("300")
+    assert not re.match(f"(?:{step_pattern([])})", "0000100")
+
+
+def test_module_is_torch_free():
+    code = ("import sys, pipeline_lib.snapshots_policy as p, pipeline_lib.config as c;"
+            "p.total_steps(c.TrainConfig(total_steps=0), c.ModelConfig(), 128, 260);"
+            "import pipeline_lib.checkpoint.best, pipeline_lib.checkpoint.manifest;"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

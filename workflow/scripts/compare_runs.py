@@ -1,0 +1,19 @@
+"""Rule compare_runs: table, markdown summary and plots over every variant."""
+
+from pathlib import Path
+
+from pipeline_lib.compare import compare_runs
+from pipeline_lib.workflow_io import script_logging
+
+snakemake = globals()["snakemake"]
+
+with script_logging(snakemake.log[0]):
+    inputs = {
+        run: {
+            "heff": Path(snakemake.input[f"{run}_heff"]),
+            "bench": Path(snakemake.input[f"{run}_bench"]),
+            "metrics": Path(snakemake.input[f"{run}_index"]).parent.parent / "train/metrics.jsonl",
+        }
+        for run in snakemake.params.runs
+    }
+    compare_runs(inputs, Path(snakemake.output.summary).parent)
