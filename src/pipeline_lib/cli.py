@@ -31,15 +31,8 @@ COMMAND_MODULES = [
 ]
 
 
-def _available_commands() -> list:
-    modules = []
-    for name in COMMAND_MODULES:
-        try:
-            modules.append(importlib.import_module(f"pipeline_lib.commands.{name}"))
-        except ModuleNotFoundError as exc:
-            if exc.name != f"pipeline_lib.commands.{name}":
-                raise
-    return modules
+def _command_modules() -> list:
+    return [importlib.import_module(f"pipeline_lib.commands.{name}") for name in COMMAND_MODULES]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="STAGE", required=True)
-    for module in _available_commands():
+    for module in _command_modules():
         command = module.register(sub)
         command.set_defaults(_run=module.run)
     return parser

@@ -217,6 +217,10 @@ class TrainConfig:
     global_batch_rows: int = _f(16, "Rows per optimizer step over all ranks and micro-batches.", minimum=1)
     micro_batch_rows: int = _f(8, "Rows per forward/backward pass per rank.", minimum=1)
     nproc: int = _f(1, "Processes (torchrun) per training job.", minimum=1)
+    nnodes: int = _f(1, "Nodes per training job; > 1 runs torchrun on each node (needs rdzv_endpoint).",
+                     minimum=1)
+    rdzv_endpoint: str = _f("", "host:port of the torchrun rendezvous when nnodes > 1 "
+                            "(empty = $MASTER_ADDR:$MASTER_PORT).")
     optimizer: str = _f("adamw", "adamw or adamatan2.", choices=["adamw", "adamatan2"])
     lr: float = _f(3e-3, "Peak learning rate.", exclusive_minimum=0)
     min_lr_ratio: float = _f(0.1, "Final learning rate as a fraction of the peak.", minimum=0, maximum=1)
@@ -304,10 +308,11 @@ class ResourcesConfig:
     slurm_account: str = _f("", "SLURM account charged (empty = your default account).")
     train_gpus: int = _f(0, "GPUs per training segment job (torchrun uses train.nproc of them).",
                          minimum=0)
-    train_cpus: int = _f(2, "CPU cores per training segment job.", minimum=1)
+    train_cpus: int = _f(1, "CPU cores (and torch threads) per training segment job.", minimum=1)
     train_mem_mb: int = _f(4000, "Memory per training segment job (MB).", minimum=100)
     eval_gpus: int = _f(0, "GPUs per evaluation or benchmark job.", minimum=0)
-    eval_cpus: int = _f(2, "CPU cores per evaluation or benchmark job.", minimum=1)
+    eval_cpus: int = _f(1, "CPU cores (and torch threads) per evaluation or benchmark job.",
+                        minimum=1)
     eval_mem_mb: int = _f(4000, "Memory per evaluation or benchmark job (MB).", minimum=100)
     eval_runtime_minutes: int = _f(60, "Wall-time limit of an evaluation or benchmark job.", minimum=1)
 
@@ -542,16 +547,10 @@ def _check_value(key: str, value: Any, meta: Mapping[str, Any]) -> None:
 def validate_config(cfg: Config) -> None:
     """Range/choice checks from field metadata, then cross-field rules. Raises ConfigError."""
     _check_field_constraints(cfg, "")
-    m, t, d = cfg.model, cfg.train, cfg.data
-    if m.d_model % m.n_heads:
-        raise ConfigError(f"model.d_model = {m.d_model} is not divisible by model.n_heads = "
-                          f"{m.n_heads}; pick n_heads that divides d_model")
-    if (m.d_model // m.n_heads) % 2:
-        raise ConfigError(f"model.d_model / model.n_heads = {m.d_model // m.n_heads} must be even "
-                          "for RoPE; change d_model or n_heads")
-    if m.moe_experts and m.moe_top_k > m.moe_experts:
-        raise ConfigError(f"model.moe_top_k = {m.moe_top_k} exceeds model.moe_experts = "
-                          f"{m.moe_experts}; lower top_k or add experts")
+    from .model.size import check_model_shape  # torch-free; imported here to avoid a cycle
+
+    check_model_shape(cfg.model)
+    t, d = cfg.train, cfg.data
     per_pass = t.micro_batch_rows * t.nproc
     if t.global_batch_rows % per_pass:
         raise ConfigError(

@@ -12,15 +12,31 @@ from typing import Any
 from .errors import PipelineError
 
 
+def limit_threads(threads: int) -> None:
+    """At most ``threads`` compute threads in this process (torch) and its children (OMP)."""
+    import os
+
+    os.environ["OMP_NUM_THREADS"] = str(max(threads, 1))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(max(threads, 1))
+
+
 @contextlib.contextmanager
-def script_logging(log_path: str | Path, level: int = logging.INFO) -> Iterator[logging.Logger]:
+def script_logging(log_path: str | Path, threads: int | None = None,
+                   level: int = logging.INFO) -> Iterator[logging.Logger]:
     """Send logging, warnings and tqdm (stderr) of a rule's script to its ``log:`` file.
+
+    ``threads`` (the rule's ``threads:``, which Snakemake caps at ``--cores``) bounds torch's
+    intra-op threads and those of child processes: two jobs on two cores must not each
+    start a thread per core.
 
     A :class:`PipelineError` is logged as one line and re-raised as ``SystemExit`` with that
     line, so the Snakemake error report shows the fix rather than a traceback.
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if threads is not None:
+        limit_threads(int(threads))
     with open(log_path, "a", buffering=1) as stream:
         handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

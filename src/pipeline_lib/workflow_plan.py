@@ -114,12 +114,17 @@ class WorkflowPlan:
 
     # ------------------------------------------------------------------ resources
 
+    def threads(self, family: str) -> int:
+        """Threads of a ``train`` or ``eval`` job (Snakemake caps them at ``--cores``)."""
+        r = self.config.resources
+        return r.train_cpus if family == "train" else r.eval_cpus
+
     def cluster_resources(self, family: str) -> dict[str, Any]:
         """Resources of the ``train`` or ``eval`` rule family (SLURM executor names);
         partition and account only when set, so the cluster defaults apply otherwise."""
         r = self.config.resources
         res: dict[str, Any] = {
-            "cpus_per_task": r.train_cpus if family == "train" else r.eval_cpus,
+            "cpus_per_task": self.threads(family),
             "mem_mb": r.train_mem_mb if family == "train" else r.eval_mem_mb,
         }
         gpus = r.train_gpus if family == "train" else r.eval_gpus

@@ -15,8 +15,7 @@ rule bench_downstream:
         "logs/bench_downstream/{run}/step_{step}.log",
     benchmark:
         "benchmarks/bench_downstream/{run}/step_{step}.tsv"
-    resources:
-        **PLAN.cluster_resources("eval"),
+    threads: PLAN.threads("eval")
     resources:
         **PLAN.cluster_resources("eval"),
     conda:

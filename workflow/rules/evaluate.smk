@@ -15,8 +15,7 @@ rule eval_heff:
         "logs/eval_heff/{run}/step_{step}.log",
     benchmark:
         "benchmarks/eval_heff/{run}/step_{step}.tsv"
-    resources:
-        **PLAN.cluster_resources("eval"),
+    threads: PLAN.threads("eval")
     resources:
         **PLAN.cluster_resources("eval"),
     conda:

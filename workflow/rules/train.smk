@@ -18,9 +18,11 @@ rule train_segment:
     benchmark:
         "benchmarks/train_segment/{run}/step_{step}.tsv"
     retries: 1
+    threads: PLAN.threads("train")
     resources:
         **PLAN.cluster_resources("train"),
         runtime=lambda wc: PLAN.runs[wc.run].config.train.segment_runtime_minutes,
+        attempt=lambda wc, attempt: attempt,  # a retry (attempt 2) rolls back past a spike
     conda:
         "../../envs/train.yaml"
     script:

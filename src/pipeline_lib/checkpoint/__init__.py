@@ -18,6 +18,8 @@ _EXPORTS = {
     "find_snapshots": "snapshot",
     "step_dir_name": "snapshot",
     "TEST_PAUSE_ENV": "snapshot",
+    "write_sharded_snapshot": "sharded",
+    "read_dcp": "sharded",
     "verify_snapshot": "manifest",
     "read_manifest": "manifest",
     "MANIFEST_NAME": "manifest",

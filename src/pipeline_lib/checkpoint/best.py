@@ -88,7 +88,8 @@ def update_best_snapshot(snapshots_dir: str | Path, step_dir: str | Path,
         tmp.mkdir(parents=True)
         records = {name: dict(rec) for name, rec in manifest["files"].items()
                    if name != BEST_INFO}
-        for name in records:
+        for name in records:  # names may be nested (a sharded snapshot's DCP directories)
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             _link_or_copy(step_dir / name, tmp / name)
         info = {"step": _source_step(step_dir), "source": step_dir.name, "val_loss": val_loss}
         records[BEST_INFO] = write_bytes_file(

@@ -130,7 +130,14 @@ def load_weights_only(snapshot_dir: str | Path, model: Any, *, which: str = "mod
                                              else "")
         raise CheckpointError(f"warm start from {snapshot_dir}: weights do not fit the model "
                               f"({shown}); match the model config to the snapshot's")
-    model.load_state_dict(state, strict=strict)
+    if any(type(t).__name__ == "DTensor" for t in own.values()):
+        # an FSDP-sharded model: every rank cuts its own shards out of the full tensors
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, state,
+                             options=StateDictOptions(full_state_dict=True, strict=strict))
+    else:
+        model.load_state_dict(state, strict=strict)
     try:
         step = json.loads((snapshot_dir / TRAINER_STATE).read_text()).get("step")
     except (OSError, ValueError):

@@ -1,7 +1,8 @@
 """MANIFEST.json: the sha256 and size of every file of a snapshot, written last.
 
 A snapshot directory is complete exactly when its MANIFEST.json exists and every listed file
-matches it; nothing else may sit in the directory. :func:`verify_snapshot` checks all of
+matches it; nothing else may sit in the directory. Names are relative POSIX paths: a sharded
+snapshot lists the files inside its DCP directories (``model_dcp/shard-…safetensors``). :func:`verify_snapshot` checks all of
 that and raises :class:`CheckpointError` naming the offending file, so a half-written,
 truncated or bit-flipped snapshot is refused before anything is loaded from it.
 
@@ -127,7 +128,42 @@ def read_manifest(path: Path) -> dict[str, Any]:
             and isinstance(r.get("sha256"), str) for r in files.values()):
         raise CheckpointError(f"snapshot {path}: {MANIFEST_NAME} has a malformed 'files' table; "
                               "the snapshot is corrupted, rerun the segment that writes it")
+    for name in files:
+        if not _plain_relative(name):
+            raise CheckpointError(f"snapshot {path}: {MANIFEST_NAME} lists {name!r}, which is not "
+                                  "a relative path inside the snapshot; the manifest is corrupted "
+                                  "or forged, do not load this snapshot")
     return doc
+
+
+def _plain_relative(name: str) -> bool:
+    """A normalised relative POSIX path with no ``..``, ``.`` or empty parts."""
+    parts = name.split("/")
+    return (bool(name) and "\\" not in name and not name.startswith("/")
+            and all(part not in ("", ".", "..") for part in parts))
+
+
+def snapshot_entries(path: Path) -> tuple[set[str], set[str]]:
+    """(files, directories) below ``path`` as relative POSIX paths, the manifest and tool
+    markers at the top left out. Symlinks count as files (and then fail the file check)."""
+    files: set[str] = set()
+    dirs: set[str] = set()
+    for root, dirnames, filenames in os.walk(path):
+        rel = Path(root).relative_to(path).as_posix()
+        prefix = "" if rel == "." else f"{rel}/"
+        for d in list(dirnames):
+            if os.path.islink(os.path.join(root, d)):
+                dirnames.remove(d)
+                files.add(prefix + d)
+            else:
+                dirs.add(prefix + d)
+        files.update(prefix + f for f in filenames)
+    return files - {MANIFEST_NAME, *TOOL_MARKERS}, dirs
+
+
+# Files that tools put into finished output directories: Snakemake stamps directory()
+# outputs with this one. They are not part of the snapshot and never checked.
+TOOL_MARKERS = (".snakemake_timestamp",)
 
 
 def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None) -> dict[str, Any]:
@@ -135,14 +171,15 @@ def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None
 
     Refuses (CheckpointError naming the file): a missing or malformed MANIFEST.json, a
     listed file that is missing, a size mismatch, a sha256 mismatch, and any file or folder
-    the manifest does not list. ``hash_files`` restricts the (costly) sha256 check to those
+    the manifest does not list (at any depth). ``hash_files`` restricts the (costly) sha256 check to those
     names; sizes and presence are always checked for every file. Default: hash everything.
     """
     path = Path(path)
     doc = read_manifest(path)
     files: dict[str, dict[str, Any]] = doc["files"]
-    present = {entry.name for entry in path.iterdir()} - {MANIFEST_NAME}
-    for name in sorted(present - set(files)):
+    present, dirs = snapshot_entries(path)
+    listed_dirs = {parent.as_posix() for name in files for parent in Path(name).parents} - {"."}
+    for name in sorted((present - set(files)) | (dirs - listed_dirs)):
         raise CheckpointError(f"snapshot {path} holds {name}, which {MANIFEST_NAME} does not "
                               "list; remove it (snapshots are written whole, never edited)")
     to_hash = set(files) if hash_files is None else set(hash_files)

@@ -7,9 +7,11 @@ The state is a nested dict of JSON-able values and uint8 tensors, which
 - ``python``: ``random`` module (Mersenne Twister words as a list of ints);
 - ``numpy``: numpy's global ``RandomState`` (MT19937 key as a list of ints);
 - ``torch_cpu``: ``torch.get_rng_state()`` (uint8 tensor);
-- ``torch_cuda``: one uint8 tensor per visible CUDA device, present only when CUDA is.
+- ``torch_cuda``: one uint8 tensor per visible CUDA device, present only when CUDA is;
+- ``torch_npu``: the same for Ascend NPUs, when torch_npu is loaded and sees devices.
 
-Multi-process runs capture one state per rank; the trainer nests them (``{"rank0": …}``).
+Multi-process runs capture one state per rank, each stored as ``rng_rank{r}.*`` in the
+sharded snapshot.
 """
 
 from __future__ import annotations
@@ -43,7 +45,17 @@ def capture_rng_state() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         state["torch_cuda"] = [s.cpu() for s in torch.cuda.get_rng_state_all()]
+    npu = _npu()
+    if npu is not None:
+        state["torch_npu"] = [s.cpu() for s in npu.get_rng_state_all()]
     return state
+
+
+def _npu():
+    """``torch.npu`` when torch_npu has been imported (by device resolution) and sees a
+    device; never imports it here."""
+    npu = getattr(torch, "npu", None)
+    return npu if npu is not None and npu.is_available() else None
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
@@ -67,11 +79,17 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     })
     torch.set_rng_state(state["torch_cpu"].to("cpu", torch.uint8))
     cuda = state.get("torch_cuda")
-    if cuda is None:
-        return
-    if not torch.cuda.is_available() or torch.cuda.device_count() != len(cuda):
+    if cuda is not None:
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        log.warning("snapshot holds RNG states of %d CUDA devices, %d visible: CUDA RNG not "
-                    "restored (CPU streams are)", len(cuda), have)
-        return
-    torch.cuda.set_rng_state_all([s.to("cpu", torch.uint8) for s in cuda])
+        if have == len(cuda):
+            torch.cuda.set_rng_state_all([s.to("cpu", torch.uint8) for s in cuda])
+        else:
+            log.warning("snapshot holds RNG states of %d CUDA devices, %d visible: CUDA RNG "
+                        "not restored (CPU streams are)", len(cuda), have)
+    npu_states, npu = state.get("torch_npu"), _npu()
+    if npu_states is not None:
+        if npu is not None and npu.device_count() == len(npu_states):
+            npu.set_rng_state_all([s.to("cpu", torch.uint8) for s in npu_states])
+        else:
+            log.warning("snapshot holds RNG states of %d Ascend NPUs, which are not all "
+                        "visible here: NPU RNG not restored (CPU streams are)", len(npu_states))

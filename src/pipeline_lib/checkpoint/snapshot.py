@@ -15,6 +15,11 @@ other names                extra files, e.g. ``metrics.jsonl``, ``samples.jsonl`
 ``MANIFEST.json``          sha256, size and role of each file above
 =========================  ==============================================================
 
+A multi-process run writes a *sharded* snapshot instead (:mod:`.sharded`): DCP directories
+``model_dcp/``, ``optimizer_dcp/`` (and ``ema_dcp/``) in place of the model, optimizer and
+extra safetensors files, and ``rng_rank{r}.*`` per rank in place of ``rng.*``.
+:func:`load_snapshot` and :func:`load_model_state` read both kinds.
+
 Everything is written into a hidden temporary sibling (each file fsynced, then the
 directory), then renamed onto the final name; see :mod:`.fsutil`. Loading verifies the
 manifest first. Tensors live only in safetensors, everything else in JSON: no pickle.
@@ -41,7 +46,14 @@ import torch
 from ..errors import CheckpointError
 from ..snapshots_policy import step_dir_name
 from .fsutil import clean_stale_siblings, publish_dir, tmp_sibling
-from .manifest import MANIFEST_NAME, manifest_bytes, verify_snapshot, write_bytes_file
+from .manifest import (
+    MANIFEST_NAME,
+    manifest_bytes,
+    read_manifest,
+    verify_snapshot,
+    write_bytes_file,
+)
+from .sharded import dcp_dirs, is_sharded, load_sharded_snapshot, read_dcp
 from .tensorio import dumps_json, join_tree, read_safetensors, split_tree, write_safetensors
 
 log = logging.getLogger(__name__)
@@ -54,7 +66,9 @@ RNG_JSON = "rng.json"
 TRAINER_STATE = "trainer_state.json"
 CONFIG_FILE = "config.yaml"
 RESERVED_NAMES = frozenset({MODEL_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, RNG_TENSORS, RNG_JSON,
-                            TRAINER_STATE, CONFIG_FILE, MANIFEST_NAME})
+                            TRAINER_STATE, CONFIG_FILE, MANIFEST_NAME, "model_dcp",
+                            "optimizer_dcp"})
+_RANK_RNG_NAME = re.compile(r"^rng_rank\d+\.")
 TEST_PAUSE_ENV = "LOOPLINE_TEST_SNAPSHOT_PAUSE_S"
 __all__ = ["Snapshot", "find_snapshots", "load_model_state", "load_snapshot", "step_dir_name",
            "write_snapshot"]
@@ -75,6 +89,14 @@ class Snapshot:
     config_yaml: str
     extra_tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     extra_files: dict[str, bytes] = field(default_factory=dict)
+    # sharded snapshots loaded with consolidate=False: {set name: DCP directory}; the
+    # tensors of those sets are then left out (model_state and optimizer tensors empty)
+    dcp: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def sharded(self) -> bool:
+        """Written by a multi-process run (weights and optimizer in DCP directories)."""
+        return is_sharded(self.manifest)
 
     @property
     def step(self) -> int | None:
@@ -110,14 +132,44 @@ def _check_json(obj: Any, where: str, path: str = "") -> None:
                           "trainer state must be plain JSON (tensors go into extra_tensors)")
 
 
-def _check_extra_names(extra_tensors: Mapping[str, Any], extra_files: Mapping[str, Any]) -> None:
-    names = [f"{k}.safetensors" for k in extra_tensors] + list(extra_files)
+def _check_extra_names(names: list[str]) -> None:
     for name in names:
-        if not _EXTRA_NAME.match(name) or name in RESERVED_NAMES:
+        if not _EXTRA_NAME.match(name) or name in RESERVED_NAMES or _RANK_RNG_NAME.match(name):
             raise CheckpointError(f"extra snapshot file name '{name}' is reserved or not a plain "
                                   "file name; use letters, digits, '_', '-', '.' and no slashes")
     if len(set(names)) != len(names):
         raise CheckpointError(f"extra snapshot file names collide: {sorted(names)}; rename one")
+
+
+def check_snapshot_contents(trainer_state: Mapping[str, Any], extra_names: list[str],
+                            extra_files: Mapping[str, Any]) -> None:
+    """Plain-JSON trainer state; extra names that are plain, unreserved and distinct."""
+    _check_json(trainer_state, TRAINER_STATE)
+    _check_extra_names([*extra_names, *extra_files])
+
+
+def prepare_snapshot_tmp(out_dir: Path) -> Path:
+    """The fresh hidden sibling to build ``out_dir`` in, after checking that an existing
+    ``out_dir`` is a snapshot that may be replaced and removing dead writers' leftovers."""
+    if os.path.lexists(out_dir):
+        if out_dir.is_symlink() or not out_dir.is_dir():
+            raise CheckpointError(f"snapshot output {out_dir} exists and is not a directory; "
+                                  "remove it or choose another output path")
+        try:
+            verify_snapshot(out_dir, hash_files=())
+        except CheckpointError as exc:
+            raise CheckpointError(f"snapshot output {out_dir} already exists and is not a valid "
+                                  f"snapshot ({exc}); remove it by hand or choose another "
+                                  "output path") from None
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_siblings(out_dir)
+        tmp = tmp_sibling(out_dir)
+        tmp.mkdir()
+    except OSError as exc:
+        raise CheckpointError(f"cannot create snapshot {out_dir}: {exc}; check the path and "
+                              "permissions") from None
+    return tmp
 
 
 def write_snapshot(
@@ -142,28 +194,11 @@ def write_snapshot(
     out_dir = Path(out_dir)
     extra_tensors = dict(extra_tensors or {})
     extra_files = dict(extra_files or {})
-    _check_json(trainer_state, TRAINER_STATE)
-    _check_extra_names(extra_tensors, extra_files)
+    check_snapshot_contents(trainer_state, [f"{k}.safetensors" for k in extra_tensors],
+                            extra_files)
     opt_doc, opt_tensors = split_tree(dict(optimizer_state), OPTIMIZER_JSON)
     rng_doc, rng_tensors = split_tree(dict(rng_state), RNG_JSON)
-    if os.path.lexists(out_dir):
-        if out_dir.is_symlink() or not out_dir.is_dir():
-            raise CheckpointError(f"snapshot output {out_dir} exists and is not a directory; "
-                                  "remove it or choose another output path")
-        try:
-            verify_snapshot(out_dir, hash_files=())
-        except CheckpointError as exc:
-            raise CheckpointError(f"snapshot output {out_dir} already exists and is not a valid "
-                                  f"snapshot ({exc}); remove it by hand or choose another "
-                                  "output path") from None
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale_siblings(out_dir)
-        tmp = tmp_sibling(out_dir)
-        tmp.mkdir()
-    except OSError as exc:
-        raise CheckpointError(f"cannot create snapshot {out_dir}: {exc}; check the path and "
-                              "permissions") from None
+    tmp = prepare_snapshot_tmp(out_dir)
     started = time.perf_counter()
     try:
         records: dict[str, dict[str, Any]] = {}
@@ -202,7 +237,7 @@ def write_snapshot(
     return out_dir
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -210,8 +245,15 @@ def _read_json(path: Path) -> Any:
                               "rerun the segment that writes it") from None
 
 
-def load_snapshot(path: str | Path, *, map_location: str | torch.device = "cpu") -> Snapshot:
-    """Verify ``path`` against its manifest (every sha256) and load all of it.
+def load_snapshot(path: str | Path, *, map_location: str | torch.device = "cpu", rank: int = 0,
+                  consolidate: bool = True, hash_files: list[str] | None = None) -> Snapshot:
+    """Verify ``path`` against its manifest (every sha256 unless ``hash_files`` narrows it)
+    and load all of it.
+
+    A sharded snapshot comes back in the same form as an unsharded one (full tensors,
+    optimizer state by parameter index) with ``rank``'s RNG state; with
+    ``consolidate=False`` its DCP sets are only located (``Snapshot.dcp``), for a
+    multi-process resume that loads them resharded.
 
     Model and extra tensors go to ``map_location``; optimizer and RNG tensors stay on the
     CPU (``optimizer.load_state_dict`` moves moments next to their parameters and keeps
@@ -219,13 +261,16 @@ def load_snapshot(path: str | Path, *, map_location: str | torch.device = "cpu")
     ``optimizer.state_dict()`` had: int keys, tuples and tensors included.
     """
     path = Path(path)
-    manifest = verify_snapshot(path)
+    manifest = verify_snapshot(path, hash_files=hash_files)
+    if is_sharded(manifest):
+        return load_sharded_snapshot(path, manifest, rank=rank, consolidate=consolidate,
+                                     map_location=map_location)
     model_state, _ = read_safetensors(path / MODEL_FILE, device=map_location)
     opt_tensors, _ = read_safetensors(path / OPTIMIZER_TENSORS)
-    optimizer_state = join_tree(_read_json(path / OPTIMIZER_JSON), opt_tensors,
+    optimizer_state = join_tree(read_json(path / OPTIMIZER_JSON), opt_tensors,
                                 str(path / OPTIMIZER_JSON))
     rng_tensors, _ = read_safetensors(path / RNG_TENSORS)
-    rng_state = join_tree(_read_json(path / RNG_JSON), rng_tensors, str(path / RNG_JSON))
+    rng_state = join_tree(read_json(path / RNG_JSON), rng_tensors, str(path / RNG_JSON))
     extra_tensors: dict[str, dict[str, torch.Tensor]] = {}
     extra_files: dict[str, bytes] = {}
     for name, record in manifest["files"].items():
@@ -239,7 +284,7 @@ def load_snapshot(path: str | Path, *, map_location: str | torch.device = "cpu")
         manifest=manifest,
         model_state=model_state,
         optimizer_state=optimizer_state,
-        trainer_state=_read_json(path / TRAINER_STATE),
+        trainer_state=read_json(path / TRAINER_STATE),
         rng_state=rng_state,
         config_yaml=(path / CONFIG_FILE).read_text(),
         extra_tensors=extra_tensors,
@@ -251,15 +296,21 @@ def load_model_state(path: str | Path, *, which: str = "model",
                      map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Only the weights: ``which="model"`` or the name of an extra tensor set (``"ema"``).
 
-    Checks the whole manifest (presence and sizes) but hashes only the file it reads, so
-    evaluation does not pay for reading optimizer state.
+    Checks the whole manifest (presence and sizes) but hashes only the file(s) it reads, so
+    evaluation does not pay for reading optimizer state. A sharded snapshot's DCP set is
+    consolidated into full tensors without a process group.
     """
     path = Path(path)
     fname = MODEL_FILE if which == "model" else f"{which}.safetensors"
+    sets = dcp_dirs(read_manifest(path))
+    if which in sets:  # sharded: hash that set's files, then consolidate them
+        manifest = verify_snapshot(path, hash_files=[n for n in read_manifest(path)["files"]
+                                                     if n.startswith(f"{sets[which]}/")])
+        return read_dcp(path / sets[which], device=map_location)
     manifest = verify_snapshot(path, hash_files=[fname])
     if fname not in manifest["files"]:
-        have = sorted(n.removesuffix(".safetensors") for n, r in manifest["files"].items()
-                      if r.get("role") == "extra_tensors")
+        have = sorted({n.removesuffix(".safetensors") for n, r in manifest["files"].items()
+                       if r.get("role") == "extra_tensors"} | (set(sets) - {"model", "optimizer"}))
         raise CheckpointError(f"snapshot {path} has no '{which}' weights (extra tensor sets: "
                               f"{have or 'none'}); use which='model' or train with it enabled")
     tensors, _ = read_safetensors(path / fname, device=map_location)

@@ -1,5 +1,8 @@
 """``train``: one training segment, from a snapshot (or scratch) to ``--until-step`` (the rule
-``train_segment`` calls the same :func:`pipeline_lib.train.trainer.train_segment`)."""
+``train_segment`` calls the same :func:`pipeline_lib.train.launch.run_training_job`).
+
+With ``train.nproc`` > 1 the command starts torchrun, which runs this command once per rank;
+those workers (torchrun's environment is set) join the process group and train."""
 
 from __future__ import annotations
 
@@ -34,6 +37,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="run directory for logs (default: the parent of the snapshots/ "
                              "directory holding --out)")
+    parser.add_argument("--warm-start", type=Path, default=None, metavar="SNAPSHOT_DIR",
+                        help="with --resume-from none: start from this snapshot's weights only "
+                             "(fresh optimizer, guard, RNG, data), e.g. after a model change")
     parser.add_argument("--attempt", type=int, default=1, metavar="K",
                         help="1 for a first try; > 1 for a retry (applies a rollback record)")
     return parser
@@ -42,11 +48,17 @@ def register(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from ..train.trainer import train_segment
+    from ..train.distributed import launched_by_torchrun
+    from ..train.launch import run_training_job, train_in_process
 
     cfg = config_from_args(args)
-    out = train_segment(cfg, args.data, args.resume_from, args.until_step, args.out,
-                        run_dir=args.run_dir, attempt=args.attempt)
+    job = (args.data, args.resume_from, args.until_step, args.out, args.run_dir, args.attempt)
+    if launched_by_torchrun():  # one worker of a torchrun job: join it, train this rank
+        out, rank = train_in_process(cfg, *job, warm_start=args.warm_start)
+        if rank != 0:
+            return 0
+    else:  # train.nproc > 1 starts torchrun, which runs this command once per rank
+        out = run_training_job(cfg, *job, warm_start=args.warm_start)
     state = json.loads((out / "trainer_state.json").read_text())
     val = state.get("val_loss")
     print(f"step {state['step']}/{state['total_steps']}: val_loss {val}, tokens "

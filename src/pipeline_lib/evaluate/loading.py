@@ -1,5 +1,9 @@
 """Load a snapshot for evaluation: verified weights (or their EMA), config, tokenizer.
 
+Works on both kinds of snapshot without a process group: a sharded one (written by a
+multi-process run, weights in ``model_dcp/``) is consolidated into full tensors by
+:func:`~pipeline_lib.checkpoint.load_model_state`.
+
 The tokenizer is the one the snapshot was trained with, found in this order:
 
 1. ``tokenizer=PATH`` (a tokenizer.json or a data directory), when given;

@@ -51,6 +51,17 @@ def check_model_config(cfg: ModelConfig) -> None:
     for key in ("prelude_layers", "coda_layers", "ffn_hidden", "moe_experts", "moe_ffn_hidden"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"model.{key} = {getattr(cfg, key)} must not be negative; use 0 or more")
+    check_model_shape(cfg)
+    choices = {"injection": ("add", "linear"), "state_init": ("zeros", "embedding"),
+               "attention": ("auto", "sdpa", "flex")}
+    for key, allowed in choices.items():
+        if getattr(cfg, key) not in allowed:
+            raise ConfigError(f"model.{key} = {getattr(cfg, key)!r} is not allowed; use one of "
+                              f"{list(allowed)}")
+
+
+def check_model_shape(cfg: ModelConfig) -> None:
+    """Cross-field rules of the architecture (also run by ``config.validate_config``)."""
     if cfg.d_model % cfg.n_heads:
         raise ConfigError(f"model.d_model = {cfg.d_model} is not divisible by model.n_heads = "
                           f"{cfg.n_heads}; pick n_heads that divides d_model")
@@ -60,12 +71,6 @@ def check_model_config(cfg: ModelConfig) -> None:
     if cfg.moe_experts and not 1 <= cfg.moe_top_k <= cfg.moe_experts:
         raise ConfigError(f"model.moe_top_k = {cfg.moe_top_k} must be between 1 and "
                           f"model.moe_experts = {cfg.moe_experts}; lower top_k or add experts")
-    choices = {"injection": ("add", "linear"), "state_init": ("zeros", "embedding"),
-               "attention": ("auto", "sdpa", "flex")}
-    for key, allowed in choices.items():
-        if getattr(cfg, key) not in allowed:
-            raise ConfigError(f"model.{key} = {getattr(cfg, key)!r} is not allowed; use one of "
-                              f"{list(allowed)}")
 
 
 def block_param_count(cfg: ModelConfig) -> int:

@@ -1,0 +1,179 @@
+"""Launch one training segment: in this process, or as a torchrun job of ``train.nproc``.
+
+:func:`run_training_job` is what the ``train_segment`` rule calls. With one process it runs
+:func:`~.trainer.train_segment` here. With ``train.nproc`` > 1 it writes the resolved
+config to a temporary YAML file and runs PyTorch's own launcher::
+
+    python -m torch.distributed.run --standalone --nproc_per_node N \\
+        -m pipeline_lib train --config resolved.yaml --data … --until-step … --attempt K
+
+``--standalone`` starts the rendezvous store on ``localhost:0``: the kernel hands every job
+a free port, so concurrent segment jobs on one machine never collide (torchrun ignores
+``--master_port`` in this mode). With ``train.nnodes`` > 1 the job uses a c10d rendezvous
+at ``train.rdzv_endpoint`` (or ``$MASTER_ADDR:$MASTER_PORT``) and, inside a SLURM
+allocation, ``srun`` starts one torchrun per node. The job's output is streamed into this
+process's log; a failure raises TrainingError carrying the failing rank's error line.
+
+In the worker processes the ``train`` command calls :func:`train_in_process`, which sees
+torchrun's environment, joins the process group and trains its rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from ..config import Config
+from ..errors import ConfigError, PipelineError, TrainingError
+
+log = logging.getLogger(__name__)
+job_log = logging.getLogger("pipeline_lib.torchrun")
+
+_RANK_PREFIX = re.compile(r"^\[(?:default)?(?:rank)?(\d+)\]:\s?(.*)$")
+_ERROR_LINE = re.compile(r"\b(error: .+|\w*(?:Error|Exception): .+)$")
+
+
+def rendezvous_args(cfg: Config, env: Mapping[str, str] | None = None,
+                    job_id: str = "") -> list[str]:
+    """torchrun's rendezvous options: standalone on one node, c10d across several."""
+    t = cfg.train
+    if t.nnodes == 1:
+        return ["--standalone", "--nnodes", "1"]
+    env = os.environ if env is None else env
+    endpoint = t.rdzv_endpoint
+    if not endpoint and env.get("MASTER_ADDR"):
+        endpoint = f"{env['MASTER_ADDR']}:{env.get('MASTER_PORT', '29500')}"
+    if not endpoint:
+        raise ConfigError(f"train.nnodes = {t.nnodes} needs a rendezvous address: set "
+                          "train.rdzv_endpoint: HOST:PORT (a node of the job) or export "
+                          "MASTER_ADDR/MASTER_PORT")
+    rdzv_id = env.get("SLURM_JOB_ID") or job_id or "loopline"
+    return ["--nnodes", str(t.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rdzv_id]
+
+
+def torchrun_command(cfg: Config, train_args: Iterable[str], *,
+                     env: Mapping[str, str] | None = None, job_id: str = "") -> list[str]:
+    """The command line of a multi-process segment (``srun`` first across SLURM nodes)."""
+    env = os.environ if env is None else env
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous_args(cfg, env, job_id),
+           "--nproc_per_node", str(cfg.train.nproc), "-m", "pipeline_lib", "train",
+           *train_args]
+    if cfg.train.nnodes > 1 and env.get("SLURM_JOB_ID") and shutil.which("srun"):
+        cmd = ["srun", f"--nodes={cfg.train.nnodes}", "--ntasks-per-node=1",
+               "--kill-on-bad-exit=1", *cmd]
+    return cmd
+
+
+def _train_args(config_path: Path, data_dir: Path, resume_from: Path | None, until_step: int,
+                out: Path, run_dir: Path | None, attempt: int,
+                warm_start: Path | None) -> list[str]:
+    args = ["--config", str(config_path), "--data", str(Path(data_dir).resolve()),
+            "--resume-from", "none" if resume_from is None else str(Path(resume_from).resolve()),
+            "--until-step", str(until_step), "--out", str(Path(out).resolve()),
+            "--attempt", str(attempt)]
+    if run_dir is not None:
+        args += ["--run-dir", str(Path(run_dir).resolve())]
+    if warm_start is not None:
+        args += ["--warm-start", str(Path(warm_start).resolve())]
+    return args
+
+
+def failure_line(lines: Iterable[str]) -> str | None:
+    """The most telling error line of a failed job: the first one-line PipelineError a
+    worker printed (``error: rank R: …``), else the last exception line of a traceback
+    (torch prefixes those with ``[rankR]:``), naming its rank."""
+    found: list[tuple[int, str]] = []
+    for raw in lines:
+        m = _RANK_PREFIX.match(raw.strip())
+        rank, text = (f"rank {m.group(1)}: ", m.group(2)) if m else ("", raw.strip())
+        e = _ERROR_LINE.search(text)
+        if e:
+            line = e.group(1)
+            pipeline = line.startswith("error: ")
+            found.append((0 if pipeline else 1, rank + line.removeprefix("error: ")))
+    if not found:
+        return None
+    pipeline_lines = [line for kind, line in found if kind == 0]
+    return pipeline_lines[0] if pipeline_lines else found[-1][1]
+
+
+def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
+                     out: Path, run_dir: Path | None = None, attempt: int = 1, *,
+                     warm_start: Path | None = None) -> Path:
+    """Train one segment with ``train.nproc`` × ``train.nnodes`` processes; returns ``out``."""
+    if cfg.train.nproc == 1 and cfg.train.nnodes == 1:
+        from .trainer import train_segment
+
+        return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
+                             warm_start=warm_start)
+    from .segment import config_yaml
+
+    tmp = Path(tempfile.mkdtemp(prefix="loopline-train-"))
+    try:
+        config_path = tmp / "config.yaml"
+        config_path.write_text(config_yaml(cfg))
+        cmd = torchrun_command(cfg, _train_args(config_path, data_dir, resume_from, until_step,
+                                                out, run_dir, attempt, warm_start),
+                               job_id=Path(out).name)
+        log.info("launching %d×%d processes: %s", cfg.train.nnodes, cfg.train.nproc,
+                 " ".join(cmd))
+        rc, tail = _stream(cmd)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if rc != 0:
+        reason = failure_line(tail) or f"no error line in its output (exit status {rc})"
+        raise TrainingError(f"{cfg.train.nproc}-process training to step {until_step} failed: "
+                            f"{reason}; the full output is in the job log")
+    return Path(out)
+
+
+def _stream(cmd: list[str], keep: int = 400) -> tuple[int, list[str]]:
+    """Run ``cmd``, logging each output line as it comes; (exit status, last lines)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env, bufsize=1) as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                job_log.info("%s", line.rstrip("\n"))
+                tail.append(line)
+                del tail[:-keep]
+        except BaseException:
+            proc.terminate()  # Ctrl-C or a kill of this job ends the workers too
+            proc.wait()
+            raise
+    return proc.returncode, tail
+
+
+def train_in_process(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
+                     out: Path, run_dir: Path | None = None, attempt: int = 1, *,
+                     warm_start: Path | None = None) -> tuple[Path, int]:
+    """The ``train`` command's body: this process's share of the segment.
+
+    Under torchrun it joins the process group (backend from ``experiment.device``), trains
+    its rank and leaves the group; otherwise it trains alone. Returns (out, rank).
+    """
+    from .distributed import destroy_process_group, init_process_group, launched_by_torchrun
+    from .trainer import train_segment
+
+    if not launched_by_torchrun():
+        return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
+                             warm_start=warm_start), 0
+    ctx = init_process_group(cfg.experiment.device)
+    try:
+        train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
+                      world_size=ctx.world_size, rank=ctx.rank, warm_start=warm_start)
+    except PipelineError as exc:  # the CLI prints it as one line: say which rank
+        raise type(exc)(f"rank {ctx.rank}: {exc}") from None
+    finally:
+        destroy_process_group()
+    return Path(out), ctx.rank

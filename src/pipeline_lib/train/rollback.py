@@ -1,0 +1,101 @@
+"""Rollback after a spike-guard abort: the record the failed job leaves, the retry's jump.
+
+When the guard aborts a segment, the job writes ``{run}/train/rollback.json`` and fails
+with a message naming the last good snapshot (its input). When the same job runs again as
+a retry (Snakemake ``retries:``, ``attempt > 1``) from that same input snapshot, it
+resumes from it with the data cursor moved past the window that caused the abort plus
+``train.rollback_skip_steps`` more steps (the prototype's RESUME_SKIP_STEPS). The step
+counter continues from the snapshot; only the data cursor jumps. The applied record goes
+into ``trainer_state.json`` (``rollbacks``) and the spike log (``rollback`` event).
+
+Rolling back by hand: rerun the segment with ``--attempt 2`` (the record must name the
+snapshot given as ``--resume-from``); delete ``rollback.json`` to retry without skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ..data.loader import DataCursor
+from ..errors import DataError
+
+log = logging.getLogger(__name__)
+
+ROLLBACK_FILE = "rollback.json"
+
+
+def rollback_path(run_dir: Path) -> Path:
+    return run_dir / "train" / ROLLBACK_FILE
+
+
+def make_record(*, input_snapshot: Path | None, input_step: int, abort_step: int,
+                first_bad_step: int, window_start: DataCursor, window_end: DataCursor,
+                resume_cursor: DataCursor, skip_steps: int, attempt: int) -> dict[str, Any]:
+    """The rollback record of an aborted segment (plain JSON)."""
+    return {
+        "input_snapshot": None if input_snapshot is None else str(input_snapshot),
+        "input_step": input_step,
+        "abort_step": abort_step,
+        "window_steps": [first_bad_step, abort_step],
+        "window_cursor": [window_start.to_json(), window_end.to_json()],
+        "skip_steps": skip_steps,
+        "resume_cursor": resume_cursor.to_json(),
+        "attempt": attempt,
+    }
+
+
+def write_record(run_dir: Path, record: dict[str, Any]) -> Path:
+    """Write ``rollback.json`` atomically (it must survive the job's failure)."""
+    path = rollback_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(record, indent=1) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def _same_snapshot(recorded: str | None, given: Path | None) -> bool:
+    if recorded is None or given is None:
+        return recorded is None and given is None
+    a, b = Path(recorded), Path(given)
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return a.name == b.name
+
+
+def matching_record(run_dir: Path, input_snapshot: Path | None,
+                    input_step: int) -> dict[str, Any] | None:
+    """The rollback record written by an aborted attempt from this very input, else None."""
+    path = rollback_path(run_dir)
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        matches = (int(record["input_step"]) == input_step
+                   and _same_snapshot(record["input_snapshot"], input_snapshot))
+        DataCursor.from_json(record["resume_cursor"])
+    except (OSError, ValueError, KeyError, TypeError, DataError) as exc:
+        log.warning("ignoring unreadable rollback record %s (%s)", path, exc)
+        return None
+    if not matches:
+        log.info("rollback record %s is for input step %s, this segment resumes from step %d: "
+                 "not applied", path, record.get("input_step"), input_step)
+        return None
+    return record
+
+
+def clear_record(run_dir: Path, input_snapshot: Path | None, input_step: int) -> bool:
+    """Remove the record once a segment from its input has finished (applied, it lives on
+    in ``trainer_state.json``; not applied, it is stale). Returns whether one was removed."""
+    if matching_record(run_dir, input_snapshot, input_step) is None:
+        return False
+    rollback_path(run_dir).unlink(missing_ok=True)
+    return True

@@ -1,0 +1,187 @@
+"""One global training step: forward/backward over the micro-batches, guard, optimizer step.
+
+Loss of a micro-batch: the objective over the loop readouts (``last``: the loss after the
+last loop; ``deep_supervision``: the mean of the losses after loops 1..n, all from one
+pass), answer tokens weighted by ``train.answer_weight``, plus the model's MoE aux loss.
+Gradients of the micro-batches are accumulated with weight 1/accum each.
+
+Backprop through loops (``train.bptt``):
+
+- ``full``: one pass, gradients through every loop;
+- ``truncated``: the first n − k loops run without autograd (``no_grad_loops``);
+- ``segmented`` (K = k loops per segment): for each segment, for each micro-batch, run its
+  K loops from that micro-batch's detached state and read out (``last``: at the segment's
+  end; ``deep_supervision``: after each of its loops), backward; then clip, let the spike
+  guard judge the segment (its own baseline key), step the optimizer, update the MoE
+  biases and the EMA, and detach. A spike in one segment drops the remaining segments of
+  that global step (the prototype's rule); segments already applied stay applied.
+
+Every other step is skipped the same way: the guard sees the (mean) loss and the
+pre-clipping gradient norm; on a skip the gradients and MoE loads are thrown away. With
+several ranks (a ``RankGroup``) the loss, aux loss and MoE loads are averaged over ranks
+and the gradient norm is the global one before the guard decides, so every rank decides
+the same (checked).
+:meth:`SpikeGuard.end_step` raises TrainingError after too many skipped steps in a row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..config import TrainConfig
+from .diagnostics import ActivationProbe, gradient_metrics, model_scalars
+from .distributed import RankGroup
+from .ema import WeightsEMA
+from .faults import FaultPlan
+from .spike_guard import SpikeGuard
+
+Batch = dict[str, Tensor]
+
+
+@dataclass
+class StepResult:
+    """What one global step did (the trainer turns it into a metrics line)."""
+
+    loss: float  # objective value (mean over micro-batches; segmented: see segment_losses)
+    aux_loss: float
+    grad_norm: float  # pre-clipping global norm (segmented: of the last segment run)
+    loops: int
+    skipped: bool
+    reason: str | None = None
+    segment_losses: list[float] = field(default_factory=list)
+    optimizer_steps: int = 0
+    moe: dict[str, float] = field(default_factory=dict)
+    diagnostics: dict[str, float] = field(default_factory=dict)
+
+
+def segment_bounds(loops: int, bptt: str, k: int) -> list[tuple[int, int]]:
+    """``[(start, end)]`` loop ranges with their own optimizer step: one range unless
+    segmented, then every ``k`` loops (the last range may be shorter)."""
+    if bptt != "segmented":
+        return [(0, loops)]
+    return [(a, min(a + k, loops)) for a in range(0, loops, k)]
+
+
+class StepRunner:
+    """Runs global steps of one model/optimizer pair (built once per segment)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, train: TrainConfig,
+                 guard: SpikeGuard, *, ema: WeightsEMA | None = None,
+                 faults: FaultPlan | None = None, device: torch.device,
+                 forward: Any = None, group: RankGroup | None = None) -> None:
+        self.model, self.optimizer, self.train, self.guard = model, optimizer, train, guard
+        self.ema, self.faults, self.device = ema, faults or FaultPlan(), device
+        self.group = group  # several ranks: statistics are reduced before the guard judges
+        self.forward = forward or model  # a torch.compile'd model when train.compile
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.deep = train.objective == "deep_supervision"
+
+    # ------------------------------------------------------------------ pieces
+
+    def _objective(self, losses: dict[int, Tensor], counts: Sequence[int]) -> Tensor:
+        if self.deep:
+            return torch.stack([losses[h] for h in counts]).mean()
+        return losses[counts[-1]]
+
+    def _grad_norm_and_clip(self) -> float:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.group is not None:  # sharded grads: the global norm, the same on every rank
+            self.group.sync_replicated_grads()
+            norm = self.group.grad_norm(grads)
+            if self.train.grad_clip > 0:
+                self.group.clip(self.params, self.train.grad_clip, norm)
+            return float(norm)
+        if self.train.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip,
+                                                  foreach=None)
+        else:
+            norm = torch.nn.utils.get_total_norm(grads)
+        return float(norm)
+
+    def _apply(self) -> None:
+        """The optimizer step of an accepted (segment of a) step, then what follows it."""
+        self.optimizer.step()
+        self.model.update_moe_biases()
+        if self.ema is not None:
+            self.ema.update(self.model)
+
+    def _discard(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.clear_moe_loads()
+
+    # ------------------------------------------------------------------ the step
+
+    def run(self, step: int, micro_batches: Sequence[Batch], loops: int, *, flat_row: int,
+            diagnose: bool = False) -> StepResult:
+        """Global step ``step`` (1-based) over this rank's micro-batches with ``loops`` loops.
+
+        ``flat_row`` (where the step's data starts in the row stream) only feeds the
+        fault-injection hook. Raises TrainingError when the guard aborts.
+        """
+        t = self.train
+        accum = len(micro_batches)
+        batches = [{k: v.to(self.device, non_blocking=True) for k, v in mb.items()}
+                   for mb in micro_batches]
+        bounds = segment_bounds(loops, t.bptt.mode, t.bptt.k)
+        no_grad = max(0, loops - t.bptt.k) if t.bptt.mode == "truncated" else 0
+        states: list[Tensor | None] = [None] * accum
+        probe = ActivationProbe(self.model) if diagnose else None
+        result = StepResult(loss=math.nan, aux_loss=0.0, grad_norm=math.nan, loops=loops,
+                            skipped=False)
+        weighted, weight = 0.0, 0
+        for j, (start, end) in enumerate(bounds):
+            counts = list(range(start + 1, end + 1)) if self.deep else [end]
+            self.optimizer.zero_grad(set_to_none=True)
+            seg_loss = torch.zeros((), device=self.device)
+            seg_aux = torch.zeros((), device=self.device)
+            for m, batch in enumerate(batches):
+                with probe.attached() if probe is not None else nullcontext():
+                    # a fresh embedding per segment: the previous segment's graph is freed
+                    out = self.forward(batch, counts, t.answer_weight, no_grad_loops=no_grad,
+                                       start=start, state=states[m])
+                    loss = self.faults.perturb_loss(self._objective(out.losses, counts),
+                                                    step, flat_row)
+                    aux = self.model.take_aux_loss()
+                ((loss + aux) / accum).backward()
+                if len(bounds) > 1:
+                    states[m] = out.state.detach()
+                seg_loss += loss.detach()
+                seg_aux += aux.detach()
+            if probe is not None:
+                result.diagnostics = gradient_metrics(self.model)  # before clipping
+            value, result.aux_loss = float(seg_loss) / accum, float(seg_aux) / accum
+            result.moe = self.model.moe_load_stats()
+            if self.group is not None:  # every rank judges the same global statistics
+                value, result.aux_loss = self.group.mean([value, result.aux_loss])
+                result.moe = self.group.mean_dict(result.moe)
+            result.grad_norm = self._grad_norm_and_clip()
+            result.segment_losses.append(value)
+            # deep supervision: every readout counts once; last: the deepest readout wins
+            weighted = weighted + value * len(counts) if self.deep else value
+            weight = weight + len(counts) if self.deep else 1
+            decision = self.guard.observe(step, value, result.grad_norm, key=str(j))
+            if self.group is not None:
+                self.group.agree(decision.skip, f"skipping step {step}")
+            if decision.skip:
+                result.skipped, result.reason = True, decision.reason
+                self._discard()
+                break  # a spike drops the remaining segments of this global step
+            self._apply()
+            result.optimizer_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        result.loss = weighted / weight if weight else math.nan
+        self.guard.end_step(step)
+        if probe is not None:
+            activations = probe.metrics()
+            if self.group is not None:
+                activations = self.group.mean_dict(activations)
+            result.diagnostics.update(activations)
+            result.diagnostics.update(model_scalars(self.model))
+        return result

@@ -1,0 +1,412 @@
+"""Train one segment: restore the previous snapshot, run steps up to ``until_step``, save.
+
+The loop reads like the job it is (torchtitan's shape)::
+
+    build → restore (snapshot or fresh; rollback on a retry after an abort)
+    while step < until_step: train_step → validate when due → log
+    validate at the end → greedy samples → write snapshot → commit logs → end
+
+Exactness: the model is initialised from ``experiment.seed``; the data cursor, optimizer
+moments, spike-guard baselines, MoE biases, EMA and RNG streams come back from the
+snapshot; loop counts and the lr are pure functions of the step. With
+``train.deterministic`` (CPU), N steps in one segment and the same steps in several give
+bit-identical weights. Validation and samples draw no random numbers and change no state.
+
+With ``world_size`` > 1 (processes started by torchrun, see :mod:`.launch`) the model is
+sharded with FSDP2 (:mod:`.distributed`), each rank reads its block of every global step's
+rows, the step statistics are reduced before the spike guard decides, all ranks validate
+and write their shards of a sharded snapshot, and only rank 0 logs, tracks and writes the
+run-level files. The rows of every step are the same at any world size.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ..checkpoint import capture_rng_state, update_best_snapshot, write_snapshot
+from ..checkpoint.sharded import write_sharded_snapshot
+from ..config import Config, flatten, to_dict
+from ..data.loader import DataCursor, PackedData
+from ..errors import ConfigError, TrainingError
+from ..model import LoopedLM, sample_loop_count
+from ..snapshots_policy import total_steps as planned_total_steps
+from . import rollback
+from .batch_plan import BatchPlan, make_batch_plan
+from .diagnostics import due
+from .distributed import RankGroup, process_device, reshard, shard_model
+from .ema import WeightsEMA
+from .evaluation import generate_samples, samples_jsonl, validation_loss
+from .faults import FaultPlan
+from .metrics import TrainLog
+from .optim import build_optimizer
+from .schedule import LRSchedule
+from .segment import (
+    TrainerState,
+    build_model,
+    config_yaml,
+    moe_biases,
+    resolve_config,
+    restore_snapshot,
+    set_determinism,
+    snapshot_contents,
+)
+from .sharded_state import sharded_parts
+from .spike_guard import SpikeGuard
+from .step import StepResult, StepRunner
+
+log = logging.getLogger(__name__)
+
+
+def default_run_dir(out: Path) -> Path:
+    """``results/{run}`` for ``results/{run}/snapshots[/segments]/step_…``; else ``out``'s parent."""
+    out = Path(out)
+    for parent in out.parents[:2]:
+        if parent.name == "snapshots":
+            return parent.parent
+    return out.parent
+
+
+@dataclass
+class Trainer:
+    """Everything one segment trains with; built by :meth:`build`."""
+
+    cfg: Config
+    data: PackedData
+    device: torch.device
+    model: LoopedLM
+    optimizer: torch.optim.Optimizer
+    schedule: LRSchedule
+    guard: SpikeGuard
+    ema: WeightsEMA | None
+    runner: StepRunner
+    plan: BatchPlan
+    total_steps: int
+    faults: FaultPlan
+    state: TrainerState
+    world_size: int = 1
+    rank: int = 0
+    input_snapshot: Path | None = None  # the snapshot this segment resumed (its last good one)
+    resume_step: int = 0
+    rollback: dict[str, Any] | None = None  # a rollback record waiting for its step
+    rollback_applied: bool = False
+    step_time_s: float = 0.0  # inside train steps (data, forward, backward, optimizer)
+    loop_time_s: float = 0.0  # the whole step loop, logging included, validation excluded
+    loop_cpu_s: float = 0.0  # the same, in process CPU time (robust on a shared machine)
+    eval_time_s: float = 0.0  # validation inside the loop
+    eval_cpu_s: float = 0.0
+    rng_state: dict[str, Any] | None = None  # captured right after the last step
+    cursors: dict[int, DataCursor] = field(default_factory=dict)  # this segment's, by step
+    group: RankGroup | None = None  # the collectives, when world_size > 1
+
+    @classmethod
+    def build(cls, cfg: Config, data_dir: Path, *, world_size: int = 1, rank: int = 0) -> Trainer:
+        device = process_device(cfg.experiment.device, world_size, rank)
+        set_determinism(cfg.train.deterministic, device, compiled=cfg.train.compile)
+        data = PackedData(data_dir)
+        cfg = resolve_config(cfg, data)
+        plan = make_batch_plan(cfg.train, world_size)
+        total = planned_total_steps(cfg.train, cfg.model, data.seq_len, data.vocab_size)
+        model = build_model(cfg, device)  # the same seeded init on every rank
+        group = None
+        if world_size > 1:
+            group = RankGroup.current(device, shard_model(model, device))
+        optimizer = build_optimizer(model, cfg.train)
+        guard = SpikeGuard(cfg.train.spike)
+        ema = WeightsEMA(model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
+        faults = FaultPlan.from_env()
+        forward = torch.compile(model) if cfg.train.compile else None
+        runner = StepRunner(model, optimizer, cfg.train, guard, ema=ema, faults=faults,
+                            device=device, forward=forward, group=group)
+        return cls(cfg=cfg, data=data, device=device, model=model, optimizer=optimizer,
+                   schedule=LRSchedule.from_config(cfg.train, total), guard=guard, ema=ema,
+                   runner=runner, plan=plan, total_steps=total, faults=faults,
+                   state=TrainerState(), world_size=world_size, rank=rank, group=group)
+
+    # ------------------------------------------------------------------ restore
+
+    def warm_start(self, snapshot: Path) -> None:
+        """Deliberate weights-only start: copy ``snapshot``'s weights, keep everything else
+        fresh (optimizer, spike guard, RNG, data cursor, step 0)."""
+        from ..checkpoint import load_weights_only
+
+        info = load_weights_only(snapshot, self.model)  # cuts full weights into shards
+        if self.ema is not None:
+            self.ema = WeightsEMA(self.model, self.cfg.train.ema_decay)
+            self.runner.ema = self.ema
+        self.state.warm_start = info
+        log.warning("warm start from %s: weights only; optimizer, guard, RNG and data cursor "
+                    "start fresh at step 0", snapshot)
+
+    def restore(self, resume_from: Path | None, *, run_dir: Path, attempt: int) -> None:
+        """Load ``resume_from`` (None: fresh start); on a retry apply a matching rollback."""
+        self.input_snapshot = resume_from
+        self.guard.last_good_snapshot = None if resume_from is None else str(resume_from)
+        if resume_from is not None:
+            self.state = restore_snapshot(resume_from, self.cfg, model=self.model,
+                                          optimizer=self.optimizer, guard=self.guard,
+                                          ema=self.ema, device=self.device, group=self.group)
+        self.resume_step = self.state.step
+        record = (rollback.matching_record(run_dir, resume_from, self.state.step)
+                  if attempt > 1 else None)
+        if record is not None:
+            self.rollback = {**record, "applied_attempt": attempt}
+            log.warning("attempt %d: rolling back to step %d; at step %d the data cursor will "
+                        "jump from %s to %s (abort at step %d)", attempt, self.state.step,
+                        record["window_steps"][0], record["window_cursor"][0],
+                        record["resume_cursor"], record["abort_step"])
+
+    def _maybe_jump(self, step: int) -> None:
+        """Apply a pending rollback at its first bad step: skip the data window that caused
+        the abort plus ``rollback_skip_steps`` steps; the step counter goes on."""
+        if self.rollback is None or step != self.rollback["window_steps"][0]:
+            return
+        record, self.rollback = self.rollback, None
+        if self.state.cursor.to_json() != record["window_cursor"][0]:
+            log.warning("rollback: cursor %s at step %d, the record expected %s; jumping anyway",
+                        self.state.cursor.to_json(), step, record["window_cursor"][0])
+        jump = DataCursor.from_json(record["resume_cursor"])
+        self.state.rollbacks.append({**record, "step": step,
+                                     "cursor_before": self.state.cursor.to_json()})
+        self.guard.record("rollback", step, attempt=record["applied_attempt"],
+                          from_cursor=self.state.cursor.to_json(), to_cursor=jump.to_json(),
+                          abort_step=record["abort_step"], skip_steps=record["skip_steps"])
+        self.state.cursor = jump
+        self.guard.consecutive = 0  # the data that caused the run of skips is behind us
+        self.rollback_applied = True
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self, until_step: int, train_log: TrainLog, *, run_dir: Path,
+              attempt: int) -> None:
+        """Steps ``state.step + 1 … until_step``, each logged as one line."""
+        self.step_time_s = self.eval_time_s = self.eval_cpu_s = 0.0
+        loop_started, cpu_started = time.perf_counter(), time.process_time()
+        bar = tqdm(total=until_step - self.state.step, desc=f"train →{until_step}", unit="step",
+                   mininterval=2.0, disable=self.rank != 0)
+        try:
+            while self.state.step < until_step:
+                step = self.state.step + 1
+                self.faults.maybe_pause(step)
+                record = self.train_step(step, run_dir=run_dir, attempt=attempt)
+                if step == until_step or due(step, self.cfg.train.eval_interval):
+                    record["val_loss"] = self._timed_validate()
+                train_log.step(record)
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                refresh=False)
+        finally:
+            bar.close()
+            self.loop_time_s = time.perf_counter() - loop_started - self.eval_time_s
+            self.loop_cpu_s = time.process_time() - cpu_started - self.eval_cpu_s
+        self.rng_state = capture_rng_state()  # before anything else can touch a stream
+
+    def train_step(self, step: int, *, run_dir: Path, attempt: int) -> dict[str, Any]:
+        """Global step ``step``: its data, loop count and lr, the step itself; its record."""
+        started = time.perf_counter()
+        self._maybe_jump(step)
+        plan, cursor = self.plan, self.state.cursor
+        self.cursors[step] = cursor
+        micro, next_cursor = self.data.batches_for_step(
+            cursor, plan.global_batch_rows, plan.micro_batch_rows, self.world_size, self.rank)
+        loops = sample_loop_count(self.cfg.train.loop_sampling, self.cfg.model.loops,
+                                  self.cfg.experiment.seed, step)
+        self.schedule.apply(self.optimizer.param_groups, step - 1)
+        try:
+            result = self.runner.run(
+                step, micro, loops, flat_row=cursor.epoch * self.data.rows_per_epoch + cursor.row,
+                diagnose=due(step, self.cfg.train.diagnostics_interval))
+        except TrainingError:  # the spike guard gave up: leave the record a retry rolls back by
+            if self.rank == 0:
+                self._write_rollback(step, next_cursor, run_dir, attempt)
+            raise
+        elapsed = time.perf_counter() - started
+        self.step_time_s += elapsed
+        self._advance(step, next_cursor, result)
+        return self._record(step, cursor, result, elapsed)
+
+    def _timed_validate(self) -> float:
+        wall, cpu = time.perf_counter(), time.process_time()
+        loss = self.validate()
+        self.eval_time_s += time.perf_counter() - wall
+        self.eval_cpu_s += time.process_time() - cpu
+        return loss
+
+    def _advance(self, step: int, next_cursor: DataCursor, result: StepResult) -> None:
+        s = self.state
+        s.step, s.cursor = step, next_cursor
+        s.tokens_seen += self.plan.tokens_per_step(self.data.seq_len)
+        s.optimizer_steps += result.optimizer_steps
+        s.last_loops = result.loops
+        s.lr = {g["name"]: g["lr"] for g in self.optimizer.param_groups}
+
+    def _record(self, step: int, cursor: DataCursor, result: StepResult,
+                elapsed: float) -> dict[str, Any]:
+        tokens = self.plan.tokens_per_step(self.data.seq_len)
+        record: dict[str, Any] = {
+            "step": step, "loss": result.loss, "aux_loss": result.aux_loss,
+            "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": result.grad_norm,
+            "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "step_time_s": elapsed,
+            "loops": result.loops, "skipped": result.skipped, "cursor": cursor.to_json(),
+            "tokens_seen": self.state.tokens_seen,
+        }
+        if result.reason:
+            record["skip_reason"] = result.reason
+        if len(result.segment_losses) > 1 or self.cfg.train.bptt.mode == "segmented":
+            record["segment_losses"] = result.segment_losses
+        record.update(result.moe)
+        record.update(result.diagnostics)
+        return record
+
+    def _write_rollback(self, step: int, next_cursor: DataCursor, run_dir: Path,
+                        attempt: int) -> None:
+        cursors = self.cursors
+        first_bad = max(step - self.guard.consecutive + 1, min(cursors))
+        skip = self.cfg.train.rollback_skip_steps
+        record = rollback.make_record(
+            input_snapshot=self.input_snapshot, input_step=self.resume_step, abort_step=step,
+            first_bad_step=first_bad, window_start=cursors[first_bad], window_end=next_cursor,
+            resume_cursor=self.data.advance(next_cursor, skip, self.plan.global_batch_rows),
+            skip_steps=skip, attempt=attempt)
+        path = rollback.write_record(run_dir, record)
+        log.error("spike guard abort at step %d: rollback record %s (a retry resumes from %s "
+                  "at cursor %s)", step, path, self.input_snapshot or "scratch",
+                  record["resume_cursor"])
+
+    # ------------------------------------------------------------------ end of segment
+
+    def validate(self) -> float:
+        t = self.cfg.train
+        loss = validation_loss(self.model, self.data, t.eval_rows, t.micro_batch_rows,
+                               loops=self.cfg.model.loops, device=self.device)
+        if self.group is not None:  # every rank evaluated the same rows with the same weights
+            reshard(self.model)
+        self.state.val_loss = loss
+        best = self.state.best_val
+        if math.isfinite(loss) and (best is None or loss < float(best["val_loss"])):
+            self.state.best_val = {"step": self.state.step, "val_loss": loss}
+        return loss
+
+    def save(self, out: Path, train_log: TrainLog, segment: dict[str, Any]) -> Path:
+        """Samples, then the snapshot (atomic), then the best copy when asked."""
+        t = self.cfg.train
+        samples = generate_samples(self.model, self.data.data_dir, t.sample_prompts,
+                                   t.sample_tokens, step=self.state.step,
+                                   loops=self.cfg.model.loops, context_len=self.data.seq_len,
+                                   device=self.device)
+        if self.group is not None:
+            reshard(self.model)
+        self.state.segments.append(segment)
+        trainer_state = self.state.to_json(guard=self.guard, ema=self.ema, cfg=self.cfg,
+                                           total_steps=self.total_steps,
+                                           moe_biases=moe_biases(self.model))
+        files = {**train_log.snapshot_files(), "samples.jsonl": samples_jsonl(samples)}
+        assert self.rng_state is not None, "train() captures the RNG state"
+        if self.group is None:
+            write_snapshot(out, **snapshot_contents(
+                model=self.model, optimizer=self.optimizer, trainer_state=trainer_state,
+                rng_state=self.rng_state, cfg=self.cfg, ema=self.ema, files=files))
+        else:  # collective: every rank writes its shards and RNG, rank 0 the rest
+            trainer_state["world_size"] = self.world_size
+            write_sharded_snapshot(out, rank=self.rank, device=self.device,
+                                   **sharded_parts(self.model, self.optimizer, self.ema),
+                                   trainer_state=trainer_state, rng_state=self.rng_state,
+                                   config_yaml=config_yaml(self.cfg), extra_files=files)
+        if self.cfg.snapshots.keep_best and self.state.val_loss is not None and self.rank == 0:
+            update_best_snapshot(out.parent, out, self.state.val_loss)
+        if self.group is not None:
+            self.group.barrier()  # nobody moves on before the best copy is settled
+        return out
+
+
+def _check_steps(until_step: int, trainer: Trainer, resume_from: Path | None) -> None:
+    start = trainer.state.step
+    if until_step > trainer.total_steps:
+        raise ConfigError(f"--until-step {until_step} exceeds the run's {trainer.total_steps} "
+                          "steps (train.total_steps, or the token budget); lower it or raise "
+                          "train.total_steps")
+    if until_step <= start:
+        raise ConfigError(f"--until-step {until_step} is not past the resumed step {start} "
+                          f"({resume_from}); pass a later step or an earlier snapshot")
+
+
+def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
+                  out: Path, run_dir: Path | None = None, attempt: int = 1, *,
+                  world_size: int = 1, rank: int = 0, warm_start: Path | None = None) -> Path:
+    """Train from ``resume_from`` (None: from scratch) to ``until_step``; snapshot to ``out``.
+
+    Run-level logs go to ``run_dir`` (default :func:`default_run_dir`). ``attempt`` > 1
+    marks a retry: a rollback record left by an aborted attempt from the same input is
+    applied. ``warm_start`` (only without ``resume_from``) copies another snapshot's weights
+    and nothing else, for a deliberate restart under a changed config. Returns ``out``.
+    """
+    wall_start = time.perf_counter()
+    out, data_dir = Path(out), Path(data_dir)
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(out)
+    resume_from = None if resume_from is None else Path(resume_from)
+    trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank)
+    trainer.restore(resume_from, run_dir=run_dir, attempt=attempt)
+    if warm_start is not None:
+        if resume_from is not None:
+            raise ConfigError("--warm-start and --resume-from exclude each other: resume "
+                              "continues a run exactly, a warm start begins a new one")
+        trainer.warm_start(Path(warm_start))
+    _check_steps(until_step, trainer, resume_from)
+    start_step = trainer.state.step
+    stage = _start_tracking(trainer, run_dir) if rank == 0 else None
+    try:
+        train_log = TrainLog(run_dir, start_step, stage=stage, enabled=rank == 0)
+        trainer.guard.event_sink = train_log.event
+        try:
+            trainer.train(until_step, train_log, run_dir=run_dir, attempt=attempt)
+            segment = {"start_step": start_step, "end_step": until_step, "attempt": attempt,
+                       "rollback": trainer.rollback_applied,
+                       "step_time_s": round(trainer.step_time_s, 4),
+                       "loop_time_s": round(trainer.loop_time_s, 4),
+                       "loop_cpu_s": round(trainer.loop_cpu_s, 4),
+                       "eval_time_s": round(trainer.eval_time_s, 4),
+                       "wall_before_save_s": round(time.perf_counter() - wall_start, 4)}
+            trainer.save(out, train_log, segment)
+            train_log.commit(until_step)
+            if stage is not None:
+                _log_artifacts(stage, out, run_dir)
+        finally:
+            train_log.close()
+    except BaseException as exc:
+        if stage is not None:
+            stage.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    if stage is not None:
+        stage.end("FINISHED")
+    if rank == 0:
+        rollback.clear_record(run_dir, resume_from, start_step)
+    log.info("segment %d→%d done in %.1f s (%.1f s in steps): %s", start_step, until_step,
+             time.perf_counter() - wall_start, trainer.step_time_s, out)
+    return out
+
+
+def _log_artifacts(stage: Any, out: Path, run_dir: Path) -> None:
+    """Resolved config, this segment's samples, the TensorBoard events (after the commit)."""
+    stage.log_artifact(out / "config.yaml", "train")
+    stage.log_artifact(out / "samples.jsonl", f"train/samples/{out.name}")
+    if (run_dir / "tensorboard").is_dir():
+        stage.log_artifacts(run_dir / "tensorboard", "tensorboard")
+
+
+def _start_tracking(trainer: Trainer, run_dir: Path) -> Any:
+    """The MLflow ``train`` child run (continued across segments); params on its first use."""
+    from ..tracking import start_stage
+
+    first = trainer.state.tracking_run_id is None
+    stage = start_stage(trainer.cfg, run_dir, "train", run_id=trainer.state.tracking_run_id,
+                        params=flatten(to_dict(trainer.cfg)) if first else None,
+                        data_id=trainer.data.metadata.get("data_id"))
+    trainer.state.tracking_run_id = stage.run_id
+    return stage

@@ -1,0 +1,68 @@
+"""What the Snakefile is told: runs, data ids, kept/temporary snapshot paths, signatures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline_lib.config import load_config, to_dict
+from pipeline_lib.workflow_plan import BYTE_VOCAB_SIZE, WorkflowPlan
+
+
+def _plan(*overrides: str) -> WorkflowPlan:
+    return WorkflowPlan(to_dict(load_config(None, list(overrides))))
+
+
+def test_byte_vocab_size_matches_the_tokenizer():
+    from pipeline_lib.data.tokenizer import BYTE_VOCAB_SIZE as TOKENIZER_BYTE_VOCAB
+
+    assert BYTE_VOCAB_SIZE == TOKENIZER_BYTE_VOCAB
+
+
+def test_kept_and_temporary_snapshot_paths():
+    plan = _plan("train.total_steps=50", "train.steps_per_segment=10", "snapshots.keep_last=1",
+                 "snapshots.keep_every=20")
+    run = plan.run_names[0]
+    assert plan.runs[run].segment_ends == [10, 20, 30, 40, 50]
+    assert plan.runs[run].kept_steps == [20, 40, 50]
+    assert plan.snapshot_path(run, 20).endswith(f"{run}/snapshots/step_0000020")
+    assert plan.snapshot_path(run, 30).endswith(f"{run}/snapshots/segments/step_0000030")
+    assert plan.previous_snapshot(run, 10) == []
+    assert plan.previous_snapshot(run, 40) == [plan.snapshot_path(run, 30)]
+    with pytest.raises(ValueError):
+        plan.snapshot_path(run, 35)
+
+
+def test_variants_share_a_data_pack_when_only_the_model_differs():
+    plan = _plan()
+    assert len(plan.run_names) >= 2 and len(plan.data_ids) == 1
+    assert plan.runs["loops1"].config.model.loops == 1
+    assert plan.runs["loops1"].config.runs == {}
+
+
+def test_train_signature_ignores_eval_and_bench_but_not_training():
+    base = _plan()
+    run = base.run_names[0]
+    assert _plan("eval.max_tokens=5", "bench.h_eff=[1]").train_signature(run) == \
+        base.train_signature(run)
+    assert _plan("train.lr=0.01").train_signature(run) != base.train_signature(run)
+    assert _plan("eval.max_tokens=5").eval_signature(run) != base.eval_signature(run)
+
+
+def test_token_budget_fills_in_total_steps():
+    plan = _plan("train.total_steps=0", "train.token_budget_multiplier=1")
+    cfg = plan.runs[plan.run_names[0]].config
+    from pipeline_lib.model.size import param_count
+
+    params = param_count(dataclasses.replace(cfg.model, vocab_size=BYTE_VOCAB_SIZE))
+    expected = -(-params // (cfg.data.seq_len * cfg.train.global_batch_rows))
+    assert cfg.train.total_steps == expected
+
+
+def test_cluster_resources_only_name_what_is_set():
+    plan = _plan("resources.slurm_partition=gpu", "resources.train_gpus=2")
+    assert plan.cluster_resources("train") == {"cpus_per_task": 1, "mem_mb": 4000, "gpu": 2,
+                                               "slurm_partition": "gpu"}
+    assert "gpu" not in plan.cluster_resources("eval")
+    assert plan.cluster_resources("eval")["runtime"] == 60

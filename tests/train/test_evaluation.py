@@ -1,0 +1,50 @@
+"""Validation loss on the fixed slice and greedy samples: exact, deterministic, side-effect free."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trainer_helpers import make_pack
+
+from pipeline_lib.config import ModelConfig
+from pipeline_lib.data.loader import PackedData
+from pipeline_lib.model import LoopedLM
+from pipeline_lib.train.evaluation import generate_samples, samples_jsonl, validation_loss
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> PackedData:
+    return PackedData(make_pack(tmp_path_factory.mktemp("pack") / "data"))
+
+
+@pytest.fixture
+def model(data: PackedData) -> LoopedLM:
+    torch.manual_seed(0)
+    return LoopedLM(ModelConfig(vocab_size=data.vocab_size, d_model=16, n_heads=2, loops=2))
+
+
+def test_validation_loss_is_the_token_weighted_mean(data: PackedData, model: LoopedLM) -> None:
+    loss = validation_loss(model, data, 10, 4, loops=2, device=CPU)
+    whole = next(data.val_batches(10, 10))
+    with torch.no_grad():
+        expected = float(model.losses(whole, [2])[2])
+    assert loss == pytest.approx(expected, rel=1e-6)
+    assert model.training  # the mode is restored
+    assert validation_loss(model, data, 10, 4, loops=2, device=CPU) == loss
+
+
+def test_greedy_samples_are_deterministic(data: PackedData, model: LoopedLM) -> None:
+    rng_before = torch.get_rng_state()
+    a = generate_samples(model, data.data_dir, ["a=1;", "x"], 5, step=7, loops=2,
+                         context_len=data.seq_len, device=CPU)
+    b = generate_samples(model, data.data_dir, ["a=1;", "x"], 5, step=7, loops=2,
+                         context_len=data.seq_len, device=CPU)
+    assert a == b and [r["prompt"] for r in a] == ["a=1;", "x"]
+    assert all(r["step"] == 7 and r["stop"] in ("eos", "length") for r in a)
+    assert all(len(r["completion_ids"]) == 5 or r["stop"] == "eos" for r in a)
+    assert torch.equal(rng_before, torch.get_rng_state())  # no random draws
+    assert samples_jsonl(a).count("\n") == 2
+    assert generate_samples(model, data.data_dir, [], 5, step=7, loops=2, context_len=8,
+                            device=CPU) == []

@@ -1,0 +1,48 @@
+"""The torchrun command of a segment and the failing rank's line."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+from trainer_helpers import tiny_config
+
+from pipeline_lib.errors import ConfigError
+from pipeline_lib.train.launch import failure_line, rendezvous_args, torchrun_command
+
+
+def with_train(**changes):
+    cfg = tiny_config()
+    return replace(cfg, train=replace(cfg.train, **changes))
+
+
+def test_single_node_command_is_standalone_with_the_train_arguments() -> None:
+    cmd = torchrun_command(with_train(nproc=4), ["--out", "o", "--attempt", "2"], env={})
+    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes",
+                   "1", "--nproc_per_node", "4", "-m", "pipeline_lib", "train", "--out", "o",
+                   "--attempt", "2"]
+
+
+def test_multi_node_rendezvous_from_config_then_environment() -> None:
+    cfg = with_train(nproc=2, nnodes=3, rdzv_endpoint="node7:29400")
+    assert rendezvous_args(cfg, env={"SLURM_JOB_ID": "881"}) == [
+        "--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node7:29400",
+        "--rdzv-id", "881"]
+    env_cfg = with_train(nproc=2, nnodes=2)
+    assert rendezvous_args(env_cfg, env={"MASTER_ADDR": "n1", "MASTER_PORT": "1234"},
+                           job_id="step_0000010")[5:] == ["n1:1234", "--rdzv-id", "step_0000010"]
+    with pytest.raises(ConfigError, match="train.rdzv_endpoint"):
+        rendezvous_args(env_cfg, env={})
+
+
+def test_failure_line_prefers_the_one_line_pipeline_error() -> None:
+    lines = [
+        "[rank1]: Traceback (most recent call last):\n",
+        "[rank1]: RuntimeError: connection reset by peer\n",
+        "error: rank 0: --until-step 99 exceeds the run's 6 steps; lower it\n",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+    ]
+    assert failure_line(lines) == "rank 0: --until-step 99 exceeds the run's 6 steps; lower it"
+    assert failure_line(lines[:2]) == "rank 1: RuntimeError: connection reset by peer"
+    assert failure_line(["all fine\n"]) is None

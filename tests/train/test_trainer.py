@@ -1,0 +1,237 @@
+"""train_segment in-process: exact resume across segments, metrics lines, config checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from trainer_helpers import RICH, events, make_pack, metrics, snap, tiny_config, weights
+
+from pipeline_lib.errors import CheckpointError, ConfigError, TrainingError
+from pipeline_lib.train.trainer import default_run_dir, train_segment
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pack(tmp_path_factory.mktemp("pack") / "data")
+
+
+def run_segments(cfg, pack: Path, run: Path, ends: list[int]) -> Path:
+    previous = None
+    for end in ends:
+        previous = train_segment(cfg, pack, previous, end, snap(run, end))
+    assert previous is not None
+    return previous
+
+
+@pytest.mark.parametrize("variant", ["plain", "rich"])
+def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant: str) -> None:
+    cfg = tiny_config(*(RICH if variant == "rich" else []))
+    one = run_segments(cfg, pack, tmp_path / "one", [6])
+    three = run_segments(cfg, pack, tmp_path / "three", [2, 4, 6])
+    assert (one / "model.safetensors").read_bytes() == (three / "model.safetensors").read_bytes()
+    assert (one / "optimizer.safetensors").read_bytes() == \
+        (three / "optimizer.safetensors").read_bytes()
+    if variant == "rich":
+        assert (one / "ema.safetensors").read_bytes() == (three / "ema.safetensors").read_bytes()
+        state = weights(one)
+        biases = [k for k in state if k.endswith("balance_bias")]
+        assert biases and any(state[k].abs().sum() > 0 for k in biases)  # biases did move
+    m1, m3 = metrics(tmp_path / "one"), metrics(tmp_path / "three")
+    assert [m["step"] for m in m1] == [m["step"] for m in m3] == [1, 2, 3, 4, 5, 6]
+    assert [m["loss"] for m in m1] == [m["loss"] for m in m3]
+    assert [m["grad_norm"] for m in m1] == [m["grad_norm"] for m in m3]
+    assert [m["loops"] for m in m1] == [m["loops"] for m in m3]
+    assert [m["cursor"] for m in m1] == [[0, 8 * i] for i in range(6)]
+    if variant == "rich":
+        assert len({m["loops"] for m in m1}) > 1  # loop sampling drew different counts
+        assert any(len(m["segment_losses"]) > 1 for m in m1)
+        assert all("moe_load/core.0/e0" in m for m in m1)
+    # the snapshot's own metrics.jsonl holds exactly its segment's steps
+    seg = [json.loads(x) for x in (three / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in seg] == [5, 6]
+    state = json.loads((three / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["cursor"] == [0, 48]
+    assert state["tokens_seen"] == 6 * 8 * 32
+    assert [s["end_step"] for s in state["segments"]] == [2, 4, 6]
+
+
+def test_metrics_lines_and_segment_end_evaluation(pack: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out = run_segments(tiny_config(), pack, run, [3, 6])
+    lines = metrics(run)
+    assert [m["step"] for m in lines] == [1, 2, 3, 4, 5, 6]
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "loops", "skipped", "cursor"):
+        assert all(key in m for m in lines), key
+    # validation at the segment ends (3, 6) and every eval_interval (4) steps
+    assert [m["step"] for m in lines if "val_loss" in m] == [3, 4, 6]
+    assert [m["step"] for m in lines if "diag/grad_norm/core.0" in m] == [3, 6]
+    assert "diag/act_rms/core.0/last" in lines[2]
+    # lr follows warmup (2 steps) then cosine to min_lr_ratio · lr at the last step
+    assert lines[0]["lr"] == pytest.approx(0.5 * 3e-3)
+    assert lines[-1]["lr"] == pytest.approx(0.1 * 3e-3)
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["prompt"] for s in samples] == ["def ", "a=3;b=a;print("]
+    assert all(len(s["completion_ids"]) <= 4 and s["step"] == 6 for s in samples)
+    assert any((run / "tensorboard").iterdir())
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["val_loss"] == lines[-1]["val_loss"]
+    assert state["best_val"]["val_loss"] == min(m["val_loss"] for m in lines if "val_loss" in m)
+
+
+def test_rerun_of_a_segment_replaces_its_lines(pack: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cfg = tiny_config()
+    first = run_segments(cfg, pack, run, [2, 4])
+    before = (first / "model.safetensors").read_bytes()
+    # rerun the second segment (as after a crash past its snapshot): lines 3-4 once
+    train_segment(cfg, pack, snap(run, 2), 4, snap(run, 4))
+    assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4]
+    assert (snap(run, 4) / "model.safetensors").read_bytes() == before
+
+
+def test_nan_injection_is_skipped_and_logged(pack: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPLINE_FAULT_INJECT", "nan_step=3")
+    run = tmp_path / "run"
+    out = train_segment(tiny_config(), pack, None, 5, snap(run, 5))
+    lines = metrics(run)
+    assert [m["skipped"] for m in lines] == [False, False, True, False, False]
+    assert lines[2]["skip_reason"] == "non_finite_loss"
+    assert lines[2]["loss"] != lines[2]["loss"]  # NaN, written as NaN
+    skips = [e for e in events(run) if e["event"] == "skip"]
+    assert [(e["step"], e["reason"]) for e in skips] == [(3, "non_finite_loss")]
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["optimizer_steps"] == 4 and state["spike_guard"]["skipped_total"] == 1
+    assert all(torch.isfinite(t).all() for t in weights(out).values())
+    assert json.loads((out / "spike_events.jsonl").read_text().splitlines()[0])["step"] == 3
+
+
+def test_spike_run_aborts_and_the_retry_rolls_back(pack: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # rows 32-47 are the data of steps 5 and 6 (8 rows per step): spikes there
+    monkeypatch.setenv("LOOPLINE_FAULT_INJECT", "spike_rows=32:48,spike_nats=40")
+    cfg = tiny_config("train.spike.abort_consecutive=2", "train.rollback_skip_steps=1",
+                      "train.total_steps=9")
+    run = tmp_path / "run"
+    train_segment(cfg, pack, None, 3, snap(run, 3))
+    with pytest.raises(TrainingError) as err:
+        train_segment(cfg, pack, snap(run, 3), 9, snap(run, 9), attempt=1)
+    assert "step_0000003" in str(err.value) and "step 6" in str(err.value)
+    assert not snap(run, 9).exists()
+    record = json.loads((run / "train" / "rollback.json").read_text())
+    assert record["input_step"] == 3 and record["abort_step"] == 6
+    assert record["window_cursor"] == [[0, 32], [0, 48]] and record["resume_cursor"] == [0, 56]
+    out = train_segment(cfg, pack, snap(run, 3), 9, snap(run, 9), attempt=2)
+    lines = metrics(run)
+    assert [m["step"] for m in lines] == list(range(1, 10))
+    assert [m["cursor"] for m in lines[3:]] == [[0, 24], [0, 56], [0, 64], [0, 72], [0, 80],
+                                              [0, 88]]
+    assert not any(m["skipped"] for m in lines)
+    kinds = [e["event"] for e in events(run)]
+    assert kinds == ["abort", "rollback"]  # the aborted attempt's skips were cut with its lines
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["rollbacks"][0]["resume_cursor"] == [0, 56]
+    assert state["rollbacks"][0]["applied_attempt"] == 2
+    assert not (run / "train" / "rollback.json").exists()
+
+
+def test_resume_with_changed_model_config_lists_keys(pack: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train_segment(tiny_config(), pack, None, 2, snap(run, 2))
+    changed = tiny_config("model.d_model=64", "model.loops=2")
+    with pytest.raises(CheckpointError, match=r"model\.d_model.*model\.loops"):
+        train_segment(changed, pack, snap(run, 2), 4, snap(run, 4))
+
+
+def test_warm_start_copies_weights_only(pack: Path, tmp_path: Path) -> None:
+    from pipeline_lib.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    source = train_segment(tiny_config(), pack, None, 4, snap(run, 4))
+    changed = tiny_config("model.loops=5", "train.lr=0.001")
+    with pytest.raises(CheckpointError, match=r"model\.loops"):
+        train_segment(changed, pack, source, 6, snap(run, 6))
+    trainer = Trainer.build(changed, pack)
+    trainer.warm_start(source)
+    weights = load_file(str(source / "model.safetensors"))
+    assert all(torch.equal(weights[k], v) for k, v in trainer.model.state_dict().items()
+               if k in weights)
+    assert trainer.state.step == 0 and trainer.state.cursor.to_json() == [0, 0]
+    out = train_segment(changed, pack, None, 2, tmp_path / "warm" / "snapshots" / "step_0000002",
+                        warm_start=source)
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["warm_start"]["warm_start_from"] == str(source)
+    with pytest.raises(ConfigError, match="exclude each other"):
+        train_segment(changed, pack, out, 4, tmp_path / "x" / "step_0000004", warm_start=source)
+
+
+def test_corrupted_snapshot_is_refused_naming_the_file(pack: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out = train_segment(tiny_config(), pack, None, 2, snap(run, 2))
+    blob = bytearray((out / "optimizer.safetensors").read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    (out / "optimizer.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="optimizer.safetensors"):
+        train_segment(tiny_config(), pack, out, 4, snap(run, 4))
+
+
+def test_step_range_is_checked(pack: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match="exceeds the run's 6 steps"):
+        train_segment(tiny_config(), pack, None, 7, snap(run, 7))
+    out = train_segment(tiny_config(), pack, None, 2, snap(run, 2))
+    with pytest.raises(ConfigError, match="not past the resumed step 2"):
+        train_segment(tiny_config(), pack, out, 2, snap(run, 3))
+
+
+def test_default_run_dir() -> None:
+    assert default_run_dir(Path("results/r/snapshots/step_0000100")) == Path("results/r")
+    assert default_run_dir(Path("results/r/snapshots/segments/step_0000100")) == Path("results/r")
+    assert default_run_dir(Path("x/out")) == Path("x")
+
+
+@pytest.mark.slow
+def test_mlflow_metrics_once_per_step_after_a_failed_attempt(
+        pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = tiny_config("tracking.enabled=true", f"tracking.uri={uri}",
+                      "train.spike.abort_consecutive=2")
+    run = tmp_path / "run"
+    train_segment(cfg, pack, None, 3, snap(run, 3))
+    monkeypatch.setenv("LOOPLINE_FAULT_INJECT", "spike_rows=32:48")  # steps 5, 6: abort
+    with pytest.raises(TrainingError):
+        train_segment(cfg, pack, snap(run, 3), 6, snap(run, 6))
+    out = train_segment(cfg, pack, snap(run, 3), 6, snap(run, 6), attempt=2)
+    state = json.loads((out / "trainer_state.json").read_text())
+    first = json.loads((snap(run, 3) / "trainer_state.json").read_text())
+    assert state["tracking_run_id"] == first["tracking_run_id"]  # one child run for all
+    client = mlflow.MlflowClient(uri)
+    history = client.get_metric_history(state["tracking_run_id"], "train/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
+    assert {m.step: m.value for m in history} == pytest.approx(
+        {m["step"]: m["loss"] for m in metrics(run)})
+    assert client.get_run(state["tracking_run_id"]).info.status == "FINISHED"
+    logged = {a.path for a in client.list_artifacts(state["tracking_run_id"], "train")}
+    assert {"train/config.yaml", "train/samples"} <= logged
+
+
+def test_a_first_attempt_ignores_and_then_clears_a_stale_rollback_record(
+        pack: Path, tmp_path: Path) -> None:
+    from pipeline_lib.data.loader import DataCursor
+    from pipeline_lib.train import rollback
+
+    run = tmp_path / "run"
+    rollback.write_record(run, rollback.make_record(
+        input_snapshot=None, input_step=0, abort_step=3, first_bad_step=2,
+        window_start=DataCursor(0, 8), window_end=DataCursor(0, 24),
+        resume_cursor=DataCursor(0, 40), skip_steps=2, attempt=1))
+    train_segment(tiny_config(), pack, None, 3, snap(run, 3), attempt=1)
+    assert [m["cursor"] for m in metrics(run)] == [[0, 0], [0, 8], [0, 16]]  # no jump
+    assert not rollback.rollback_path(run).exists()

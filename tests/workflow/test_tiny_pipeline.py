@@ -1,0 +1,123 @@
+"""End to end: the tiny config through Snakemake (pack → train in segments → eval → bench →
+compare), rotation, idempotence, stage reruns, and what lands in MLflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import snakemake
+
+pytestmark = pytest.mark.slow
+RUNS = ("loops1", "loops2")
+KEPT = [20, 30]  # tiny.yaml: 30 steps, segments of 10, keep_last 2 (+ final)
+
+
+def _jobs(dry_run_output: str) -> dict[str, int]:
+    """Job counts from a dry run's 'Job stats' table."""
+    lines = dry_run_output.splitlines()
+    jobs = {}
+    if "Job stats:" not in lines:
+        return jobs
+    for line in lines[lines.index("Job stats:") + 3:]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
+def test_segments_and_rotation(tiny_pipeline: Path):
+    for run in RUNS:
+        snaps = tiny_pipeline / "results" / run / "snapshots"
+        steps = sorted(int(p.name.removeprefix("step_")) for p in snaps.glob("step_*"))
+        assert steps == KEPT
+        assert not list((snaps / "segments").glob("step_*")), "temporary snapshot not deleted"
+        index = json.loads((snaps / "index.json").read_text())
+        assert [e["step"] for e in index["kept"]] == KEPT
+        assert (snaps / "final").resolve() == (snaps / "step_0000030").resolve()
+        lines = (tiny_pipeline / "results" / run / "train" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(x)["step"] for x in lines] == list(range(1, 31))
+
+
+def test_eval_bench_and_compare_outputs(tiny_pipeline: Path):
+    for run in RUNS:
+        base = tiny_pipeline / "results" / run
+        for step in KEPT:
+            doc = json.loads((base / "eval" / "heff" / f"step_{step:07d}.json").read_text())
+            assert doc["step"] == step and set(doc["losses"]) == {"1", "2", "4"}
+        bench = json.loads((base / "bench" / "step_0000030.json").read_text())
+        assert set(bench["tasks"]) == {"loopline_khop", "loopline_addition", "loopline_parity"}
+        for name in ("eval/heff.parquet", "eval/heff.png", "bench/summary.parquet",
+                     "bench/accuracy_vs_heff.png"):
+            assert (base / name).stat().st_size > 0
+    summary = (tiny_pipeline / "results" / "compare" / "summary.md").read_text()
+    assert all(run in summary for run in RUNS)
+
+
+def test_second_call_has_nothing_to_do(tiny_pipeline: Path):
+    result = snakemake(tiny_pipeline, "--cores", "1", "-n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_changing_eval_settings_retrains_nothing(tiny_pipeline: Path, tmp_path: Path):
+    extra = tmp_path / "eval.yaml"
+    extra.write_text("eval:\n  max_tokens: 1024\n")
+    result = snakemake(tiny_pipeline, "--cores", "1", "-n", extra_configs=(extra,))
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = _jobs(result.stdout)
+    assert jobs.get("eval_heff") == 4
+    assert not any(name.startswith("train_segment") for name in jobs), jobs
+
+
+def test_forcerun_eval_heff_reruns_only_the_sweep(tiny_pipeline: Path):
+    result = snakemake(tiny_pipeline, "--cores", "1", "-n", "--forcerun", "eval_heff")
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = _jobs(result.stdout)
+    assert set(jobs) == {"eval_heff", "summarize_heff", "compare_runs", "all"}, jobs
+
+
+def test_mlflow_runs_and_exactly_once_train_metrics(tiny_pipeline: Path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tiny_pipeline / 'results' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("loopline-tiny")
+    runs = client.search_runs([exp.experiment_id], max_results=500)
+    parents = {r.data.tags["loopline.run"]: r for r in runs
+               if r.data.tags.get("loopline.role") == "parent"}
+    assert set(parents) == set(RUNS)
+    for parent in parents.values():
+        tags = parent.data.tags
+        for key in ("loopline.git_commit", "loopline.config_hash", "loopline.data_id",
+                    "loopline.version.snakemake", "loopline.version.torch"):
+            assert tags.get(key), key
+        children = {r.data.tags.get("loopline.stage"): r for r in runs
+                    if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+        assert {"pack", "train", "eval_heff/step_0000020", "eval_heff/step_0000030",
+                "bench/step_0000030"} <= set(children), sorted(children)
+        train = children["train"]
+        history = client.get_metric_history(train.info.run_id, "train/loss")
+        assert sorted(m.step for m in history) == list(range(1, 31))
+        heff = children["eval_heff/step_0000030"].data.metrics
+        assert {"heff/loss_h1", "heff/loss_h2", "heff/loss_h4", "heff/best_h"} <= set(heff)
+        bench = children["bench/step_0000030"].data.metrics
+        assert any(k.startswith("bench/loopline_khop/") for k in bench)
+        assert client.list_artifacts(parent.info.run_id, "config")
+
+
+def test_slurm_profile_dry_run(tiny_pipeline: Path):
+    result = snakemake(tiny_pipeline, "-n", "--profile", str(Path(__file__).resolve().parents[2]
+                                                                / "profiles" / "slurm"),
+                       "--forcerun", "train_segment")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cpus_per_task=1" in result.stdout and "runtime=" in result.stdout
+
+
+def test_report_collects_the_plots(tiny_pipeline: Path):
+    result = snakemake(tiny_pipeline, "--report", str(tiny_pipeline / "report.html"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    html = (tiny_pipeline / "report.html").read_text(errors="replace")
+    for name in ("heff.png", "accuracy_vs_heff.png", "loss_vs_heff.png"):
+        assert name in html, name
