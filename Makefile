@@ -6,7 +6,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
-export TORCH_NUM_THREADS ?=
 
 .PHONY: demo test test-fast lint bench ui clean install schema
 

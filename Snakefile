@@ -9,7 +9,9 @@ min_version("9.0")
 # The embedded default is config/config.yaml; --configfile and --config are merged over it
 # (a file that lists runs: replaces the default variants rather than adding to them).
 apply_default_config(config)
-validate(config, "workflow/schemas/config.schema.yaml")
+# set_default=False: the schema's defaults would also fill every key of a runs: variant,
+# turning a partial override into a full one; pipeline_lib.config fills defaults itself.
+validate(config, "workflow/schemas/config.schema.yaml", set_default=False)
 
 
 include: "workflow/rules/common.smk"

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import snakemake
 
 pytestmark = pytest.mark.slow
@@ -34,6 +35,9 @@ def test_segments_and_rotation(tiny_pipeline: Path):
         steps = sorted(int(p.name.removeprefix("step_")) for p in snaps.glob("step_*"))
         assert steps == KEPT
         assert not list((snaps / "segments").glob("step_*")), "temporary snapshot not deleted"
+        # the variant's partial override sits on tiny.yaml, not on the schema's defaults
+        trained = yaml.safe_load((snaps / "step_0000030" / "config.yaml").read_text())["model"]
+        assert (trained["d_model"], trained["loops"]) == (32, int(run.removeprefix("loops")))
         index = json.loads((snaps / "index.json").read_text())
         assert [e["step"] for e in index["kept"]] == KEPT
         assert (snaps / "final").resolve() == (snaps / "step_0000030").resolve()
