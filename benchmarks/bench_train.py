@@ -257,7 +257,8 @@ def main() -> None:
         print(f"segment overhead {results['segment_overhead_s']:.2f} s ({overhead}); with "
               f"MLflow {results['segment_overhead_tracking_s']:.2f} s", flush=True)
 
-        big = bench_config("model.d_model=512", "model.n_heads=8", "train.global_batch_rows=8")
+        big = bench_config("model.d_model=512", "model.n_heads=8", "train.global_batch_rows=8",
+                           "train.micro_batch_rows=8")
         big_run = work / "d512"
         big_steps = 1 if args.quick else 3
         trainer_tokens_per_s(big, pack, big_run, 0, 1)

@@ -6,10 +6,10 @@ pull in torch, because the Snakefile computes step counts from ``param_count`` o
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import LoopSamplingConfig, ModelConfig
+from ..lazy import lazy_exports
 
 _LAZY = {
     "LoopedLM": ".looped",
@@ -43,9 +43,4 @@ if TYPE_CHECKING:
     from .size import check_model_config, param_count
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
