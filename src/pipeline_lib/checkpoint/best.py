@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
-from .fsutil import clean_stale_siblings, publish_dir, tmp_sibling
-from .manifest import MANIFEST_NAME, manifest_bytes, verify_snapshot, write_bytes_file
+from .fsutil import clean_stale_siblings, tmp_sibling
+from .manifest import staged_snapshot, verify_snapshot, write_bytes_file
 
 log = logging.getLogger(__name__)
 
@@ -84,24 +84,16 @@ def update_best_snapshot(snapshots_dir: str | Path, step_dir: str | Path,
     target = snapshots_dir / BEST_DIR
     clean_stale_siblings(target)
     tmp = tmp_sibling(target)
-    try:
+    with staged_snapshot(tmp, target, f"update {target} from {step_dir}") as records:
         tmp.mkdir(parents=True)
-        records = {name: dict(rec) for name, rec in manifest["files"].items()
-                   if name != BEST_INFO}
-        for name in records:  # names may be nested (a sharded snapshot's DCP directories)
+        records.update({name: dict(rec) for name, rec in manifest["files"].items()
+                        if name != BEST_INFO})
+        for name in list(records):  # names may be nested (a sharded snapshot's DCP dirs)
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             _link_or_copy(step_dir / name, tmp / name)
         info = {"step": _source_step(step_dir), "source": step_dir.name, "val_loss": val_loss}
         records[BEST_INFO] = write_bytes_file(
             tmp / BEST_INFO, (json.dumps(info, indent=1) + "\n").encode(), "extra_file")
-        write_bytes_file(tmp / MANIFEST_NAME, manifest_bytes(records), "manifest")
-        publish_dir(tmp, target)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise CheckpointError(f"cannot update {target} from {step_dir}: {exc}; check free "
-                                  "space and permissions") from None
-        raise
     log.info("best snapshot is now %s (val_loss %.6g, was %s)", step_dir.name, val_loss,
              None if current is None else current["val_loss"])
     return True

@@ -11,10 +11,12 @@ Torch-free (hashlib + json), so workflow code can verify without the tensor stac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -199,3 +201,27 @@ def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None
                                   "corrupted); rerun the segment that writes it or resume from "
                                   "an earlier snapshot")
     return doc
+
+
+@contextlib.contextmanager
+def staged_snapshot(tmp: Path, target: Path, what: str) -> Iterator[dict[str, dict[str, Any]]]:
+    """Fill the hidden directory ``tmp``, then publish it as ``target``.
+
+    Yields the manifest records for the block to fill as it writes files into ``tmp``. When
+    the block ends normally, MANIFEST.json is written last and ``tmp`` is renamed onto
+    ``target``; on any failure ``tmp`` is removed, so nothing half-written is ever seen as a
+    snapshot. An OSError becomes a CheckpointError saying what could not be done.
+    """
+    from .fsutil import publish_dir
+
+    records: dict[str, dict[str, Any]] = {}
+    try:
+        yield records
+        write_bytes_file(tmp / MANIFEST_NAME, manifest_bytes(records), "manifest")
+        publish_dir(tmp, target)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise CheckpointError(f"cannot {what}: {exc}; check free space and permissions") \
+                from None
+        raise

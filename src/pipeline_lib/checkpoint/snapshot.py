@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,11 +44,11 @@ import torch
 
 from ..errors import CheckpointError
 from ..snapshots_policy import step_dir_name
-from .fsutil import clean_stale_siblings, publish_dir, tmp_sibling
+from .fsutil import clean_stale_siblings, tmp_sibling
 from .manifest import (
     MANIFEST_NAME,
-    manifest_bytes,
     read_manifest,
+    staged_snapshot,
     verify_snapshot,
     write_bytes_file,
 )
@@ -200,8 +199,7 @@ def write_snapshot(
     rng_doc, rng_tensors = split_tree(dict(rng_state), RNG_JSON)
     tmp = prepare_snapshot_tmp(out_dir)
     started = time.perf_counter()
-    try:
-        records: dict[str, dict[str, Any]] = {}
+    with staged_snapshot(tmp, out_dir, f"write snapshot {out_dir}") as records:
         records[MODEL_FILE] = write_safetensors(tmp / MODEL_FILE, model_state, role="model")
         _pause(MODEL_FILE)
         records[OPTIMIZER_TENSORS] = write_safetensors(tmp / OPTIMIZER_TENSORS, opt_tensors,
@@ -223,14 +221,6 @@ def write_snapshot(
             blob = data.encode() if isinstance(data, str) else bytes(data)
             records[name] = write_bytes_file(tmp / name, blob, "extra_file")
             _pause(name)
-        write_bytes_file(tmp / MANIFEST_NAME, manifest_bytes(records), "manifest")
-        publish_dir(tmp, out_dir)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise CheckpointError(f"cannot write snapshot {out_dir}: {exc}; check free space "
-                                  "and permissions") from None
-        raise
     total = sum(r["size"] for r in records.values())
     log.info("wrote snapshot %s (%.1f MB in %.2f s)", out_dir, total / 1e6,
              time.perf_counter() - started)
