@@ -66,3 +66,12 @@ def test_cluster_resources_only_name_what_is_set():
                                                "slurm_partition": "gpu"}
     assert "gpu" not in plan.cluster_resources("eval")
     assert plan.cluster_resources("eval")["runtime"] == 60
+
+
+def test_bench_snapshots_final_or_kept():
+    final = _plan("train.total_steps=30", "train.steps_per_segment=10", "snapshots.keep_last=2")
+    kept = _plan("train.total_steps=30", "train.steps_per_segment=10", "snapshots.keep_last=2",
+                 "bench.snapshots=kept")
+    run = final.run_names[0]
+    assert final.bench_steps(run) == [30]
+    assert kept.bench_steps(run) == [20, 30]
