@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 import subprocess
 import sys
 
@@ -17,8 +16,6 @@ from pipeline_lib.snapshots_policy import (
     previous_end,
     segment_ends,
     step_dir_name,
-    step_pattern,
-    temp_steps,
     total_steps,
 )
 
@@ -52,11 +49,10 @@ def test_segment_ends():
         segment_ends(0, 10)
 
 
-def test_kept_and_temp_steps_partition_the_ends():
+def test_kept_steps_follow_the_policy():
     ends = segment_ends(1000, 100)
     snap = SnapshotsConfig(keep_last=2, keep_every=300)
     assert kept_steps(ends, snap) == [300, 600, 900, 1000]
-    assert temp_steps(ends, snap) == [100, 200, 400, 500, 700, 800]
     assert kept_steps(ends, SnapshotsConfig(keep_last=1)) == [1000]
     assert kept_steps(ends, SnapshotsConfig(keep_last=3)) == [800, 900, 1000]
     assert kept_steps([50], SnapshotsConfig(keep_last=5, keep_every=7)) == [50]
@@ -71,13 +67,6 @@ def test_previous_end_and_names():
     with pytest.raises(ConfigError, match="not a segment end"):
         previous_end(ends, 150)
     assert step_dir_name(250) == "step_0000250"
-
-
-def test_step_pattern_matches_exactly_the_steps():
-    pat = re.compile(f"(?P<step>{step_pattern([300, 1000])})$")
-    assert pat.match("0000300") and pat.match("0001000")
-    assert not pat.match("0000100") and not pat.match("300")
-    assert not re.match(f"(?:{step_pattern([])})", "0000100")
 
 
 def test_module_is_torch_free():

@@ -474,15 +474,8 @@ def config_for_run(cfg: Config, run: str) -> Config:
     if run not in cfg.runs:
         known = ", ".join(sorted(cfg.runs)) or "(none)"
         raise ConfigError(f"unknown run '{run}' (config key runs.{run}); known runs: {known}")
-    base = to_dict(cfg)
-    base["runs"] = {}
-    OmegaConf = _omegaconf()
-    merged = _merge(OmegaConf.structured(Config), base, "config")
-    merged = _merge(merged, cfg.runs[run] or {}, f"runs.{run}")
-    out = OmegaConf.to_object(merged)
-    assert isinstance(out, Config)
-    validate_config(out)
-    return out
+    base = {**to_dict(cfg), "runs": {}}
+    return _structured(merge_config_dicts(base, cfg.runs[run] or {}), f"runs.{run}")
 
 
 def config_hash(cfg: Any, length: int = 12) -> str:

@@ -17,8 +17,6 @@ import math
 from .config import ModelConfig, SnapshotsConfig, TrainConfig
 from .errors import ConfigError
 
-_NEVER = "(?!x)x"
-
 
 def step_dir_name(step: int) -> str:
     """``step_{step:07d}``: the directory of the snapshot taken after ``step`` optimizer steps."""
@@ -74,12 +72,6 @@ def kept_steps(ends: list[int], snap: SnapshotsConfig) -> list[int]:
     return sorted(kept)
 
 
-def temp_steps(ends: list[int], snap: SnapshotsConfig) -> list[int]:
-    """Segment ends whose snapshots are temporary (deleted once the next segment consumed them)."""
-    kept = set(kept_steps(ends, snap))
-    return [s for s in ends if s not in kept]
-
-
 def previous_end(ends: list[int], step: int) -> int | None:
     """The snapshot step the segment ending at ``step`` resumes from (None for the first)."""
     if step not in ends:
@@ -87,11 +79,3 @@ def previous_end(ends: list[int], step: int) -> int | None:
                           "exist only at multiples of train.steps_per_segment and total_steps")
     i = ends.index(step)
     return ends[i - 1] if i else None
-
-
-def step_pattern(steps: list[int]) -> str:
-    """Regex for a Snakemake ``wildcard_constraints`` entry matching exactly these steps
-    as they appear in ``step_{step}`` (7-digit zero-padded); never matches when empty."""
-    if not steps:
-        return _NEVER
-    return "|".join(f"{s:07d}" for s in sorted(steps))

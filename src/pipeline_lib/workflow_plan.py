@@ -17,7 +17,7 @@ from typing import Any
 
 from .config import Config, DataConfig, config_for_run, config_from_dict, config_hash, to_dict
 from .data.identity import data_id as compute_data_id
-from .snapshots_policy import kept_steps, segment_ends, step_dir_name, total_steps
+from .snapshots_policy import kept_steps, previous_end, segment_ends, step_dir_name, total_steps
 
 DEFAULT_RUN = "default"
 BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)
@@ -101,9 +101,8 @@ class WorkflowPlan:
 
     def previous_snapshot(self, run: str, step: int) -> list[str]:
         """The snapshot the segment ending at ``step`` resumes from ([] for the first)."""
-        ends = self.runs[run].segment_ends
-        i = ends.index(step)
-        return [self.snapshot_path(run, ends[i - 1])] if i else []
+        previous = previous_end(self.runs[run].segment_ends, step)
+        return [] if previous is None else [self.snapshot_path(run, previous)]
 
     def kept_snapshots(self, run: str) -> list[str]:
         return [self.snapshot_path(run, s) for s in self.runs[run].kept_steps]
