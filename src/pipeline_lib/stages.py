@@ -26,7 +26,7 @@ def _step_name(step: int | None) -> str:
 def _benchmark_tsvs(rule: str, run: str) -> list[Path]:
     """Snakemake ``benchmark:`` files of ``rule`` for ``run`` (written when jobs finish)."""
     root = Path("benchmarks") / rule
-    return sorted(root.glob(f"{run}*.tsv")) + sorted(root.glob(f"{run}/*.tsv"))
+    return sorted(root.glob(f"{run}*.tsv")) + sorted((root / run).rglob("*.tsv"))
 
 
 def prepare_tracking_store(cfg: Config, marker: Path) -> None:
