@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
+import numpy as np
 import pytest
 
 from pipeline_lib.checkpoint import MANIFEST_NAME, load_snapshot, verify_snapshot
+from pipeline_lib.checkpoint.manifest import HashingWriter
 from pipeline_lib.errors import CheckpointError
 
 
@@ -76,3 +79,22 @@ def test_malformed_or_foreign_manifest(snapshot_dir):
 def test_missing_directory(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         verify_snapshot(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("sizes", [
+    [10, 3 << 20, 7, 1 << 20, 5, 5, 20 << 20, 0, 9],      # small writes between large ones
+    [(1 << 20) - 1] * 12,                                # small ones filling several batches
+    [100, 200],                                          # small only: hashed inline
+    [17 << 20],                                          # one large write, several chunks
+])
+def test_hashing_writer_record_matches_the_file(tmp_path, sizes):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as fh:
+        writer = HashingWriter(fh)
+        for n in sizes:
+            writer.write(rng.integers(0, 256, n, dtype=np.uint8).data)
+    data = path.read_bytes()
+    assert len(data) == sum(sizes)
+    assert writer.record("x") == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                                  "role": "x"}

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..errors import CheckpointError, ConfigError
+from .eager import EagerAdamW, skip_dynamo_import
 from .schedule import scale_lr
 
 GROUP_ORDER = ("decay", "no_decay", "injection_scale")
@@ -81,12 +82,18 @@ def param_groups(model: nn.Module, train: TrainConfig, *,
 
 def build_optimizer(model: nn.Module, train: TrainConfig, *,
                     global_batch_rows: int | None = None) -> torch.optim.Optimizer:
-    """AdamW or AdamATan2 (``train.optimizer``) over :func:`param_groups`."""
+    """AdamW or AdamATan2 (``train.optimizer``) over :func:`param_groups`.
+
+    Without ``train.compile`` both skip torch's ``torch._dynamo`` import (see :mod:`.eager`):
+    the same arithmetic, about 1.1 s less per process."""
+    if not train.compile:
+        skip_dynamo_import()
     groups = param_groups(model, train, global_batch_rows=global_batch_rows)
     betas = (train.beta1, train.beta2)
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=train.lr, betas=betas, eps=train.eps,
-                                 weight_decay=train.weight_decay)
+        adamw = torch.optim.AdamW if train.compile else EagerAdamW
+        return adamw(groups, lr=train.lr, betas=betas, eps=train.eps,
+                     weight_decay=train.weight_decay)
     if train.optimizer == "adamatan2":
         return AdamATan2(groups, lr=train.lr, betas=betas, weight_decay=train.weight_decay)
     raise ConfigError(f"train.optimizer = {train.optimizer!r} is unknown; use adamw or adamatan2")
