@@ -235,3 +235,17 @@ def test_a_first_attempt_ignores_and_then_clears_a_stale_rollback_record(
     train_segment(tiny_config(), pack, None, 3, snap(run, 3), attempt=1)
     assert [m["cursor"] for m in metrics(run)] == [[0, 0], [0, 8], [0, 16]]  # no jump
     assert not rollback.rollback_path(run).exists()
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(pack: Path, tmp_path: Path) -> None:
+    """``train.compile`` (inductor on the CPU, ~40 s to compile) trains the same model: the
+    same snapshot keys (no ``_orig_mod.`` prefix) and the same losses up to kernel fusion."""
+    eager = run_segments(tiny_config(), pack, tmp_path / "eager", [2])
+    compiled = run_segments(tiny_config("train.compile=true"), pack, tmp_path / "compiled", [2])
+    w_eager, w_compiled = weights(eager), weights(compiled)
+    assert list(w_compiled) == list(w_eager)
+    for name, value in w_eager.items():
+        torch.testing.assert_close(w_compiled[name], value, rtol=1e-4, atol=1e-5)
+    losses = [[m["loss"] for m in metrics(tmp_path / run)] for run in ("eager", "compiled")]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)

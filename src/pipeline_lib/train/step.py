@@ -79,7 +79,7 @@ class StepRunner:
         self.model, self.optimizer, self.train, self.guard = model, optimizer, train, guard
         self.ema, self.faults, self.device = ema, faults or FaultPlan(), device
         self.group = group  # several ranks: statistics are reduced before the guard judges
-        self.forward = forward or model  # a torch.compile'd model when train.compile
+        self.forward = model if forward is None else forward  # compiled with train.compile
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.deep = train.objective == "deep_supervision"
 
