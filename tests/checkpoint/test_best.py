@@ -55,3 +55,12 @@ def test_damaged_best_is_rebuilt(tmp_path):
     assert read_best(tmp_path) is None
     assert update_best_snapshot(tmp_path, s2, 5.0) is True
     assert read_best(tmp_path)["source"] == "step_0000002"
+
+
+def test_a_new_training_history_replaces_an_older_best(tmp_path):
+    s1, s2 = _snap(tmp_path, 10), _snap(tmp_path, 20)
+    assert update_best_snapshot(tmp_path, s2, 1.0) is True  # an earlier training's record
+    assert update_best_snapshot(tmp_path, s1, 4.0) is False
+    assert update_best_snapshot(tmp_path, s1, 4.0, new_history=True) is True
+    assert read_best(tmp_path) == {"step": 10, "source": "step_0000010", "val_loss": 4.0}
+    assert update_best_snapshot(tmp_path, s2, None, new_history=True) is False

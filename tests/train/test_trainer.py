@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from trainer_helpers import RICH, events, make_pack, metrics, snap, tiny_config, weights
 
+from pipeline_lib.checkpoint import read_best, verify_snapshot
 from pipeline_lib.errors import CheckpointError, ConfigError, TrainingError
 from pipeline_lib.train.trainer import default_run_dir, train_segment
 
@@ -192,6 +194,27 @@ def test_default_run_dir() -> None:
     assert default_run_dir(Path("results/r/snapshots/step_0000100")) == Path("results/r")
     assert default_run_dir(Path("results/r/snapshots/segments/step_0000100")) == Path("results/r")
     assert default_run_dir(Path("x/out")) == Path("x")
+
+
+def test_keep_best_tracks_temporary_and_kept_segments_in_one_place(pack: Path,
+                                                                   tmp_path: Path) -> None:
+    """Temporary segments (snapshots/segments/step_…) and kept ones (snapshots/step_…)
+    compete for the same snapshots/best, which outlives the temporary step directories."""
+    cfg = tiny_config("snapshots.keep_best=true", "train.lr=0.3")  # too high: loss goes up
+    root = tmp_path / "snapshots"
+    outs = [root / "segments" / "step_0000002", root / "segments" / "step_0000004",
+            root / "step_0000006"]
+    previous, losses = None, {}
+    for out in outs:
+        previous = train_segment(cfg, pack, previous, int(out.name[5:]), out)
+        losses[out.name] = json.loads((out / "trainer_state.json").read_text())["val_loss"]
+    best = read_best(root)
+    winner = min(losses, key=losses.get)
+    assert winner == "step_0000002"  # a temporary segment
+    assert best == {"step": int(winner[5:]), "source": winner, "val_loss": losses[winner]}
+    assert not (root / "segments" / "best").exists()
+    shutil.rmtree(root / "segments")  # Snakemake deletes the temporary segments
+    verify_snapshot(root / "best")  # hard links: the files outlive their step directory
 
 
 @pytest.mark.slow

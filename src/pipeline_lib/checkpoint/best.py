@@ -63,12 +63,14 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def update_best_snapshot(snapshots_dir: str | Path, step_dir: str | Path,
-                         val_loss: float | None) -> bool:
+                         val_loss: float | None, *, new_history: bool = False) -> bool:
     """Make ``snapshots_dir/best`` a copy of ``step_dir`` when ``val_loss`` beats the record.
 
     Returns True when ``best/`` was replaced. A non-finite ``val_loss`` never becomes best,
     ties keep the earlier snapshot, None (no validation ran) changes nothing. ``step_dir``
-    must be a complete snapshot (sizes checked).
+    must be a complete snapshot (sizes checked). ``new_history``: ``step_dir`` is the first
+    segment of a run trained from scratch, so an existing record (an earlier training of
+    this run, e.g. before a config change) is replaced whatever its loss.
     """
     snapshots_dir, step_dir = Path(snapshots_dir), Path(step_dir)
     if val_loss is None:
@@ -78,7 +80,10 @@ def update_best_snapshot(snapshots_dir: str | Path, step_dir: str | Path,
                     val_loss, step_dir)
         return False
     current = read_best(snapshots_dir)
-    if current is not None and float(current["val_loss"]) <= val_loss:
+    if current is not None and new_history:
+        log.info("%s starts a new training history: dropping the earlier best (%s)",
+                 step_dir.name, current["source"])
+    elif current is not None and float(current["val_loss"]) <= val_loss:
         return False
     manifest = verify_snapshot(step_dir, hash_files=())
     target = snapshots_dir / BEST_DIR

@@ -65,13 +65,16 @@ from .step import StepResult, StepRunner
 log = logging.getLogger(__name__)
 
 
+def snapshots_root(out: Path) -> Path:
+    """``results/{run}/snapshots`` for ``…/snapshots[/segments]/step_…``; else ``out``'s parent."""
+    out = Path(out)
+    return next((p for p in out.parents[:2] if p.name == "snapshots"), out.parent)
+
+
 def default_run_dir(out: Path) -> Path:
     """``results/{run}`` for ``results/{run}/snapshots[/segments]/step_…``; else ``out``'s parent."""
-    out = Path(out)
-    for parent in out.parents[:2]:
-        if parent.name == "snapshots":
-            return parent.parent
-    return out.parent
+    root = snapshots_root(out)
+    return root.parent if root.name == "snapshots" else root
 
 
 @dataclass
@@ -320,7 +323,10 @@ class Trainer:
                                    trainer_state=trainer_state, rng_state=self.rng_state,
                                    config_yaml=config_yaml(self.cfg), extra_files=files)
         if self.cfg.snapshots.keep_best and self.state.val_loss is not None and self.rank == 0:
-            update_best_snapshot(out.parent, out, self.state.val_loss)
+            # one snapshots/best for kept and temporary (snapshots/segments/) segments alike;
+            # the first segment since scratch replaces a best left by an earlier training
+            update_best_snapshot(snapshots_root(out), out, self.state.val_loss,
+                                 new_history=len(self.state.segments) == 1)
         if self.group is not None:
             self.group.barrier()  # nobody moves on before the best copy is settled
         return out
