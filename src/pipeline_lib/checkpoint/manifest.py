@@ -51,18 +51,17 @@ class HashingWriter:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
         if view.nbytes < _THREAD_MIN:
-            self._small += view
+            self._small += view  # a copy: hashed later, before anything written after it
+            self.fh.write(view)
             if len(self._small) >= _CHUNK:
                 self._hash_small()
         else:
             self._hash_small()
             for start in range(0, view.nbytes, _CHUNK):
+                chunk = view[start:start + _CHUNK]
                 # one worker runs updates in submission order; the view keeps its buffer alive
-                self._submit(view[start:start + _CHUNK])
-                self.fh.write(view[start:start + _CHUNK])
-            self.size += view.nbytes
-            return
-        self.fh.write(view)
+                self._submit(chunk)
+                self.fh.write(chunk)
         self.size += view.nbytes
 
     def _submit(self, data: bytes | bytearray | memoryview) -> None:
