@@ -143,20 +143,32 @@ def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
+    return [_save(plot(plt, runs), out_dir / name) for name, plot in (
+        ("loss_vs_heff.png", _plot_loss_vs_heff), ("accuracy_vs_heff.png", _plot_accuracy),
+        ("train_loss.png", _plot_train_loss))]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_loss_vs_heff(plt: Any, runs: Sequence[RunResults]) -> Any:
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     for r in runs:
         hs = sorted(r.val_loss)
         ax.plot(hs, [r.val_loss[h] for h in hs], marker="o", label=r.name)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("test-time loops H_eff")
-    ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title("final snapshot: loss vs H_eff")
+    ax.set(xlabel="test-time loops H_eff", ylabel="validation loss (nats/token)",
+           title="final snapshot: loss vs H_eff")
     ax.legend()
-    paths.append(out_dir / "loss_vs_heff.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def _plot_accuracy(plt: Any, runs: Sequence[RunResults]) -> Any:
     tasks = sorted({k for r in runs for k in r.accuracy})
     fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4 * max(len(tasks), 1), 3.6),
                              constrained_layout=True, squeeze=False)
@@ -170,23 +182,18 @@ def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
         ax.set_title(task, fontsize="small")
         ax.legend(fontsize="small")
     axes[0][0].set_ylabel("accuracy")
-    paths.append(out_dir / "accuracy_vs_heff.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def _plot_train_loss(plt: Any, runs: Sequence[RunResults]) -> Any:
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     for r in runs:
         if r.train_curve:
             steps, losses = zip(*r.train_curve, strict=True)
             ax.plot(steps, losses, label=r.name, linewidth=1)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss")
-    ax.set_title("training loss")
+    ax.set(xlabel="optimizer step", ylabel="training loss", title="training loss")
     ax.legend()
-    paths.append(out_dir / "train_loss.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    return paths
+    return fig
 
 
 def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path) -> list[dict[str, Any]]:

@@ -33,22 +33,17 @@ _DISABLE_WRAPPER = "_disable_dynamo.<locals>.inner"
 _CACHE = "__dynamo_disable"
 
 
-def skip_dynamo_import() -> list[str]:
+def skip_dynamo_import() -> None:
     """Pre-fill the ``_disable_dynamo`` cache of :data:`OPTIMIZER_METHODS` with the plain
-    functions, unless ``torch._dynamo`` is already imported; returns the names done."""
+    functions, unless ``torch._dynamo`` is already imported."""
     if "torch._dynamo" in sys.modules:
-        return []
-    done = []
+        return
     for name in OPTIMIZER_METHODS:
         wrapper = getattr(torch.optim.Optimizer, name)
         fn = getattr(wrapper, "__wrapped__", None)
         code = getattr(wrapper, "__code__", None)
-        if fn is None or getattr(code, "co_qualname", "") != _DISABLE_WRAPPER:
-            continue
-        if getattr(fn, _CACHE, None) is None:
-            setattr(fn, _CACHE, fn)
-        done.append(name)
-    return done
+        if fn is not None and getattr(code, "co_qualname", "") == _DISABLE_WRAPPER:
+            setattr(fn, _CACHE, fn)  # a real cache entry would mean dynamo is imported
 
 
 def _plain_adam_step():
