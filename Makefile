@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
 
-.PHONY: demo test test-fast lint bench ui clean install schema
+.PHONY: demo results test test-fast lint bench ui clean install schema
 
 install: $(STAMP)
 
@@ -17,8 +17,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
+# Records the Snakemake wall time in results/demo_time.json (read by `make results`), unless
+# Snakemake had nothing to do (a finished run keeps the time of the run that made it).
 demo: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES)
+	@mkdir -p results logs; started=$$(date -Iseconds); t0=$$(date +%s); \
+	$(BIN)/snakemake --cores $(CORES) 2>&1 | tee logs/demo.log; status=$${PIPESTATUS[0]}; \
+	[ $$status -eq 0 ] || exit $$status; \
+	grep -q "Nothing to be done" logs/demo.log || printf '{"wall_s": %d, "started": "%s", "finished": "%s", "cores": %d}\n' \
+	  $$(( $$(date +%s) - t0 )) "$$started" "$$(date -Iseconds)" $(CORES) > results/demo_time.json
+
+# README's results section (between its results markers) from results/, figures in docs/results.
+results: $(STAMP)
+	$(BIN)/python -m pipeline_lib results-doc --results results --readme README.md --docs docs/results
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

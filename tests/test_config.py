@@ -146,6 +146,12 @@ def test_run_variant_applies_override_and_clears_runs():
         (["train.global_batch_rows=12", "train.micro_batch_rows=8"], r"multiple of 8"),
         (["train.optimizer=sgd"], r"train\.optimizer = 'sgd' is not allowed"),
         (["nonsense"], r"key=value"),
+        (["eval.adaptive_thresholds=[0,-0.1]"],
+         r"eval\.adaptive_thresholds\[1\] = -0\.1 is below its minimum 0; raise it"),
+        (["eval.adaptive_thresholds=[0.01,.nan]"],
+         r"eval\.adaptive_thresholds = \[0\.01, nan\] needs finite numbers >= 0"),
+        (["eval.adaptive_max_loops=-1"], r"eval\.adaptive_max_loops = -1 is below its minimum 0"),
+        (["eval.adaptive_criterion=margin"], r"eval\.adaptive_criterion = 'margin' is not allowed"),
     ],
 )
 def test_bad_config_is_one_clear_line(overrides: list[str], pattern: str):
@@ -201,3 +207,55 @@ def test_snakemake_config_merge_matches_the_loader(tmp_path: Path):
     assert config_from_dict(snakemake_config) == load_config(tmp_path / "u.yaml")
     assert merge_config_dicts({"a": {"b": 1, "c": [1]}}, {"a": {"c": [2]}}) == \
         {"a": {"b": 1, "c": [2]}}
+
+
+_STDLIB = {"type": "stdlib"}
+_JSONL = {"type": "jsonl", "path": "x/*.jsonl"}
+
+
+@pytest.mark.parametrize(
+    ("data", "train", "pattern"),
+    [
+        ({"sources": [_STDLIB, {**_JSONL, "prompt_field": "q"}]}, {},
+         r"data\.sources\[1\]\.prompt_field is set without answer_field; set both"),
+        ({"sources": [{**_JSONL, "answer_field": "a"}]}, {},
+         r"data\.sources\[0\]\.answer_field is set without prompt_field"),
+        ({"sources": [{"type": "text", "path": "t/*", "level_field": "k"}]}, {},
+         r"data\.sources\[0\]\.level_field is set on a text source; only jsonl and parquet"),
+        ({"sources": [_STDLIB, _JSONL], "curriculum_fraction": 0.5}, {},
+         r"data\.curriculum_fraction = 0\.5 orders documents by level, but no source has levels"),
+        ({"curriculum_fraction": 1.5}, {}, r"data\.curriculum_fraction = 1\.5 is above its maximum"),
+        ({"sources": [_STDLIB, {**_JSONL, "level_field": "k"}]}, {"objective": "answer_last"},
+         r"train\.objective = answer_last scores answer tokens only, but no source has answers"),
+        ({}, {"objective": "answer_only"}, r"train\.objective = 'answer_only' is not allowed"),
+        ({}, {"loop_sampling": {"ramp_steps": -1}},
+         r"train\.loop_sampling\.ramp_steps = -1 is below its minimum 0"),
+    ],
+)
+def test_bad_curriculum_and_answer_settings_are_one_line(data: dict, train: dict, pattern: str):
+    with pytest.raises(ConfigError, match=pattern) as info:
+        config_from_dict({"data": data, "train": train})
+    assert "\n" not in str(info.value)
+
+
+def test_answer_objectives_and_curricula_accept_sources_that_have_them():
+    qa = {**_JSONL, "prompt_field": "q", "answer_field": "a", "level_field": "k"}
+    for objective in ("answer_last", "answer_deep_supervision"):
+        cfg = config_from_dict({"data": {"sources": [qa], "curriculum_fraction": 0.25},
+                                "train": {"objective": objective}})
+        assert cfg.train.objective == objective and cfg.data.curriculum_fraction == 0.25
+    reasoning = config_from_dict({"data": {"sources": [{"type": "reasoning"}],
+                                           "curriculum_fraction": 1.0},
+                                  "train": {"objective": "answer_last",
+                                            "loop_sampling": {"ramp_steps": 100}}})
+    assert reasoning.train.loop_sampling.ramp_steps == 100
+
+
+def test_bench_include_path_and_level_field_defaults_and_no_filesystem_check(tmp_path: Path):
+    """The folder is checked where the workflow or a bench job starts (pipeline_lib.task_catalog),
+    not by load_config: a snapshot's config.yaml must load on a machine without the folder."""
+    cfg = load_config()
+    assert (cfg.bench.include_path, cfg.bench.level_field) == ("", "level")
+    gone = load_config(None, [f"bench.include_path={tmp_path / 'gone'}", "bench.tasks=[mine]",
+                              "bench.level_field=hops"])
+    assert gone.bench.include_path == str(tmp_path / "gone") and gone.bench.level_field == "hops"

@@ -37,8 +37,8 @@ def test_kept_and_temporary_snapshot_paths():
 def test_variants_share_a_data_pack_when_only_the_model_differs():
     plan = _plan()
     assert len(plan.run_names) >= 2 and len(plan.data_ids) == 1
-    assert plan.runs["loops1"].config.model.loops == 1
-    assert plan.runs["loops1"].config.runs == {}
+    assert plan.runs["loop1"].config.model.loops == 1
+    assert plan.runs["loop1"].config.runs == {}
 
 
 def test_train_signature_ignores_eval_and_bench_but_not_training():
@@ -75,3 +75,24 @@ def test_bench_snapshots_final_or_kept():
     run = final.run_names[0]
     assert final.bench_steps(run) == [30]
     assert kept.bench_steps(run) == [20, 30]
+
+
+def test_bench_tasks_are_checked_and_user_task_files_are_bench_inputs(tmp_path):
+    from user_task_helpers import write_user_tasks
+
+    from pipeline_lib.errors import ConfigError
+
+    user = write_user_tasks(tmp_path / "my_tasks")
+    plan = _plan(f"bench.include_path={user}")
+    for run in plan.run_names:
+        files = plan.bench_task_files(run)
+        assert str(user / "pointer.yaml") in files and str(user / "gen" / "echo.jsonl") in files
+    assert _plan().bench_task_files(plan.run_names[0]) == []
+    with pytest.raises(ConfigError, match=r"^bench\.tasks names unknown task\(s\) \['my_pointr'\]"):
+        _plan(f"bench.include_path={user}", "bench.tasks=[my_pointr]")
+    with pytest.raises(ConfigError, match=r"^bench\.include_path = '.*nope' is not a directory"):
+        _plan(f"bench.include_path={tmp_path / 'nope'}")
+    cfg = to_dict(load_config(None, []))
+    cfg["runs"] = {"a": {}, "b": {"bench": {"tasks": ["loopline_kop"]}}}
+    with pytest.raises(ConfigError, match=r"^runs\.b\.bench\.tasks names unknown task"):
+        WorkflowPlan(cfg)

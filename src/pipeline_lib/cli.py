@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "track_init",
     "sync_tracking",
     "compare",
+    "results_doc",
     "schema",
 ]
 

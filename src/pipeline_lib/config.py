@@ -28,6 +28,8 @@ from .errors import ConfigError
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "config.yaml"
 RUN_NAME_PATTERN = r"^(?!data$|compare$)[A-Za-z_][A-Za-z0-9_]*$"
+OBJECTIVES = ["last", "deep_supervision", "answer_last", "answer_deep_supervision"]
+ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 
 
 def _f(default: Any, help: str, **schema: Any) -> Any:
@@ -84,6 +86,14 @@ class SourceConfig:
     )
     path: str = _f("", "Glob of input files (parquet, jsonl, text); empty for built-ins.")
     text_field: str = _f("text", "Column (parquet) or key (jsonl) holding the document text.")
+    prompt_field: str = _f(
+        "", "jsonl/parquet: column or key of the prompt; with answer_field the document is "
+        "prompt + answer and the answer span is recorded (text_field is then unused). "
+        "Empty = off.")
+    answer_field: str = _f("", "jsonl/parquet: column or key of the answer (set with "
+                           "prompt_field; an empty answer is an error). Empty = off.")
+    level_field: str = _f("", "jsonl/parquet: integer column or key (>= 0) with each document's "
+                          "level (difficulty), kept in the pack. Empty = none.")
     weight: float = _f(
         1.0,
         "Repeat factor: each document appears floor(weight) times plus once more with "
@@ -126,6 +136,10 @@ class DataConfig:
     val_fraction: float = _f(0.02, "Fraction of whole documents held out for validation.",
                              minimum=0, maximum=0.5)
     seed: int = _f(0, "Seed of the validation split and the per-epoch row order.", minimum=0)
+    curriculum_fraction: float = _f(
+        0.0, "Difficulty curriculum: over this fraction of epoch 0's rows the largest document "
+        "level allowed rises linearly from the smallest level to the largest (rows are then "
+        "packed level by level in every epoch); 0 = off.", minimum=0, maximum=1)
     token_dtype: str = _f("auto", "Element type of tokens.bin: auto (uint16 when the vocabulary "
                           "fits in 65536 ids, else uint32), uint16 or uint32.",
                           choices=["auto", "uint16", "uint32"])
@@ -178,6 +192,10 @@ class LoopSamplingConfig:
     max_loops: int = _f(8, "Largest loop count drawn.", minimum=1)
     mean: float = _f(4.0, "poisson_lognormal: mean loop count.", exclusive_minimum=0)
     sigma: float = _f(0.5, "poisson_lognormal: log-normal sigma of the Poisson rate.", minimum=0)
+    ramp_steps: int = _f(
+        0, "Loop-count curriculum: over this many steps the target (model.loops for fixed, "
+        "max_loops for uniform, mean for poisson_lognormal) ramps linearly up from min_loops; "
+        "0 = off.", minimum=0)
 
 
 @dataclass
@@ -240,9 +258,13 @@ class TrainConfig:
     loop_sampling: LoopSamplingConfig = _f(LoopSamplingConfig(), "Loop-count sampling.")
     bptt: BpttConfig = _f(BpttConfig(), "Backpropagation through loops.")
     objective: str = _f("deep_supervision",
-                        "last (loss after the last loop) or deep_supervision (mean over loops).",
-                        choices=["last", "deep_supervision"])
-    answer_weight: float = _f(1.0, "Loss weight of answer tokens in reasoning documents.", minimum=0)
+                        "last (loss after the last loop), deep_supervision (mean over loops); "
+                        "answer_last / answer_deep_supervision: the same, scored on answer "
+                        "tokens only (needs a pack with answer spans).",
+                        choices=OBJECTIVES)
+    answer_weight: float = _f(1.0, "Loss weight of answer tokens (reasoning documents, jsonl/"
+                              "parquet sources with answer_field); unused by answer_* "
+                              "objectives.", minimum=0)
     spike: SpikeGuardConfig = _f(SpikeGuardConfig(), "Spike guard.")
     ema_decay: float = _f(0.0, "Keep an EMA of the weights with this decay (0 = off).", minimum=0, maximum=1)
     eval_interval: int = _f(50, "Validation loss every this many steps (0 = only at segment end).",
@@ -279,6 +301,16 @@ class EvalConfig:
     max_tokens: int = _f(65536, "Validation tokens evaluated per snapshot.", minimum=1)
     batch_rows: int = _f(16, "Rows per evaluation batch.", minimum=1)
     use_ema: bool = _f(False, "Evaluate the EMA weights when the snapshot has them.")
+    adaptive_thresholds: list[float] = _f(
+        [0.0, 1e-4, 1e-3, 1e-2, 0.1],
+        "Adaptive exit: a token stops looping once its criterion value (nats) falls below the "
+        "threshold; loss and mean loops used per threshold, from one pass (0 = never exit "
+        "early, the fixed max-H result). Empty = off.", items={"minimum": 0})
+    adaptive_criterion: str = _f(
+        "kl", "Adaptive exit criterion: kl (KL divergence of two successive readouts' next-token "
+        "distributions) or entropy (of the current readout).", choices=["kl", "entropy"])
+    adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (0 = the largest "
+                                 "eval.h_eff).", minimum=0)
 
 
 @dataclass
@@ -286,7 +318,8 @@ class BenchConfig:
     """Downstream benchmarks through lm-evaluation-harness."""
 
     tasks: list[str] = _f(["loopline_khop", "loopline_addition", "loopline_parity"],
-                          "Task names: built-in loopline_* tasks or any installed lm-eval task.")
+                          "Task names: built-in loopline_* tasks, tasks of bench.include_path "
+                          "or any installed lm-eval task.")
     h_eff: list[int] = _f([1, 4, 8], "Loop counts at which every task is scored.", items={"minimum": 1})
     snapshots: str = _f("final", "Benchmark the final snapshot only, or every kept one.",
                         choices=["final", "kept"])
@@ -298,6 +331,13 @@ class BenchConfig:
     batch_size: int = _f(16, "Requests per model batch.", minimum=1)
     max_gen_toks: int = _f(16, "Generation budget for generate_until tasks.", minimum=1)
     limit: int = _f(0, "Examples per lm-eval task at most (0 = all).", minimum=0)
+    include_path: str = _f(
+        "", "Directory of your own lm-eval task YAMLs (relative to the working directory; "
+        "relative data_files are resolved against each YAML's folder). Its tasks run next to "
+        "bench.tasks: all of them, unless bench.tasks names some of them. Empty = none.")
+    level_field: str = _f("level", "Document field of your/installed tasks by which accuracy is "
+                          "broken down per level (heatmap rows); built-in tasks use their own "
+                          "level.")
 
 
 @dataclass
@@ -560,11 +600,40 @@ def validate_config(cfg: Config) -> None:
                               "set it to a file glob")
         if src.min_difficulty > src.max_difficulty:
             raise ConfigError(f"data.sources[{i}].min_difficulty exceeds max_difficulty; swap them")
+        _check_source_fields(i, src)
     if not d.sources:
         raise ConfigError("data.sources is empty; list at least one corpus source")
+    if d.curriculum_fraction > 0 and not any(s.type == "reasoning" or s.level_field
+                                             for s in d.sources):
+        raise ConfigError(f"data.curriculum_fraction = {d.curriculum_fraction} orders documents "
+                          "by level, but no source has levels; add a reasoning source or set "
+                          "level_field on a jsonl/parquet source, or set it to 0")
+    if t.objective.startswith("answer_") and not any(
+            s.type == "reasoning" or s.answer_field for s in d.sources):
+        raise ConfigError(f"train.objective = {t.objective} scores answer tokens only, but no "
+                          "source has answers; add a reasoning source or set prompt_field and "
+                          "answer_field on a jsonl/parquet source, or use last/deep_supervision")
     if cfg.bench.min_difficulty > cfg.bench.max_difficulty:
         raise ConfigError("bench.min_difficulty exceeds bench.max_difficulty; swap them")
+    if any(not 0 <= x < float("inf") for x in cfg.eval.adaptive_thresholds):  # nan, inf
+        raise ConfigError(f"eval.adaptive_thresholds = {cfg.eval.adaptive_thresholds} needs "
+                          "finite numbers >= 0 (0 = never exit early), e.g. [0, 0.001, 0.01]")
     for name in cfg.runs:
         if not re.match(RUN_NAME_PATTERN, name):
             raise ConfigError(f"runs.{name}: run names must be identifiers other than 'data' "
                               "and 'compare' (letters, digits, underscores)")
+
+
+def _check_source_fields(i: int, src: SourceConfig) -> None:
+    """prompt_field/answer_field come as a pair, and only jsonl/parquet read them."""
+    fields = {"prompt_field": src.prompt_field, "answer_field": src.answer_field,
+              "level_field": src.level_field}
+    used = [name for name, value in fields.items() if value]
+    if used and src.type not in ANSWER_FIELD_SOURCE_TYPES:
+        raise ConfigError(f"data.sources[{i}].{used[0]} is set on a {src.type} source; only "
+                          "jsonl and parquet sources read it, remove it")
+    if bool(src.prompt_field) != bool(src.answer_field):
+        given, missing = (("prompt_field", "answer_field") if src.prompt_field
+                          else ("answer_field", "prompt_field"))
+        raise ConfigError(f"data.sources[{i}].{given} is set without {missing}; set both "
+                          "(the document is prompt + answer) or neither")

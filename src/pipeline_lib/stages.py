@@ -73,13 +73,14 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
 def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
                out: Path) -> dict[str, Any]:
     """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``."""
+    from .evaluate.adaptive import AdaptiveSpec
     from .evaluate.heff import parse_h_eff, run_heff
     from .tracking import start_stage
 
     h_effs = parse_h_eff(cfg.eval.h_eff)
     result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
                       max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
-                      use_ema=cfg.eval.use_ema)
+                      use_ema=cfg.eval.use_ema, adaptive=AdaptiveSpec.from_eval_config(cfg.eval))
     step = result["step"]
     with start_stage(cfg, run_dir, f"eval_heff/{_step_name(step)}",
                      params={"eval.h_eff": h_effs, "eval.max_tokens": cfg.eval.max_tokens,
@@ -87,21 +88,34 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
         metrics = {f"heff/loss_h{h}": v for h, v in result["losses"].items()}
         metrics["heff/best_h"] = result["best_h_eff"]
         metrics["heff/deeper_better"] = float(result["deeper_better"])
+        for point in result.get("adaptive", {}).get("points", []):
+            metrics[f"heff/adaptive_loss_t{point['threshold']:g}"] = point["loss"]
+            metrics[f"heff/adaptive_loops_t{point['threshold']:g}"] = point["mean_loops"]
         stage.log_metrics(step or 0, metrics)
         stage.log_artifact(out, "eval/heff")
     return result
 
 
 def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],
-                         table: Path, plot: Path) -> None:
-    """Parquet table + figure over every kept snapshot's sweep, logged as ``eval_summary``."""
+                         table: Path, plot: Path, adaptive_table: Path | None = None,
+                         adaptive_plot: Path | None = None) -> None:
+    """Parquet table + figure over every kept snapshot's sweep (and of their adaptive-exit
+    sections, when those paths are given), logged as ``eval_summary``."""
     from .evaluate.heff_summary import summarize_heff
     from .tracking import start_stage
 
     summarize_heff(list(inputs), Path(table), Path(plot), title=f"{run}: validation loss vs H_eff")
+    extra: list[Path] = []
+    if adaptive_table is not None and adaptive_plot is not None:
+        from .evaluate.adaptive_summary import summarize_adaptive
+
+        extra = [Path(adaptive_table), Path(adaptive_plot)]
+        summarize_adaptive(list(inputs), *extra, title=f"{run}: adaptive exit vs fixed H_eff")
     with start_stage(cfg, run_dir, "eval_summary") as stage:
         stage.log_artifact(table, "eval")
         stage.log_artifact(plot, "eval")
+        for path in extra:
+            stage.log_artifact(path, "eval")
         for tsv in _benchmark_tsvs("eval_heff", run) + _benchmark_tsvs("train_segment", run):
             stage.log_artifact(tsv, "benchmarks")
 

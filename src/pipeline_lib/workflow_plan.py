@@ -18,6 +18,7 @@ from typing import Any
 from .config import Config, DataConfig, config_for_run, config_from_dict, config_hash, to_dict
 from .data.identity import data_id as compute_data_id
 from .snapshots_policy import kept_steps, previous_end, segment_ends, step_dir_name, total_steps
+from .task_catalog import check_bench_tasks, user_task_inputs
 
 DEFAULT_RUN = "default"
 BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)
@@ -52,6 +53,21 @@ class WorkflowPlan:
         self.results = Path(self.config.experiment.results_dir)
         names = list(self.config.runs) or [DEFAULT_RUN]
         self.runs = {name: self._plan_run(name) for name in names}
+        self._bench_inputs: dict[str, list[str]] = {}
+        self._check_bench()
+
+    def _check_bench(self) -> None:
+        """bench.tasks and bench.include_path of every run, checked before any job starts."""
+        checked: dict[tuple[tuple[str, ...], str], list[str]] = {}
+        for name, plan in self.runs.items():
+            bench = plan.config.bench
+            key = (tuple(bench.tasks), bench.include_path)
+            if key not in checked:
+                where = f"runs.{name}.bench" if self.config.runs and (
+                    to_dict(bench) != to_dict(self.config.bench)) else "bench"
+                check_bench_tasks(bench, where)
+                checked[key] = user_task_inputs(bench.include_path)
+            self._bench_inputs[name] = checked[key]
 
     def _plan_run(self, name: str) -> RunPlan:
         cfg = config_for_run(self.config, name) if self.config.runs else self.config
@@ -152,3 +168,8 @@ class WorkflowPlan:
 
     def bench_signature(self, run: str) -> str:
         return config_hash(to_dict(self.runs[run].config.bench))
+
+    def bench_task_files(self, run: str) -> list[str]:
+        """Files of the run's ``bench.include_path`` tasks (YAMLs, includes, data): inputs of
+        the bench rule, so editing them reruns the benchmarks."""
+        return self._bench_inputs[run]

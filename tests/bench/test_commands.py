@@ -53,3 +53,32 @@ def test_lm_eval_passthrough_runs_loopline(snapshot_dir, bench_report, tmp_path,
                "--tasks", "loopline_parity", "--include_path", str(tasks_dir)])
     err = capsys.readouterr().err
     assert rc == 2 and "error: loopline model_args h_eff=0" in err
+
+
+def test_user_tasks_through_bench_and_lm_eval_commands(snapshot_dir, tmp_path, capsys,
+                                                       monkeypatch):
+    from user_task_helpers import write_user_tasks
+
+    user = write_user_tasks(tmp_path / "my_tasks", level_field="level")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # relative data_files are next to the YAMLs
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--snapshot", str(snapshot_dir), "--out", str(out), "--h-eff", "2",
+               "--include-path", str(user), "bench.tasks=[]"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert sorted(report["tasks"]) == ["my_echo", "my_pointer"]
+    assert sorted(report["tasks"]["my_pointer"]["h_eff"]["2"]["levels"]) == ["1", "2"]
+    assert "my_pointer (acc)" in capsys.readouterr().out
+    rc = main(["lm-eval", "--model", "loopline", "--model_args",
+               f"snapshot={snapshot_dir},h_eff=2,batch_size=4", "--tasks", "my_pointer",
+               "--include_path", str(user), "--output_path", str(tmp_path / "out")])
+    assert rc == 0
+    (result_file,) = (tmp_path / "out").rglob("results_*.json")
+    results = json.loads(result_file.read_text())
+    assert results["n-samples"]["my_pointer"]["effective"] == 4
+    capsys.readouterr()
+    rc = main(["lm-eval", "--model", "loopline", "--model_args", f"snapshot={snapshot_dir}",
+               "--tasks", "my_pointer", "--include_path", str(tmp_path / "nope")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: --include_path = ") and err.count("\n") == 1

@@ -224,3 +224,121 @@ def test_bad_model_args_through_simple_evaluate(snapshot_dir):
     with pytest.raises(ConfigError, match="h_eff=0"):
         lm_eval.simple_evaluate(model="loopline", model_args=f"snapshot={snapshot_dir},h_eff=0",
                                 tasks=["loopline_parity"])
+
+
+# ------------------------------------------------------------------ adaptive exit
+
+
+def adaptive_reference(model, ctx: list[int], cont: list[int], threshold: float, max_loops: int,
+                       criterion: str = "kl") -> tuple[float, list[int]]:
+    """(Σ log p(cont | ctx), exit loop of each continuation token), each position read out at
+    its own adaptive exit; the request fits one window."""
+    from pipeline_lib.evaluate.adaptive import adaptive_logits
+
+    tokens = ctx + cont
+    logits, exits = adaptive_logits(model, torch.tensor([tokens[:-1]]), threshold, max_loops,
+                                    criterion)
+    logp = torch.log_softmax(logits[0].double(), dim=-1)
+    first = len(ctx)
+    return (float(sum(logp[i - 1, tokens[i]] for i in range(first, len(tokens)))),
+            [int(exits[0, i - 1]) for i in range(first, len(tokens))])
+
+
+def task_request(kind: str, args: tuple, task: str) -> Instance:
+    return Instance(kind, {}, args, 0, metadata=(task, 0, 1))
+
+
+@pytest.mark.parametrize("criterion", ["kl", "entropy"])
+def test_adaptive_loglikelihood_reads_each_token_at_its_exit(random_model, tokenizer,
+                                                             criterion):
+    threshold = 0.05 if criterion == "kl" else 4.85
+    pairs = [("0123", "456"), ("a=7;b=a;print(b)=", "7"), ("parity(1011)=", "1")]
+    enc = lambda s: tokenizer.encode(s).ids  # noqa: E731
+    lm = make_lm(random_model, tokenizer, h_eff=f"adaptive:{threshold}:5", batch_size=2,
+                 adaptive_criterion=criterion)
+    assert lm.h_eff == f"adaptive:{threshold:g}:5" and lm.adaptive == (threshold, 5, criterion)
+    got = lm.loglikelihood([task_request("loglikelihood", p, "a" if i else "b")
+                            for i, p in enumerate(pairs)], disable_tqdm=True)
+    loops = {"a": [], "b": []}
+    for i, ((ctx, cont), (logprob, _)) in enumerate(zip(pairs, got, strict=True)):
+        want, exits = adaptive_reference(random_model, enc(ctx), enc(cont), threshold, 5,
+                                         criterion)
+        assert logprob == pytest.approx(want, abs=1e-5)
+        loops["a" if i else "b"] += exits
+    assert lm.mean_loops == {task: sum(v) / len(v) for task, v in loops.items()}
+    assert len({x for v in loops.values() for x in v}) > 1  # tokens exit at different loops
+    info = lm.get_model_info()
+    assert info["mean_loops"] == lm.mean_loops and info["adaptive_criterion"] == criterion
+    lm.reset_loop_stats()
+    assert lm.mean_loops == {}
+
+
+def test_adaptive_ends_equal_fixed_depths(random_model, tokenizer):
+    reqs = [ll_request("0123", "456"), ll_request("x" * 40 + "long context", " tail")]
+    fixed = {h: make_lm(random_model, tokenizer, h_eff=h).loglikelihood(reqs, disable_tqdm=True)
+             for h in (1, 4)}
+    never = make_lm(random_model, tokenizer, h_eff="adaptive:0:4")
+    assert never.loglikelihood(reqs, disable_tqdm=True) == fixed[4]
+    assert never.mean_loops == {"unknown": 4.0}
+    always = make_lm(random_model, tokenizer, h_eff="adaptive:1e9:4")
+    assert always.loglikelihood(reqs, disable_tqdm=True) == fixed[1]
+    assert always.mean_loops == {"unknown": 1.0}
+    rolling = Instance("loglikelihood_rolling", {}, ("0123456789" * 4,), 0)
+    assert (always.loglikelihood_rolling([rolling], disable_tqdm=True)
+            == make_lm(random_model, tokenizer, h_eff=1).loglikelihood_rolling(
+                [rolling], disable_tqdm=True))
+
+
+def test_adaptive_generation(trained_model, tokenizer):
+    prompts = ["345678", "0", "12"]
+    reqs = [task_request("generate_until", (p, {"until": [], "max_gen_toks": 12}), "gen")
+            for p in prompts]
+    for h_eff, fixed in (("adaptive:0:3", 3), ("adaptive:1e9:3", 1)):
+        lm = make_lm(trained_model, tokenizer, h_eff=h_eff, batch_size=2)
+        got = lm.generate_until(reqs, disable_tqdm=True)
+        assert got == make_lm(trained_model, tokenizer, h_eff=fixed).generate_until(
+            reqs, disable_tqdm=True)
+        assert lm.mean_loops == {"gen": float(fixed)}
+    lm = make_lm(trained_model, tokenizer, h_eff="adaptive:0.01:3")
+    assert lm.generate_until(reqs, disable_tqdm=True) == ["9", "123456789", "3456789"]
+    assert 1.0 <= lm.mean_loops["gen"] <= 3.0
+
+
+def test_adaptive_mean_loops_per_task_through_simple_evaluate(trained_model, tokenizer,
+                                                               small_bench, tmp_path):
+    import lm_eval
+
+    from pipeline_lib.bench.runner import task_manager_for
+    from pipeline_lib.bench.tasks import write_builtin_tasks
+
+    write_builtin_tasks(small_bench, tmp_path)
+    tasks = ["loopline_parity", "loopline_khop"]
+    manager = task_manager_for(tasks, tmp_path)
+    lm = make_lm(trained_model, tokenizer, h_eff="adaptive:0.01:3", batch_size=4)
+    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=3)
+    loops = results["config"]["mean_loops"]
+    assert set(loops) == set(tasks) and all(1.0 <= x <= 3.0 for x in loops.values())
+    assert results["config"]["h_eff"] == "adaptive:0.01:3"
+
+
+def test_adaptive_max_defaults_to_the_training_loops(snapshot_dir):
+    lm = LooplineLM.create_from_arg_string(f"snapshot={snapshot_dir},h_eff=adaptive:0.01")
+    loops = tiny_model_config().loops
+    assert lm.h_eff == f"adaptive:0.01:{loops}" and lm.adaptive == (0.01, loops, "kl")
+    lm.h_eff = 3  # back to a fixed depth
+    assert (lm.h_eff, lm.adaptive) == (3, None)
+
+
+@pytest.mark.parametrize("args, words", [
+    ("h_eff=adaptive:x", "h_eff='adaptive:x'"),
+    ("h_eff=adaptive:-0.1:4", "h_eff='adaptive:-0.1:4'"),
+    ("h_eff=adaptive:0.1:0", "MAX must be at least 1"),
+    ("h_eff=adaptive", "h_eff='adaptive'"),
+    ("h_eff=adaptive:0.1,adaptive_criterion=margin", "adaptive_criterion='margin'"),
+])
+def test_bad_adaptive_model_args_give_one_line_errors(snapshot_dir, args, words):
+    with pytest.raises(ConfigError) as info:
+        LooplineLM.create_from_arg_string(f"snapshot={snapshot_dir},{args}")
+    message = str(info.value)
+    assert words in message and "\n" not in message and message.startswith("loopline model_args")
+    assert "adaptive:THRESHOLD" in message or "adaptive_criterion" in message

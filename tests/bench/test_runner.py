@@ -68,3 +68,43 @@ def test_task_names_lm_eval_cannot_find_are_config_errors(tmp_path):
 def test_bad_h_eff_list_is_a_config_error(snapshot_dir, tmp_path):
     with pytest.raises(ConfigError, match="H_eff"):
         run_benchmarks(snapshot_dir, BenchConfig(), tmp_path, None, [0, 2])
+
+
+def test_user_tasks_run_next_to_builtins_with_levels_from_level_field(
+        snapshot_dir, trained_model, tokenizer, tmp_path, monkeypatch):
+    from user_task_helpers import echo_rows, pointer_rows, write_user_tasks
+
+    user = write_user_tasks(tmp_path / "my_tasks", level_field="depth")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # the YAMLs' relative data_files still resolve
+    bench = BenchConfig(tasks=["loopline_parity"], include_path=str(user), level_field="depth",
+                        examples_per_level=2, max_difficulty=2, batch_size=4, max_gen_toks=6,
+                        h_eff=[1, 3])
+    report = run_benchmarks(snapshot_dir, bench, tmp_path / "tasks", None)
+    assert list(report["tasks"]) == ["loopline_parity", "my_echo", "my_pointer"]
+    assert report["bench"]["include_path"] == str(user)
+    assert sorted(report["tasks"]["loopline_parity"]["h_eff"]["3"]["levels"]) == ["1", "2"]
+    for name, rows, multiple_choice in (("my_pointer", pointer_rows(), True),
+                                        ("my_echo", echo_rows(), False)):
+        info = report["tasks"][name]
+        assert not info["builtin"] and info["levelled"]
+        assert info["metric"] == ("acc" if multiple_choice else "exact_match")
+        rows = [{**r, "level": r["depth"]} for r in rows]
+        for h in (1, 3):
+            levels = info["h_eff"][str(h)]["levels"]
+            assert {lv: s["n"] for lv, s in levels.items()} == {"1": 2, "2": 2}
+            assert {lv: s[info["metric"]] for lv, s in levels.items()} == expected_level_scores(
+                rows, trained_model, tokenizer, h, multiple_choice, 6)
+
+
+def test_naming_one_user_task_runs_only_that_one(snapshot_dir, tmp_path):
+    from user_task_helpers import write_user_tasks
+
+    user = write_user_tasks(tmp_path / "my_tasks", level_field="level")
+    bench = BenchConfig(tasks=["my_pointer"], include_path=str(user), h_eff=[2], batch_size=4)
+    report = run_benchmarks(snapshot_dir, bench, tmp_path / "tasks", None)
+    assert list(report["tasks"]) == ["my_pointer"]
+    assert sorted(report["tasks"]["my_pointer"]["h_eff"]["2"]["levels"]) == ["1", "2"]
+    with pytest.raises(ConfigError, match=r"bench\.tasks names unknown task\(s\) \['my_pointr'\]"):
+        run_benchmarks(snapshot_dir, BenchConfig(tasks=["my_pointr"], include_path=str(user)),
+                       tmp_path / "tasks", None)

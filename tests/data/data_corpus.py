@@ -38,3 +38,27 @@ def write_parquet(path: Path, docs: list[str], column: str = "text") -> str:
     table = pa.table({column: docs, "n": list(range(len(docs)))})
     pq.write_table(table, path, row_group_size=2)
     return str(path)
+
+
+# Pointer-chasing records with a prompt, an answer and a hop count (the level).
+QA_RECORDS = [
+    {"question": "a=3;b=a;print(b)=", "answer": "3", "hops": 1},
+    {"question": "x=7;y=x;z=y;print(z)=", "answer": "7", "hops": 2},
+    {"question": "p=1;q=p;r=q;s=r;print(s)=", "answer": "1", "hops": 3},
+    {"question": "", "answer": "42", "hops": 0},  # an empty prompt is allowed
+]
+
+
+def write_qa_jsonl(path: Path, records: list[dict]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def write_qa_parquet(path: Path, records: list[dict], **types: pa.DataType) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = list(records[0])
+    table = pa.table({n: pa.array([r.get(n) for r in records], type=types.get(n))
+                      for n in names})
+    pq.write_table(table, path, row_group_size=2)
+    return str(path)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from data_corpus import write_text_files
 
 from pipeline_lib.config import DataConfig, SourceConfig, TokenizerConfig
-from pipeline_lib.data.identity import data_id, source_fingerprint
+from pipeline_lib.data.identity import data_fingerprint, data_id, source_fingerprint
 
 
 def test_data_id_is_12_hex_and_stable():
@@ -73,3 +73,19 @@ def test_identity_imports_nothing_heavy():
             "for m in sys.modules}; print(sorted(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_curriculum_and_record_fields_change_the_id_only_when_set(tmp_path):
+    base = DataConfig()
+    assert "curriculum_fraction" not in data_fingerprint(base)  # old packs keep their id
+    assert data_id(replace(base, curriculum_fraction=0.0)) == data_id(base)
+    ids = {data_id(base), data_id(replace(base, curriculum_fraction=0.3)),
+           data_id(replace(base, curriculum_fraction=0.6))}
+    assert len(ids) == 3
+    path = write_text_files(tmp_path / "j", ["{}"]).replace("*.txt", "doc_000.txt")
+    plain = SourceConfig(type="jsonl", path=path)
+    assert not {"prompt_field", "answer_field", "level_field"} & set(source_fingerprint(plain))
+    variants = [plain, replace(plain, prompt_field="q", answer_field="a"),
+                replace(plain, level_field="k"),
+                replace(plain, prompt_field="q", answer_field="a", level_field="k")]
+    assert len({data_id(replace(base, sources=[v])) for v in variants}) == 4

@@ -36,6 +36,8 @@ def test_assemble_rows_exact_layout():
     assert b["doc_ids"].tolist() == [[0, 0, 0, 1, 1, 1, 1], [0] * 7]
     # Answer tokens 51 and 52 (absolute 51..52) are the targets at columns 3 and 4.
     assert b["answer_mask"].tolist() == [[False] * 3 + [True, True] + [False] * 2, [False] * 7]
+    # Global document (row of docs.npy) of each input token, from the answers' doc starts.
+    assert b["doc_index"].tolist() == [[0, 0, 0, 1, 1, 1, 1], [0] * 7]
     # Padding: its own document id, positions restarting at 0, never a target.
     c = assemble_rows(tokens, PackedSplit(np.array([5]), np.array([2]), np.array([0, 1])),
                       np.array([0]), 6, PAD, None)
@@ -43,6 +45,10 @@ def test_assemble_rows_exact_layout():
     assert c["targets"].tolist() == [[6, -100, -100, -100, -100]]
     assert c["doc_ids"].tolist() == [[0, 0, 1, 1, 1]]
     assert c["position_ids"].tolist() == [[0, 1, 0, 1, 2]]
+    assert "doc_index" not in c  # neither doc starts nor answers: no document index
+    d = assemble_rows(tokens, PackedSplit(np.array([5]), np.array([2]), np.array([0, 1])),
+                      np.array([0]), 6, PAD, None, doc_start=np.array([0, 4, 9]))
+    assert d["doc_index"].tolist() == [[1, 1, -1, -1, -1]]  # padding: -1
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +82,8 @@ def test_same_rows_whatever_world_size_and_micro_split(data, start_row_from_end)
     for world in (1, 2, 4):
         for micro in (1, 2, 8 // world):
             got = gather(data, cursor, 8, micro, world)
-            for key in ("input_ids", "targets", "position_ids", "doc_ids", "answer_mask"):
+            for key in ("input_ids", "targets", "position_ids", "doc_ids", "answer_mask",
+                        "doc_index"):
                 assert torch.equal(got[key], ref[key]), (world, micro, key)
     assert ref["next"] == advance_cursor(cursor, 8, data.rows_per_epoch)
 
@@ -186,3 +193,37 @@ def test_damaged_or_missing_pack(tmp_path):
         fh.truncate(10)
     with pytest.raises(DataError, match="tokens.bin has 10 bytes"):
         PackedData(out)
+
+
+def test_doc_index_and_levels_of_every_input_token(data):
+    docs = np.load(data.data_dir / "docs.npy")
+    tokens = np.asarray(data.tokens)
+    problems = 400  # the reasoning source comes first: documents 0..399 have levels 1..4
+    assert data.doc_levels.dtype == np.int64 and data.doc_levels.shape == (len(docs),)
+    assert (data.doc_levels[:problems] >= 1).all() and (data.doc_levels[problems:] == -1).all()
+    for batch in [data.rows(0, np.arange(60)),
+                  {k: v.numpy() for k, v in next(data.val_batches(16, 16)).items()}]:
+        index, ids, pos = batch["doc_index"], batch["input_ids"], batch["position_ids"]
+        assert index.dtype == np.int64
+        real = ids != data.pad_id  # reasoning and stdlib text never hold the pad id
+        assert (index[real] >= 0).all() and (index[~real] == -1).all()
+        whole = real & (docs[np.maximum(index, 0), 1] <= data.row_len)
+        # An unsplit document starts at its piece's position 0: token = doc start + position.
+        assert (ids[whole] == tokens[docs[index[whole], 0] + pos[whole]]).all()
+        # Answer targets belong to documents with a level (reasoning).
+        assert (data.doc_levels[index[batch["answer_mask"]]] >= 1).all()
+
+
+def test_a_pack_without_levels_reads_as_unknown(tmp_path):
+    out = tmp_path / "pack"
+    pack_corpus(DataConfig(sources=[SourceConfig(type="reasoning", num_docs=30)], seq_len=16,
+                           val_fraction=0.1), out)
+    assert (PackedData(out).doc_levels >= 1).all()
+    meta = json.loads((out / "metadata.json").read_text())
+    del meta["arrays"]["levels.npy"]
+    (out / "metadata.json").write_text(json.dumps(meta))
+    (out / "levels.npy").unlink()
+    old = PackedData(out)
+    old.verify()
+    assert old.doc_levels.tolist() == [-1] * meta["num_docs"]
+    assert "doc_index" in old.rows(0, np.arange(2))

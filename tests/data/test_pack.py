@@ -9,7 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_corpus import JSONL_DOCS, PARQUET_DOCS, TEXT_DOCS, write_jsonl, write_text_files
+from data_corpus import (
+    JSONL_DOCS,
+    PARQUET_DOCS,
+    QA_RECORDS,
+    TEXT_DOCS,
+    write_jsonl,
+    write_qa_jsonl,
+    write_qa_parquet,
+    write_text_files,
+)
 
 from pipeline_lib.config import SourceConfig, TokenizerConfig, load_config
 from pipeline_lib.data.pack import pack_corpus
@@ -60,7 +69,7 @@ def packed(tmp_path, mixed_corpus, make_data_config):
 def test_layout_and_metadata(packed):
     out, meta = packed
     for rel in ["tokenizer.json", "metadata.json", "tokens.bin", "docs.npy", "answer_spans.npy",
-                "train/epoch_0/row_ptr.npy", "train/epoch_1/doc_len.npy", "val/doc_start.npy"]:
+                "levels.npy", "train/epoch_0/row_ptr.npy", "train/epoch_1/doc_len.npy", "val/doc_start.npy"]:
         assert (out / rel).is_file(), rel
     assert json.loads((out / "metadata.json").read_text()) == meta
     assert meta["format"] == 1 and meta["layout"] == "document_causal_lm"
@@ -77,7 +86,7 @@ def test_layout_and_metadata(packed):
     assert meta["tokenizer_sha256"] == sha256(out / "tokenizer.json")
     for rel, digest in meta["arrays"].items():
         assert sha256(out / rel) == digest, rel
-    assert len(meta["arrays"]) == 3 + 3 * 2 + 3
+    assert len(meta["arrays"]) == 4 + 3 * 2 + 3  # tokens, docs, answer spans, levels; splits
     assert not list(out.parent.glob(".pack*"))  # no temporary directory left
 
 
@@ -210,6 +219,14 @@ def _broken_second_file(tmp: Path) -> list[SourceConfig]:
                                                                       path=str(tmp / "j" / "*"))]
 
 
+def _qa_source(tmp: Path, records: list[dict], kind: str = "jsonl") -> list[SourceConfig]:
+    write = write_qa_jsonl if kind == "jsonl" else write_qa_parquet
+    path = write(tmp / f"qa.{kind}", records)
+    return [SourceConfig(type="reasoning", num_docs=5),
+            SourceConfig(type=kind, path=path, prompt_field="question", answer_field="answer",
+                         level_field="hops")]
+
+
 BAD_INPUTS = {
     "missing path": (lambda t: [SourceConfig(type="text", path=str(t / "nope/*.txt"))], {},
                      DataError, r"data.sources\[0\] .* matches no files"),
@@ -224,6 +241,18 @@ BAD_INPUTS = {
         lambda t: [SourceConfig(type="reasoning", num_docs=5)],
         {"token_dtype": "uint16", "tokenizer": TokenizerConfig(type="bpe", vocab_size=70_000)},
         ConfigError, r"vocab_size = 70000 does not fit data.token_dtype = uint16"),
+    "jsonl without the prompt key": (
+        lambda t: _qa_source(t, [{"prompt": "x", "answer": "1", "hops": 1}]), {}, DataError,
+        r"data.sources\[1\] .*first record of .*qa.jsonl has no key 'question'"),
+    "parquet without the level column": (
+        lambda t: _qa_source(t, [{"question": "x", "answer": "1"}], "parquet"), {}, DataError,
+        r"data.sources\[1\] .*qa.parquet has no column 'hops'"),
+    "empty answer mid-stream": (
+        lambda t: _qa_source(t, [*QA_RECORDS, {"question": "x", "answer": "", "hops": 1}]), {},
+        DataError, r"data.sources\[1\] .*record 5 of .*qa.jsonl has an empty answer"),
+    "non-integer level": (
+        lambda t: _qa_source(t, [*QA_RECORDS, {"question": "x", "answer": "2", "hops": 1.5}]),
+        {}, DataError, r"record 5 of .*qa.jsonl has level 1.5 in 'hops'"),
 }
 
 
@@ -250,3 +279,86 @@ def test_failed_repack_keeps_the_previous_pack(tmp_path, make_data_config):
 def test_seq_len_below_2_in_a_config_override():
     with pytest.raises(ConfigError, match=r"data.seq_len = 1 is below its minimum 2"):
         load_config(None, ["data.seq_len=1"])
+
+
+# ---------------------------------------------------------------- levels and users' answers
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_prompt_answer_records_give_answer_spans_and_levels(tmp_path, kind, make_data_config):
+    sources = _qa_source(tmp_path, QA_RECORDS, kind)
+    out = tmp_path / "out"
+    meta = pack_corpus(make_data_config(sources, val_fraction=0.0), out)
+    tokens, docs = load_tokens(out, meta), np.load(out / "docs.npy")
+    spans, levels = np.load(out / "answer_spans.npy"), np.load(out / "levels.npy")
+    tok = load_tokenizer(out)
+    problems = list(iter_reasoning_problems(sources[0]))
+    assert levels.dtype == np.int64
+    assert levels.tolist() == [p.difficulty for p in problems] + [r["hops"] for r in QA_RECORDS]
+    assert meta["answer_docs"] == meta["level_docs"] == 5 + 4
+    for (start, length), (off, n), r in zip(docs[5:].tolist(), spans[5:].tolist(), QA_RECORDS,
+                                             strict=True):
+        assert tok.decode(tokens[start:start + length - 1].tolist()) == r["question"] + r["answer"]
+        assert off == len(r["question"].encode())  # byte tokenizer: one token per byte
+        assert tok.decode(tokens[start + off:start + off + n].tolist()) == r["answer"]
+    assert meta["arrays"]["levels.npy"] == sha256(out / "levels.npy")
+
+
+def test_levels_are_unknown_for_plain_text(packed):
+    out, meta = packed
+    levels = np.load(out / "levels.npy")
+    assert (levels[:12] == -1).all() and (levels[12:] >= 1).all()
+    assert meta["level_docs"] == 60 and meta["curriculum"] is None
+
+
+def _row_levels(out: Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+    """(level of each piece, row of each piece) of a split."""
+    docs, levels = np.load(out / "docs.npy"), np.load(out / "levels.npy")
+    starts, _, row_ptr = split_arrays(out, prefix)
+    doc = np.searchsorted(docs[:, 0], starts, side="right") - 1
+    return levels[doc], np.repeat(np.arange(len(row_ptr) - 1), np.diff(row_ptr))
+
+
+def test_difficulty_curriculum_orders_epoch_0_by_level(tmp_path, make_data_config):
+    sources = [SourceConfig(type="reasoning", num_docs=600, min_difficulty=1, max_difficulty=4,
+                            seed=2),
+               SourceConfig(type="text", path=write_text_files(tmp_path / "t", TEXT_DOCS))]
+    plain_cfg = make_data_config(sources, epochs=2)
+    cur_cfg = replace(plain_cfg, curriculum_fraction=0.5)
+    plain = pack_corpus(plain_cfg, tmp_path / "plain")
+    meta = pack_corpus(cur_cfg, tmp_path / "cur")
+    out = tmp_path / "cur"
+    assert meta["data_id"] != plain["data_id"]
+    assert meta["arrays"]["tokens.bin"] == plain["arrays"]["tokens.bin"]
+
+    piece_level, piece_row = _row_levels(out, "train/epoch_0")
+    rows = meta["rows_per_epoch"]
+    row_level = np.full(rows, -2)
+    row_level[piece_row] = piece_level
+    # Level-homogeneous rows: every piece of a row has the row's level.
+    np.testing.assert_array_equal(piece_level, row_level[piece_row])
+    ramp = int(np.ceil(0.5 * rows))
+    assert meta["curriculum"]["ramp_rows"] == ramp
+    # Largest level allowed at row p < ramp: 1 + floor(3·p / ramp); unknown (text) rows anywhere.
+    allowed = 1 + (3 * np.arange(ramp)) // ramp
+    assert (row_level[:ramp] <= allowed).all()
+    known = row_level[row_level >= 0]
+    assert set(known[:10].tolist()) == {1}  # the first rows: the easiest level only
+    first = {lv: int(np.argmax(row_level == lv)) for lv in (1, 2, 3, 4)}
+    assert first[1] < first[2] < first[3] < first[4] == ramp
+    assert meta["curriculum"]["first_row_of_level"] == {str(k): v for k, v in first.items()}
+    assert first[2] >= -(-ramp // 3) and first[3] >= -(-2 * ramp // 3)
+    cummax = np.maximum.accumulate(np.where(row_level >= 0, row_level, 0))
+    assert (np.diff(cummax) >= 0).all() and cummax[ramp - 1] == 3 and cummax[-1] == 4
+
+    # Every document appears exactly as often as without the curriculum, in every epoch.
+    total = plain["total_tokens"]
+    for epoch in range(2):
+        np.testing.assert_array_equal(coverage(out, f"train/epoch_{epoch}", total),
+                                      coverage(tmp_path / "plain", f"train/epoch_{epoch}", total))
+    np.testing.assert_array_equal(coverage(out, "val", total),
+                                  coverage(tmp_path / "plain", "val", total))
+    # Epoch 1: level-homogeneous rows in a random order (hard rows early on).
+    level_1, row_1 = _row_levels(out, "train/epoch_1")
+    early = level_1[row_1 < ramp // 3]
+    assert (early == 4).any() and meta["rows_per_epoch"] == len(np.unique(row_1))

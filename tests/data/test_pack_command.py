@@ -22,7 +22,8 @@ def test_pack_command_writes_the_pack_and_prints_one_line(tmp_path, capsys):
 
 def test_pack_command_reports_bad_input_as_one_line(tmp_path, capsys):
     out = tmp_path / "out"
-    code = main(["pack", "--out", str(out),
+    code = main(["pack", "--out", str(out), "data.curriculum_fraction=0",
+                 "train.objective=deep_supervision",
                  f"data.sources=[{{type: parquet, path: '{tmp_path}/none/*.parquet'}}]"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err

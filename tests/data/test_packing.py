@@ -7,8 +7,10 @@ import pytest
 
 from pipeline_lib.data.packing import (
     best_fit_decreasing,
+    curriculum_order,
     fill_ratio,
     pack_documents,
+    pack_documents_by_level,
     split_documents,
 )
 
@@ -123,3 +125,74 @@ def test_empty_input():
                             np.random.default_rng(0))
     assert packed.num_rows == 0 and packed.row_ptr.tolist() == [0]
     assert fill_ratio(packed, 9) == 0.0
+
+
+# ---------------------------------------------------------------- levels and curriculum
+
+
+def test_curriculum_order_releases_levels_on_schedule():
+    # 100 rows: 40 of level 1, 30 of level 2, 30 of level 4, ramp over the first half.
+    levels = np.array([1] * 40 + [2] * 30 + [4] * 30)
+    rng = np.random.default_rng(0)
+    order = curriculum_order(levels, 0.5, rng)
+    assert sorted(order.tolist()) == list(range(100))  # a permutation: every row once
+    placed = levels[order]
+    # F = 50, lo = 1, hi = 4: level 2 from row ceil(50·1/3) = 17, level 4 from row 50.
+    assert set(placed[:17].tolist()) == {1}
+    assert placed[:50].max() == 2 and placed[50:].max() == 4
+    allowed = 1 + (3 * np.arange(50)) // 50  # lo + floor((hi − lo)·p / F)
+    assert (placed[:50] <= allowed).all()
+    assert np.argmax(placed == 2) >= 17 and np.argmax(placed == 4) >= 50
+    # Earlier levels stay mixed in after a release (drawn from the whole pool).
+    assert (placed[17:50] == 1).any() and (placed[50:] == 1).any()
+
+
+def test_curriculum_releases_early_when_lower_levels_run_out():
+    levels = np.array([1] * 5 + [3] * 95)
+    placed = levels[curriculum_order(levels, 1.0, np.random.default_rng(1))]
+    # Level 3 is due at row 100 (= F), but level 1 runs out after 5 rows.
+    assert placed[:5].tolist() == [1] * 5 and (placed[5:] == 3).all()
+
+
+def test_curriculum_cummax_is_monotone_and_unknown_levels_come_any_time():
+    rng = np.random.default_rng(3)
+    levels = rng.integers(-1, 6, size=500)  # -1 = unknown, then levels 0..5
+    placed = levels[curriculum_order(levels, 0.6, np.random.default_rng(4))]
+    assert np.array_equal(np.sort(placed), np.sort(levels))
+    known = np.where(placed >= 0, placed, 0)
+    ramp = 300
+    allowed = (5 * np.arange(ramp)) // ramp
+    assert (known[:ramp] <= allowed).all()
+    assert (placed[:20] == -1).any()  # unknown rows are released at once
+    assert placed[ramp:].max() == 5
+
+
+def test_curriculum_with_one_level_or_fraction_zero_is_a_permutation():
+    levels = np.array([2] * 10 + [-1] * 5)
+    a = curriculum_order(levels, 0.5, np.random.default_rng(5))
+    b = np.random.default_rng(5).permutation(15)
+    assert np.array_equal(a, b)
+    two = np.array([1, 2] * 5)
+    assert np.array_equal(curriculum_order(two, 0.0, np.random.default_rng(6)),
+                          np.random.default_rng(6).permutation(10))
+
+
+def test_pack_by_level_gives_level_homogeneous_rows_with_every_piece_once():
+    rng = np.random.default_rng(7)
+    lens = rng.integers(1, 30, size=300)
+    starts = np.cumsum(lens) - lens
+    doc_level = rng.integers(-1, 4, size=300)
+    row_len = 33
+    packed, row_level = pack_documents_by_level(starts, lens, doc_level, row_len,
+                                                np.random.default_rng(8), 0.5)
+    doc_of_piece = np.searchsorted(starts, packed.piece_start, side="right") - 1
+    assert sorted(doc_of_piece.tolist()) == list(range(300))  # short documents: one piece each
+    piece_row = np.repeat(np.arange(packed.num_rows), np.diff(packed.row_ptr))
+    np.testing.assert_array_equal(doc_level[doc_of_piece], row_level[piece_row])
+    assert np.add.reduceat(packed.piece_len, packed.row_ptr[:-1]).max() <= row_len
+    # Same row count whatever the seed and whether the rows are ordered by the curriculum.
+    again, _ = pack_documents_by_level(starts, lens, doc_level, row_len,
+                                       np.random.default_rng(9), 0.0)
+    assert again.num_rows == packed.num_rows
+    known = row_level[: int(np.ceil(0.5 * packed.num_rows))]
+    assert (known[known >= 0][:5] == 0).all()  # the first known rows are of the lowest level

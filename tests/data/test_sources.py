@@ -5,9 +5,18 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from data_corpus import INVALID_UTF8, write_jsonl, write_parquet, write_text_files
+from data_corpus import (
+    INVALID_UTF8,
+    QA_RECORDS,
+    write_jsonl,
+    write_parquet,
+    write_qa_jsonl,
+    write_qa_parquet,
+    write_text_files,
+)
 
 from pipeline_lib.config import SourceConfig
+from pipeline_lib.data.reasoning import iter_reasoning_problems
 from pipeline_lib.data.sources import (
     SourceStats,
     check_source,
@@ -133,3 +142,77 @@ def test_reasoning_documents_carry_answers():
     assert len(docs) == 5
     for d in docs:
         assert d.text.startswith("parity(") and d.answer in {"0", "1"}
+    problems = iter_reasoning_problems(SourceConfig(type="reasoning", num_docs=5,
+                                                    tasks=["parity"]))
+    assert [d.level for d in docs] == [p.difficulty for p in problems]  # the level is k
+
+
+# ---------------------------------------------------------------- prompt / answer / level fields
+
+QA = dict(prompt_field="question", answer_field="answer", level_field="hops")
+
+
+def _qa_docs(src: SourceConfig) -> list[tuple[str, str, int]]:
+    return [(d.text, d.answer, d.level) for d in iter_documents(0, src, SourceStats())]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_prompt_answer_and_level_fields(tmp_path, kind):
+    write = write_qa_jsonl if kind == "jsonl" else write_qa_parquet
+    path = write(tmp_path / f"qa.{kind}", QA_RECORDS)
+    expected = [(r["question"], r["answer"], r["hops"]) for r in QA_RECORDS]
+    assert _qa_docs(SourceConfig(type=kind, path=path, **QA)) == expected
+    # Without a level field the level is unknown; text mode can carry a level too.
+    no_level = SourceConfig(type=kind, path=path, prompt_field="question", answer_field="answer")
+    assert [lv for _, _, lv in _qa_docs(no_level)] == [-1] * 4
+    text_mode = SourceConfig(type=kind, path=path, text_field="question", level_field="hops",
+                             max_docs=2)
+    assert _qa_docs(text_mode) == [(r["question"], "", r["hops"]) for r in QA_RECORDS[:2]]
+
+
+QA_ERRORS = {
+    "jsonl prompt key missing": (
+        "jsonl", [{"q": "x", "answer": "1", "hops": 1}], {},
+        r"the first record of .*bad.jsonl has no key 'question' .*set data.sources\[0\]"
+        r".prompt_field"),
+    "jsonl level key missing later": (
+        "jsonl", [QA_RECORDS[0], {"question": "x", "answer": "1"}], {},
+        r"record 2 of .*bad.jsonl has level None in 'hops'; levels must be integers >= 0"),
+    "jsonl empty answer": (
+        "jsonl", [QA_RECORDS[0], {"question": "x", "answer": "", "hops": 1}], {},
+        r"record 2 of .*bad.jsonl has an empty answer \('answer'\)"),
+    "jsonl null answer": (
+        "jsonl", [{"question": "x", "answer": None, "hops": 1}], {},
+        r"record 1 of .*bad.jsonl has an empty answer"),
+    "jsonl fractional level": (
+        "jsonl", [QA_RECORDS[0], {"question": "x", "answer": "1", "hops": 2.5}], {},
+        r"record 2 of .*bad.jsonl has level 2.5 in 'hops'; levels must be integers >= 0"),
+    "jsonl negative level": (
+        "jsonl", [{"question": "x", "answer": "1", "hops": -2}], {},
+        r"record 1 of .*bad.jsonl has level -2.0 in 'hops'"),
+    "jsonl text level": (
+        "jsonl", [QA_RECORDS[0], {"question": "x", "answer": "1", "hops": "hard"}], {},
+        r"key 'hops' of .*bad.jsonl holds a non-integer level .*data.sources\[0\].level_field"),
+    "parquet answer column missing": (
+        "parquet", [{"question": "x", "hops": 1}], {},
+        r"bad.parquet has no column 'answer' .*set data.sources\[0\].answer_field"),
+    "parquet float level column": (
+        "parquet", [{"question": "x", "answer": "1", "hops": 1.0}], {},
+        r"level column 'hops' of .*bad.parquet has type double, not an integer"),
+    "parquet null level": (
+        "parquet", [QA_RECORDS[0], {"question": "x", "answer": "1", "hops": None}],
+        {"hops": pa.int64()}, r"record 2 of .*bad.parquet has level None in 'hops'"),
+    "parquet empty answer": (
+        "parquet", [QA_RECORDS[0], QA_RECORDS[1], {"question": "x", "answer": "", "hops": 1}],
+        {}, r"record 3 of .*bad.parquet has an empty answer"),
+}
+
+
+@pytest.mark.parametrize("case", list(QA_ERRORS))
+def test_prompt_answer_level_errors_are_one_line(tmp_path, case):
+    kind, records, types, pattern = QA_ERRORS[case]
+    path = (write_qa_jsonl(tmp_path / "bad.jsonl", records) if kind == "jsonl"
+            else write_qa_parquet(tmp_path / "bad.parquet", records, **types))
+    with pytest.raises(DataError, match=pattern) as err:
+        _qa_docs(SourceConfig(type=kind, path=path, **QA))
+    assert "\n" not in str(err.value) and "data.sources[0]" in str(err.value)

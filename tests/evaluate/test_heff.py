@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.heff import parse_h_eff, run_heff, sweep_result
@@ -67,3 +68,122 @@ def test_cli_missing_snapshot_is_one_line(tmp_path: Path, tiny_run):
         capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "error:" in result.stderr
+
+
+def _scored_documents(data_dir: Path, max_tokens: int, batch_rows: int, key: str) -> dict:
+    """{document: scored tokens} read straight from the loader, as the sweep should see it."""
+    from pipeline_lib.data.loader import PackedData
+
+    data = PackedData(data_dir)
+    counts: dict = {}
+    tokens = rows = 0
+    for batch in data.val_batches(data.val_rows, batch_rows):
+        valid = batch["targets"] != -100
+        for r, c in valid.nonzero().tolist():
+            doc = (int(batch["doc_index"][r, c]) if key == "doc_index"
+                   else (rows + r, int(batch["doc_ids"][r, c])))
+            counts[doc] = counts.get(doc, 0) + 1
+        tokens += int(valid.sum())
+        rows += valid.shape[0]
+        if tokens >= max_tokens:
+            break
+    return counts
+
+
+def test_sweep_carries_document_statistics(tiny_run, tmp_path: Path):
+    from pipeline_lib.data.loader import PackedData
+
+    data_dir, snap = tiny_run
+    sweep = run_heff(snap, data_dir, [1, 2, 4], tmp_path / "s.json", max_tokens=1000,
+                     batch_rows=4)
+    docs = _scored_documents(data_dir, 1000, 4, "doc_index")
+    assert sweep["documents"] == len(docs) and sweep["tokens"] == sum(docs.values())
+    assert set(sweep["stderr"]) == {"1", "2", "4"} and all(
+        0 < se < 1 for se in sweep["stderr"].values())
+    assert sweep["paired_baseline"] == 1 and set(sweep["paired"]) == {"2", "4"}
+    for h, d in sweep["paired"].items():
+        assert d["diff"] == pytest.approx(sweep["losses"][h] - sweep["losses"]["1"], abs=1e-12)
+        assert d["lo"] <= d["diff"] <= d["hi"]
+    # Levels of the scored documents, from levels.npy: the breakdown adds up to the whole.
+    levels = PackedData(data_dir).doc_levels
+    by_level = sweep["losses_by_level"]
+    expected_tokens: dict[str, int] = {}
+    for doc, n in docs.items():
+        expected_tokens[str(int(levels[doc]))] = expected_tokens.get(str(int(levels[doc])), 0) + n
+    assert {lv: e["tokens"] for lv, e in by_level.items()} == expected_tokens
+    for h in ("1", "2", "4"):
+        weighted = sum(e["losses"][h] * e["tokens"] for e in by_level.values())
+        assert weighted / sweep["tokens"] == pytest.approx(sweep["losses"][h], rel=1e-12)
+    assert sum(e["documents"] for e in by_level.values()) == sweep["documents"]
+
+
+def test_token_losses_equal_the_model_loss(tiny_run):
+    """The sweep's own per-token readout averages to the model's (chunked) loss."""
+    from pipeline_lib.data.loader import PackedData
+    from pipeline_lib.evaluate.heff import sweep_documents
+    from pipeline_lib.evaluate.loading import load_for_eval
+
+    data_dir, snap = tiny_run
+    model = load_for_eval(snap, with_tokenizer=False).model
+    batch = next(PackedData(data_dir).val_batches(4, 4))
+    docs = sweep_documents(model, [batch], [1, 3], max_tokens=1)
+    with torch.no_grad():
+        reference = model.losses(batch, loops=[1, 3])
+    for h, value in docs.means().items():
+        assert value == pytest.approx(float(reference[h]), rel=1e-5)
+
+
+def test_documents_fall_back_to_row_pieces_without_doc_index(tiny_run):
+    from pipeline_lib.data.loader import PackedData
+    from pipeline_lib.evaluate.heff import sweep_documents
+    from pipeline_lib.evaluate.loading import load_for_eval
+
+    data_dir, snap = tiny_run
+    model = load_for_eval(snap, with_tokenizer=False).model
+    data = PackedData(data_dir)
+    batches = [{k: v for k, v in b.items() if k != "doc_index"}
+               for b in data.val_batches(data.val_rows, 4)]
+    docs = sweep_documents(model, batches, [1, 2], 600, data.doc_levels)
+    expected = _scored_documents(data_dir, 600, 4, "doc_ids")
+    assert docs.levels is None  # no global document: no level breakdown
+    assert sorted(docs.tokens.tolist()) == sorted(expected.values())
+    with_index = sweep_documents(model, data.val_batches(data.val_rows, 4), [1, 2], 600)
+    for h, value in with_index.means().items():  # the grouping never changes the mean
+        assert docs.means()[h] == pytest.approx(value, rel=1e-12)
+
+
+def test_answer_objective_is_scored_on_answer_tokens_only(tiny_run, tmp_path: Path):
+    """A model trained with an answer_* objective is swept on the answer tokens alone."""
+    from pipeline_lib.checkpoint import capture_rng_state, write_snapshot
+    from pipeline_lib.config import load_config, save_config
+    from pipeline_lib.data.loader import PackedData
+    from pipeline_lib.evaluate.loading import load_for_eval
+
+    data_dir, snap = tiny_run
+    cfg = load_config(snap / "config.yaml", base=None)
+    cfg.train.objective = "answer_deep_supervision"
+    save_config(cfg, tmp_path / "config.yaml")
+    model = load_for_eval(snap, with_tokenizer=False).model
+    answer_snap = write_snapshot(
+        tmp_path / "r" / "snapshots" / "step_0000007", model_state=model.state_dict(),
+        optimizer_state=torch.optim.AdamW(model.parameters()).state_dict(),
+        trainer_state={"step": 7}, rng_state=capture_rng_state(),
+        config_yaml=(tmp_path / "config.yaml").read_text(),
+        extra_files={"tokenizer.json": (data_dir / "tokenizer.json").read_text()})
+    result = run_heff(answer_snap, data_dir, [1, 2], tmp_path / "a.json", max_tokens=10**9,
+                      batch_rows=4)
+    data = PackedData(data_dir)
+    total, weighted = 0, {1: 0.0, 2: 0.0}
+    with torch.no_grad():
+        for batch in data.val_batches(data.val_rows, 4):
+            n = int((batch["answer_mask"] & (batch["targets"] != -100)).sum())
+            if n:
+                losses = model.losses(batch, loops=[1, 2], answer_only=True)
+                total += n
+                for h in (1, 2):
+                    weighted[h] += float(losses[h]) * n
+    assert result["scored_tokens"] == "answer" and result["tokens"] == total > 0
+    for h in (1, 2):
+        assert result["losses"][str(h)] == pytest.approx(weighted[h] / total, rel=1e-5)
+    assert run_heff(snap, data_dir, [1], tmp_path / "b.json", max_tokens=10**9,
+                    batch_rows=4)["scored_tokens"] == "all"

@@ -86,6 +86,33 @@ def test_losses_match_logits_and_answer_weighting(make_config, make_batch):
     assert abs(weighted.item() - plain.item()) > 1e-4
 
 
+def test_answer_only_loss_is_the_loss_restricted_to_answer_tokens(make_config, make_batch):
+    batch = make_batch([[7, 9], [12]], answer_every=4)
+    batch["doc_index"] = torch.zeros_like(batch["input_ids"])  # unknown keys are ignored
+    valid = batch["targets"] != -100
+    answer = batch["answer_mask"] & valid
+    model = _model(make_config)
+    got = model.losses(batch, [1, 2], answer_weight=5.0, answer_only=True)  # weight unused
+    ref_model = _model(make_config)
+    for h in (1, 2):
+        per_token = _per_token_loss(ref_model.logits_at(batch, h), batch["targets"])
+        torch.testing.assert_close(got[h], per_token[answer].mean(), atol=1e-6, rtol=1e-6)
+    # Gradients too: the eager loss over the answer tokens alone.
+    got[2].backward()
+    ctx = ref_model.embed(batch)
+    state = ref_model.forward_loops(ctx, 0, 2)
+    logits = ref_model.readout_logits(state, ctx)
+    F.cross_entropy(logits[answer], batch["targets"][answer]).backward()
+    for (name, a), b in zip(model.named_parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5, msg=name)
+    # No answer token in the batch: loss 0 and no gradient, never 0/0.
+    none = {**batch, "answer_mask": torch.zeros_like(batch["answer_mask"])}
+    assert model.losses(none, [2], answer_only=True)[2].item() == 0.0
+    with pytest.raises(ValueError, match="answer_mask"):
+        model.losses({k: v for k, v in batch.items() if k != "answer_mask"}, [2],
+                     answer_only=True)
+
+
 def test_logits_at_defaults_to_one_document_per_row(make_config, make_batch):
     model = _model(make_config)
     ids = make_batch([[10], [10]])["input_ids"]

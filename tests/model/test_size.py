@@ -60,3 +60,42 @@ def test_impossible_configs_raise_config_error(overrides, match, make_config):
         check_model_config(cfg)
     with pytest.raises(ConfigError, match=match):
         LoopedLM(cfg)
+
+
+def _linear_weights(module) -> int:
+    import torch
+
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"injection": "linear", "tie_embeddings": False}])
+def test_flops_per_token_counts_every_matmul_weight(overrides, make_config):
+    from pipeline_lib.model.size import flops_per_token
+
+    cfg = make_config(loops=3, **overrides)
+    model = LoopedLM(cfg)
+    blocks = [*model.prelude, *model.coda] + [b for b in model.core for _ in range(cfg.loops)]
+    weights = sum(_linear_weights(b) for b in blocks) + cfg.vocab_size * cfg.d_model
+    weights += cfg.loops * _linear_weights(model.injection_proj) if model.injection_proj else 0
+    attention = len(blocks) * 4 * 64 * cfg.d_model
+    assert flops_per_token(cfg, seq_len=64) == 2 * weights + attention
+
+
+def test_flops_per_token_iso_compute_and_known_value(make_config):
+    from pipeline_lib.model.size import flops_per_token
+
+    loop4 = ModelConfig(vocab_size=100, d_model=32, n_heads=2, prelude_layers=0, coda_layers=0,
+                        core_layers=1, loops=4, ffn_hidden=64)
+    deep4 = ModelConfig(vocab_size=100, d_model=32, n_heads=2, prelude_layers=0, coda_layers=0,
+                        core_layers=4, loops=1, ffn_hidden=64)
+    # per block: 4·32² + 3·32·64 = 10240 weights; head 3200; attention 4·128·32 per block
+    assert flops_per_token(loop4, 128) == 2 * (4 * 10240 + 3200) + 4 * 4 * 128 * 32 == 153856
+    assert flops_per_token(deep4, 128) == flops_per_token(loop4, 128)
+    assert param_count(deep4) > param_count(loop4)
+    assert flops_per_token(loop4, 128, loops=1) == 2 * (10240 + 3200) + 4 * 128 * 32
+    moe = ModelConfig(vocab_size=100, d_model=32, n_heads=2, prelude_layers=0, coda_layers=0,
+                      core_layers=1, loops=4, moe_experts=8, moe_top_k=2, moe_ffn_hidden=16)
+    # MoE counts the router (8·32) and the 2 experts a token uses (2·3·32·16), not all 8
+    assert flops_per_token(moe, 128) == 153856 + 2 * 4 * (8 * 32 + 2 * 3 * 32 * 16 - 3 * 32 * 64)
+    with pytest.raises(ConfigError, match="loops >= 1"):
+        flops_per_token(loop4, 128, loops=0)

@@ -55,6 +55,31 @@ def test_objectives_match_the_model_losses() -> None:
     assert deep.optimizer_steps == last.optimizer_steps == 1 and not deep.skipped
 
 
+def test_answer_objectives_score_answer_tokens_only() -> None:
+    batch = _batch(4, 3)
+    batch["answer_mask"] = torch.rand(batch["targets"].shape,
+                                      generator=torch.Generator().manual_seed(4)) < 0.3
+    with torch.no_grad():
+        only = _model().losses(batch, [1, 2, 3], answer_only=True)
+        every = _model().losses(batch, [1, 2, 3])
+    deep = _runner(_model(), objective="answer_deep_supervision").run(1, [batch], 3, flat_row=0)
+    last = _runner(_model(), objective="answer_last", answer_weight=7.0).run(1, [batch], 3,
+                                                                             flat_row=0)
+    assert deep.loss == pytest.approx(float(torch.stack(list(only.values())).mean()), rel=1e-6)
+    assert last.loss == pytest.approx(float(only[3]), rel=1e-6)
+    assert abs(last.loss - float(every[3])) > 1e-3
+    # Targets outside the answers change nothing: the same update either way.
+    other = {**batch, "targets": torch.where(batch["answer_mask"], batch["targets"],
+                                             (batch["targets"] + 1) % VOCAB)}
+    a, b = _model(), _model()
+    _runner(a, objective="answer_last").run(1, [batch], 3, flat_row=0)
+    _runner(b, objective="answer_last").run(1, [other], 3, flat_row=0)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    c = _model()
+    _runner(c, objective="last").run(1, [other], 3, flat_row=0)
+    assert not all(torch.equal(x, y) for x, y in zip(a.parameters(), c.parameters(), strict=True))
+
+
 def test_accumulation_matches_one_big_batch() -> None:
     big = _batch(4, 2)
     halves = [{k: v[:2] for k, v in big.items()}, {k: v[2:] for k, v in big.items()}]

@@ -29,9 +29,14 @@ def run_segments(cfg, pack: Path, run: Path, ends: list[int]) -> Path:
     return previous
 
 
-@pytest.mark.parametrize("variant", ["plain", "rich"])
+CURRICULA = ["train.loop_sampling.mode=uniform", "train.loop_sampling.min_loops=1",
+             "train.loop_sampling.max_loops=5", "train.loop_sampling.ramp_steps=4",
+             "train.objective=answer_deep_supervision"]
+
+
+@pytest.mark.parametrize("variant", ["plain", "rich", "curricula"])
 def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant: str) -> None:
-    cfg = tiny_config(*(RICH if variant == "rich" else []))
+    cfg = tiny_config(*{"plain": [], "rich": RICH, "curricula": CURRICULA}[variant])
     one = run_segments(cfg, pack, tmp_path / "one", [6])
     three = run_segments(cfg, pack, tmp_path / "three", [2, 4, 6])
     assert (one / "model.safetensors").read_bytes() == (three / "model.safetensors").read_bytes()
@@ -48,6 +53,9 @@ def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant
     assert [m["grad_norm"] for m in m1] == [m["grad_norm"] for m in m3]
     assert [m["loops"] for m in m1] == [m["loops"] for m in m3]
     assert [m["cursor"] for m in m1] == [[0, 8 * i] for i in range(6)]
+    if variant == "curricula":  # uniform in [1, round(1 + 4·min(1, s/4))]
+        assert all(m["loops"] <= min(5, int(1 + s + 0.5)) for s, m in enumerate(m1, 1))
+        assert m1[0]["loops"] <= 2
     if variant == "rich":
         assert len({m["loops"] for m in m1}) > 1  # loop sampling drew different counts
         assert any(len(m["segment_losses"]) > 1 for m in m1)
@@ -76,7 +84,7 @@ def test_metrics_lines_and_segment_end_evaluation(pack: Path, tmp_path: Path) ->
     assert lines[0]["lr"] == pytest.approx(0.5 * 3e-3)
     assert lines[-1]["lr"] == pytest.approx(0.1 * 3e-3)
     samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
-    assert [s["prompt"] for s in samples] == ["def ", "a=3;b=a;print("]
+    assert [s["prompt"] for s in samples] == tiny_config().train.sample_prompts
     assert all(len(s["completion_ids"]) <= 4 and s["step"] == 6 for s in samples)
     assert any((run / "tensorboard").iterdir())
     state = json.loads((out / "trainer_state.json").read_text())
@@ -188,6 +196,25 @@ def test_step_range_is_checked(pack: Path, tmp_path: Path) -> None:
     out = train_segment(tiny_config(), pack, None, 2, snap(run, 2))
     with pytest.raises(ConfigError, match="not past the resumed step 2"):
         train_segment(tiny_config(), pack, out, 2, snap(run, 3))
+
+
+def test_answer_objective_on_a_pack_without_answers_fails_before_training(
+        tmp_path: Path) -> None:
+    from pipeline_lib.config import DataConfig, SourceConfig
+    from pipeline_lib.data.pack import pack_corpus
+
+    (tmp_path / "t").mkdir()
+    for i in range(20):
+        (tmp_path / "t" / f"{i}.txt").write_text(f"plain text number {i} " * 3)
+    no_answers = tmp_path / "plain"
+    pack_corpus(DataConfig(sources=[SourceConfig(type="text", path=str(tmp_path / "t/*"))],
+                           seq_len=32, val_fraction=0.1), no_answers)
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"train.objective = answer_last scores answer tokens "
+                                          r"only, but the pack .* has no answer spans") as err:
+        train_segment(tiny_config("train.objective=answer_last"), no_answers, None, 2,
+                      snap(run, 2))
+    assert "\n" not in str(err.value) and not run.exists()
 
 
 def test_default_run_dir() -> None:

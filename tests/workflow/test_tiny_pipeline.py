@@ -51,10 +51,11 @@ def test_eval_bench_and_compare_outputs(tiny_pipeline: Path):
         for step in KEPT:
             doc = json.loads((base / "eval" / "heff" / f"step_{step:07d}.json").read_text())
             assert doc["step"] == step and set(doc["losses"]) == {"1", "2", "4"}
+            assert doc["adaptive"]["points"][0]["loss"] == doc["losses"]["4"]  # threshold 0
         bench = json.loads((base / "bench" / "step_0000030.json").read_text())
         assert set(bench["tasks"]) == {"loopline_khop", "loopline_addition", "loopline_parity"}
-        for name in ("eval/heff.parquet", "eval/heff.png", "bench/summary.parquet",
-                     "bench/accuracy_vs_heff.png"):
+        for name in ("eval/heff.parquet", "eval/heff.png", "eval/heff_adaptive.parquet",
+                     "eval/heff_adaptive.png", "bench/summary.parquet", "bench/accuracy_vs_heff.png"):
             assert (base / name).stat().st_size > 0
     summary = (tiny_pipeline / "results" / "compare" / "summary.md").read_text()
     assert all(run in summary for run in RUNS)
@@ -123,5 +124,5 @@ def test_report_collects_the_plots(tiny_pipeline: Path):
     result = snakemake(tiny_pipeline, "--report", str(tiny_pipeline / "report.html"))
     assert result.returncode == 0, result.stderr[-3000:]
     html = (tiny_pipeline / "report.html").read_text(errors="replace")
-    for name in ("heff.png", "accuracy_vs_heff.png", "loss_vs_heff.png"):
+    for name in ("heff.png", "heff_adaptive.png", "accuracy_vs_heff.png", "loss_vs_heff.png"):
         assert name in html, name

@@ -5,6 +5,7 @@ rule bench_downstream:
     input:
         snapshot=lambda wc: PLAN.snapshot_path(wc.run, int(wc.step)),
         tracking=lambda wc: ancient(f"{RESULTS}/{wc.run}/tracking.json"),
+        user_tasks=lambda wc: PLAN.bench_task_files(wc.run),
     output:
         result=f"{RESULTS}/{{run}}/bench/step_{{step}}.json",
         tasks=temp(directory(f"{RESULTS}/{{run}}/bench/tasks_step_{{step}}")),

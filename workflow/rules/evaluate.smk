@@ -1,4 +1,5 @@
-# H_eff sweep: validation loss at every eval.h_eff for each kept snapshot, one pass each.
+# H_eff sweep: validation loss at every eval.h_eff for each kept snapshot, one pass each
+# (plus the per-token adaptive exit at every eval.adaptive_thresholds, a second pass).
 
 
 rule eval_heff:
@@ -33,6 +34,13 @@ rule summarize_heff:
             f"{RESULTS}/{{run}}/eval/heff.png",
             caption="../report/heff.rst",
             category="H_eff sweep",
+            labels={"run": "{run}"},
+        ),
+        adaptive_table=f"{RESULTS}/{{run}}/eval/heff_adaptive.parquet",
+        adaptive_plot=report(
+            f"{RESULTS}/{{run}}/eval/heff_adaptive.png",
+            caption="../report/heff_adaptive.rst",
+            category="Adaptive exit",
             labels={"run": "{run}"},
         ),
     params:

@@ -7,6 +7,7 @@ rule compare_runs:
     output:
         summary=f"{RESULTS}/compare/summary.md",
         table=f"{RESULTS}/compare/summary.parquet",
+        depth=f"{RESULTS}/compare/depth_check.json",
         loss=report(f"{RESULTS}/compare/loss_vs_heff.png", caption="../report/compare.rst",
                     category="Comparison"),
         accuracy=report(f"{RESULTS}/compare/accuracy_vs_heff.png",

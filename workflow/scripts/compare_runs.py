@@ -1,4 +1,4 @@
-"""Rule compare_runs: table, markdown summary and plots over every variant."""
+"""Rule compare_runs: table, markdown summary, depth check and plots over every variant."""
 
 from pathlib import Path
 
@@ -16,4 +16,5 @@ with script_logging(snakemake.log[0]):
         }
         for run in snakemake.params.runs
     }
-    compare_runs(inputs, Path(snakemake.output.summary).parent)
+    compare_runs(inputs, Path(snakemake.output.summary).parent,
+                 depth_json=Path(snakemake.output.depth))

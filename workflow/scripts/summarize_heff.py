@@ -1,4 +1,4 @@
-"""Rule summarize_heff: parquet table and plot over every kept snapshot's sweep."""
+"""Rule summarize_heff: parquet tables and plots over every kept snapshot's sweep."""
 
 from pathlib import Path
 
@@ -12,4 +12,5 @@ with script_logging(snakemake.log[0]):
     table = Path(snakemake.output.table)
     summarize_heff_stage(run_config(snakemake), run, table.parent.parent,
                          [Path(p) for p in snakemake.input.results], table,
-                         Path(snakemake.output.plot))
+                         Path(snakemake.output.plot), Path(snakemake.output.adaptive_table),
+                         Path(snakemake.output.adaptive_plot))

@@ -6,6 +6,14 @@ Every score is read out after ``h_eff`` loops of the core block (any count ≥ 1
 the training loop count), so one loaded model serves a whole H_eff sweep: set
 :attr:`LooplineLM.h_eff` between ``simple_evaluate`` calls.
 
+``h_eff=adaptive:THRESHOLD[:MAX]`` reads every token out at its own adaptive exit instead
+(:mod:`pipeline_lib.evaluate.adaptive`): the first loop whose next-token distribution
+differs from the previous loop's by a KL divergence below THRESHOLD (or, with
+``adaptive_criterion=entropy``, whose entropy is below it), at most MAX loops (default: the
+training loop count). Scoring and generation both use it; the loops used (the exit loop of
+every scored or generated token) are averaged per task in :attr:`LooplineLM.mean_loops`,
+which lm-eval also writes into its results (``config.mean_loops``).
+
 - ``loglikelihood``: exact log-probability of the continuation tokens given the context,
   and whether greedy decoding would produce them. Contexts longer than the model's
   ``seq_len`` are left-truncated; a continuation longer than ``seq_len`` is scored in
@@ -36,7 +44,7 @@ from ..errors import ConfigError, DeviceError
 log = logging.getLogger(__name__)
 
 MODEL_ARGS = ("snapshot", "h_eff", "batch_size", "device", "use_ema", "tokenizer", "max_gen_toks",
-              "max_batch_size")
+              "max_batch_size", "adaptive_criterion")
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -86,6 +94,27 @@ def _as_bool(name: str, value: Any) -> bool:
     raise ConfigError(f"loopline model_args {name}={value!r} is not a boolean; use true or false")
 
 
+def _is_adaptive(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower().startswith("adaptive")
+
+
+def _parse_adaptive(value: str) -> tuple[float, int | None]:
+    from ..evaluate.adaptive import parse_adaptive
+
+    try:
+        return parse_adaptive(value.strip(), "h_eff")
+    except ConfigError as exc:
+        raise ConfigError(f"loopline model_args {exc}") from None
+
+
+def _check_h_eff(value: Any) -> Any:
+    """``value`` when it is a loop count ≥ 1 or a well-formed ``adaptive:…``; else the error."""
+    if _is_adaptive(value):
+        _parse_adaptive(value)
+        return value
+    return _as_int("h_eff", value, 1)
+
+
 def _resolve_device(device: Any) -> torch.device:
     """``auto``/``cpu``/``cuda``/``npu`` as ``experiment.device`` means; also ``cuda:N``."""
     from ..device import DEVICE_CHOICES, resolve_device
@@ -115,13 +144,14 @@ class LooplineLM(TemplateLM):
     def __init__(
         self,
         snapshot: str | Path | None = None,
-        h_eff: int | None = None,
+        h_eff: int | str | None = None,
         batch_size: int | str | None = DEFAULT_BATCH_SIZE,
         device: str | None = "cpu",
         use_ema: bool | str = False,
         tokenizer: Any = None,
         max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
         max_batch_size: int | None = None,
+        adaptive_criterion: str = "kl",
         *,
         model: torch.nn.Module | None = None,
         seq_len: int | None = None,
@@ -131,7 +161,13 @@ class LooplineLM(TemplateLM):
         if unknown:
             raise ConfigError(f"unknown loopline model_args key(s) {sorted(unknown)}; "
                               f"known keys: {', '.join(MODEL_ARGS)}")
-        requested_h_eff = None if h_eff is None else _as_int("h_eff", h_eff, 1)  # fail before loading
+        from ..evaluate.adaptive import CRITERIA
+
+        if adaptive_criterion not in CRITERIA:
+            raise ConfigError(f"loopline model_args adaptive_criterion={adaptive_criterion!r} "
+                              f"is not one of {list(CRITERIA)}; pick one")
+        self.adaptive_criterion = adaptive_criterion
+        requested_h_eff = None if h_eff is None else _check_h_eff(h_eff)  # fail before loading
         self._device = _resolve_device(device)
         self.batch_size = self._batch_size(batch_size)
         self.max_gen_toks = _as_int("max_gen_toks", max_gen_toks, 1)
@@ -160,6 +196,10 @@ class LooplineLM(TemplateLM):
         self.tokenizer = tok
         self.seq_len = _as_int("seq_len", seq_len, 1)
         self.model = model.to(self._device).eval()
+        self._default_loops = default_h_eff
+        self._adaptive: tuple[float, int] | None = None
+        self._loops: dict[str, list[int]] = {}  # task → [Σ loops used, tokens]
+        self._request_tasks: list[str | None] | None = None
         self.h_eff = default_h_eff if requested_h_eff is None else requested_h_eff
         from ..data.tokenizer import eos_id
 
@@ -209,15 +249,47 @@ class LooplineLM(TemplateLM):
         return tokenizer
 
     @property
-    def h_eff(self) -> int:
-        """Loop count at which every score is read out."""
+    def h_eff(self) -> int | str:
+        """Loop count at which every score is read out, or ``adaptive:THRESHOLD:MAX``."""
+        if self._adaptive is not None:
+            return f"adaptive:{self._adaptive[0]:g}:{self._adaptive[1]}"
         return self._h_eff
 
     @h_eff.setter
     def h_eff(self, value: Any) -> None:
         if value is None:
             raise ConfigError("loopline model_args need h_eff=N (test-time loops, N >= 1)")
-        self._h_eff = _as_int("h_eff", value, 1)
+        if _is_adaptive(value):
+            threshold, max_loops = _parse_adaptive(value)
+            max_loops = max_loops or self._default_loops
+            if max_loops is None:
+                raise ConfigError(f"loopline model_args h_eff={value!r}: this model has no "
+                                  "training loop count to default MAX to; pass "
+                                  "h_eff=adaptive:THRESHOLD:MAX")
+            self._adaptive, self._h_eff = (threshold, int(max_loops)), int(max_loops)
+        else:
+            self._adaptive, self._h_eff = None, _as_int("h_eff", value, 1)
+
+    @property
+    def adaptive(self) -> tuple[float, int, str] | None:
+        """(threshold, max loops, criterion) when reading out at adaptive exits, else None."""
+        if self._adaptive is None:
+            return None
+        return (*self._adaptive, self.adaptive_criterion)
+
+    @property
+    def mean_loops(self) -> dict[str, float]:
+        """Mean loops used per scored or generated token, per task (since the last
+        :meth:`reset_loop_stats`); requests without a task name count as ``unknown``."""
+        return {task: total / n for task, (total, n) in sorted(self._loops.items()) if n}
+
+    def reset_loop_stats(self) -> None:
+        self._loops.clear()
+
+    def _count_loops(self, task: str | None, loops: int, tokens: int) -> None:
+        entry = self._loops.setdefault(task or "unknown", [0, 0])
+        entry[0] += loops
+        entry[1] += tokens
 
     @property
     def eot_token_id(self) -> int:
@@ -233,8 +305,12 @@ class LooplineLM(TemplateLM):
 
     def get_model_info(self) -> dict[str, Any]:
         """Added by lm-eval to ``results["config"]``."""
-        return {"snapshot": str(self.snapshot) if self.snapshot else None, "step": self.step,
+        info = {"snapshot": str(self.snapshot) if self.snapshot else None, "step": self.step,
                 "h_eff": self.h_eff, "seq_len": self.seq_len}
+        if self.adaptive is not None:
+            info["adaptive_criterion"] = self.adaptive_criterion
+            info["mean_loops"] = self.mean_loops
+        return info
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
                    ) -> list[int]:
@@ -246,24 +322,34 @@ class LooplineLM(TemplateLM):
     # ------------------------------------------------------------------ forward
 
     @torch.inference_mode()
-    def _log_probs(self, rows: list[list[int]]) -> torch.Tensor:
-        """Log-softmax over the vocabulary for right-padded ``rows``: [B, L, V] float32."""
+    def _log_probs(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-softmax over the vocabulary for right-padded ``rows``: [B, L, V] float32, and
+        the loops each position was read out after [B, L] (its adaptive exit, or h_eff)."""
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self._eos, dtype=torch.long)
         for i, row in enumerate(rows):
             ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        logits = self.model.logits_at(ids.to(self._device), self.h_eff)  # [B, L, V]
-        return torch.log_softmax(logits.float(), dim=-1).cpu()
+        ids = ids.to(self._device)
+        if self._adaptive is not None:
+            from ..evaluate.adaptive import adaptive_logits
+
+            logits, loops = adaptive_logits(self.model, ids, *self._adaptive,
+                                            criterion=self.adaptive_criterion)
+        else:
+            logits = self.model.logits_at(ids, self._h_eff)  # [B, L, V]
+            loops = torch.full(ids.shape, self._h_eff, dtype=torch.long)
+        return torch.log_softmax(logits.float(), dim=-1).cpu(), loops.cpu()
 
     def _score_windows(self, windows: list[Window], desc: str, disable_tqdm: bool
-                       ) -> list[tuple[float, bool]]:
-        """(sum of target log-probs, all targets greedy) per window, batched by length."""
+                       ) -> list[tuple[float, bool, int]]:
+        """(sum of target log-probs, all targets greedy, Σ loops used) per window, batched
+        by length."""
         order = sorted(range(len(windows)), key=lambda i: -len(windows[i][0]))
-        out: list[tuple[float, bool]] = [(0.0, True)] * len(windows)
+        out: list[tuple[float, bool, int]] = [(0.0, True, 0)] * len(windows)
         bar = tqdm(total=len(windows), desc=desc, disable=disable_tqdm)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
-            logp = self._log_probs([windows[i][0] for i in chunk])
+            logp, loops = self._log_probs([windows[i][0] for i in chunk])
             for row, i in enumerate(chunk):
                 inputs, targets = windows[i]
                 n = len(targets)
@@ -271,7 +357,8 @@ class LooplineLM(TemplateLM):
                 target = torch.tensor(targets, dtype=torch.long)
                 total = picked.gather(1, target[:, None]).double().sum().item()
                 greedy = bool((picked.argmax(dim=-1) == target).all())
-                out[i] = (float(total), greedy)
+                used = int(loops[row, len(inputs) - n: len(inputs)].sum())
+                out[i] = (float(total), greedy, used)
             bar.update(len(chunk))
         bar.close()
         return out
@@ -285,6 +372,16 @@ class LooplineLM(TemplateLM):
 
     # ------------------------------------------------------------------ lm-eval API
 
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False
+                      ) -> list[tuple[float, bool]]:
+        """lm-eval's tokenisation, then :meth:`_loglikelihood_tokens`; the requests' task
+        names are kept (in order) to count loops used per task."""
+        self._request_tasks = [getattr(r, "task_name", None) for r in requests]
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._request_tasks = None
+
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                               disable_tqdm: bool = False, **kwargs: Any
                               ) -> list[tuple[float, bool]]:
@@ -295,9 +392,13 @@ class LooplineLM(TemplateLM):
                 windows.append(window)
                 owner.append(r)
         scored = self._score_windows(windows, f"loglikelihood h_eff={self.h_eff}", disable_tqdm)
+        tasks = self._request_tasks
+        if tasks is None or len(tasks) != len(requests):
+            tasks = [None] * len(requests)
         results = [(0.0, True)] * len(requests)
-        for r, (logprob, greedy) in zip(owner, scored, strict=True):
+        for (_, targets), r, (logprob, greedy, used) in zip(windows, owner, scored, strict=True):
             results[r] = (results[r][0] + logprob, results[r][1] and greedy)
+            self._count_loops(tasks[r], used, len(targets))
         for (pair, _, _), result in zip(requests, results, strict=True):
             if pair is not None:
                 self.cache_hook.add_partial("loglikelihood", pair, result)
@@ -314,8 +415,9 @@ class LooplineLM(TemplateLM):
                 owner.append(r)
         scored = self._score_windows(windows, f"rolling h_eff={self.h_eff}", disable_tqdm)
         totals = [0.0] * len(requests)
-        for r, (logprob, _) in zip(owner, scored, strict=True):
+        for (_, targets), r, (logprob, _, used) in zip(windows, owner, scored, strict=True):
             totals[r] += logprob
+            self._count_loops(getattr(requests[r], "task_name", None), used, len(targets))
         for request, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
         return totals
@@ -348,8 +450,9 @@ class LooplineLM(TemplateLM):
         bar = tqdm(total=len(requests), desc=f"generate h_eff={self.h_eff}", disable=disable_tqdm)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
+            tasks = [getattr(requests[i], "task_name", None) for i in chunk]
             for i, text in zip(chunk, self._generate_batch([prompts[i] for i in chunk],
-                                                           [settings[i] for i in chunk]),
+                                                           [settings[i] for i in chunk], tasks),
                                strict=True):
                 outputs[i] = text
                 self.cache_hook.add_partial("generate_until", requests[i].args, text)
@@ -357,16 +460,20 @@ class LooplineLM(TemplateLM):
         bar.close()
         return outputs
 
-    def _generate_batch(self, prompts: list[list[int]], settings: list[tuple[list[str], int]]
-                        ) -> list[str]:
-        """Greedy continuations of ``prompts``; each row stops on its own."""
+    def _generate_batch(self, prompts: list[list[int]], settings: list[tuple[list[str], int]],
+                        tasks: list[str | None] | None = None) -> list[str]:
+        """Greedy continuations of ``prompts``; each row stops on its own. Every generated
+        token (the final EOS included) counts its loops used for its task."""
+        tasks = tasks or [None] * len(prompts)
         generated: list[list[int]] = [[] for _ in prompts]
         texts = [""] * len(prompts)
         active = [i for i, (_, max_gen) in enumerate(settings) if max_gen > 0]
         while active:
             rows = [(prompts[i] + generated[i])[-self.seq_len:] for i in active]
-            logp = self._log_probs(rows)  # [B, L, V]
+            logp, loops = self._log_probs(rows)  # [B, L, V], [B, L]
             next_ids = [int(logp[b, len(row) - 1].argmax()) for b, row in enumerate(rows)]
+            for b, (i, row) in enumerate(zip(active, rows, strict=True)):
+                self._count_loops(tasks[i], int(loops[b, len(row) - 1]), 1)
             still = []
             for i, token in zip(active, next_ids, strict=True):
                 stops, max_gen = settings[i]

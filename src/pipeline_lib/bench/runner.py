@@ -3,7 +3,9 @@
 One model is loaded and every task is scored through ``lm_eval.simple_evaluate`` once per
 H_eff (the wrapper's ``h_eff`` is switched between calls). Built-in ``loopline_*`` tasks are
 written first (YAML + JSONL) and scored per difficulty level from lm-eval's per-sample logs;
-any other installed lm-eval task in ``bench.tasks`` is passed through and scored overall.
+the user's tasks (``bench.include_path``, mirrored with absolute data paths by
+:mod:`.user_tasks`) and installed lm-eval tasks are scored overall, and per level too when
+their documents carry ``bench.level_field``.
 """
 
 from __future__ import annotations
@@ -11,14 +13,22 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..config import BenchConfig
 from ..errors import ConfigError
-from .scoring import chance_level, task_scores
+from ..task_catalog import check_bench_tasks
+from .scoring import (
+    add_paired_comparisons,
+    chance_level,
+    per_sample_metric,
+    sample_levels,
+    task_scores,
+)
 from .tasks import BUILTIN_TASKS, builtin_metric, is_builtin, write_builtin_tasks
+from .user_tasks import USER_TASKS_DIR, prepare_user_tasks
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +43,16 @@ def _train_max_difficulty(cfg: Any) -> int | None:
     return max(levels) if levels else None
 
 
-def task_manager_for(tasks: Sequence[str], tasks_dir: Path) -> Any:
-    """A TaskManager over the built-in task files; lm-eval's own index only when needed.
+def task_manager_for(tasks: Sequence[str], tasks_dir: Path, local: Collection[str] = ()) -> Any:
+    """A TaskManager over the task files in ``tasks_dir`` (built-in and the user's, whose
+    names are ``local``); lm-eval's own index only when needed.
 
     Indexing lm-eval's ~15k bundled task configs costs seconds, so it is skipped when every
-    requested task is built in.
+    requested task is built in or the user's.
     """
     from lm_eval.tasks import TaskManager
 
-    needs_defaults = any(not is_builtin(t) for t in tasks)
+    needs_defaults = any(not is_builtin(t) and t not in local for t in tasks)
     manager = TaskManager(include_path=str(Path(tasks_dir).resolve()),
                           include_defaults=needs_defaults)
     known = set(manager.all_tasks)
@@ -52,9 +63,16 @@ def task_manager_for(tasks: Sequence[str], tasks_dir: Path) -> Any:
     return manager
 
 
+def _has_levels(results: Any, task: str, level_field: str) -> bool:
+    return any(s["doc"].get(level_field) is not None for s in results["samples"].get(task, []))
+
+
 def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[int],
-                limit: int = 0) -> dict[str, Any]:
-    """Scores of ``lm`` on ``tasks`` at each H_eff: the ``tasks`` part of the bench JSON."""
+                limit: int = 0, level_field: str = "level") -> dict[str, Any]:
+    """Scores of ``lm`` on ``tasks`` at each H_eff: the ``tasks`` part of the bench JSON.
+
+    Built-in tasks are broken down by their ``level``; any other task by ``level_field`` when
+    its documents carry it, scored by :func:`.scoring.per_sample_metric` (its ``metric``)."""
     import lm_eval
 
     out: dict[str, Any] = {}
@@ -72,15 +90,25 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
         assert results is not None, "single-process evaluation always returns results"
         for name in tasks:
             info = out[name]
-            info["h_eff"][str(h)] = task_scores(results, name, info["metric"])
-            if info["builtin"] and "chance" not in info:
+            if not info["builtin"] and "levelled" not in info:
+                info["levelled"] = _has_levels(results, name, level_field)
+                info["metric"] = per_sample_metric(results, name)
+                info["levelled"] = info["levelled"] and info["metric"] is not None
+            levels = info["builtin"] or info["levelled"]
+            field = "level" if info["builtin"] else level_field
+            info["h_eff"][str(h)] = task_scores(results, name, info["metric"] if levels else None,
+                                                field, sample_metric=info["metric"])
+            if levels and "chance" not in info:
                 info["chance"] = chance_level(results["samples"][name])
                 info["n"] = len(results["samples"][name])
+                info["sample_levels"] = sample_levels(results["samples"][name], field)
             if info["output_type"] is None:
                 info["output_type"] = results["configs"].get(name, {}).get("output_type")
         log.info("bench h_eff=%d: %s (%.1f s)", h, {
             n: out[n]["h_eff"][str(h)]["overall"].get(out[n]["metric"] or "", None)
             for n in tasks}, time.perf_counter() - started)
+    for info in out.values():  # H_eff against H_eff, on the same examples
+        add_paired_comparisons(info)
     return out
 
 
@@ -95,14 +123,15 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
     h_effs = [int(h) for h in (h_effs if h_effs is not None else bench.h_eff)]
     if not h_effs or min(h_effs) < 1:
         raise ConfigError(f"bench H_eff list {h_effs} must be non-empty with every value >= 1")
-    if not bench.tasks:
-        raise ConfigError("bench.tasks is empty; list built-in loopline_* or lm-eval task names")
+    tasks = check_bench_tasks(bench)
     write_builtin_tasks(bench, Path(tasks_dir))
-    manager = task_manager_for(bench.tasks, Path(tasks_dir))
+    user = (prepare_user_tasks(bench.include_path, Path(tasks_dir) / USER_TASKS_DIR)
+            if bench.include_path else None)
+    manager = task_manager_for(tasks, Path(tasks_dir), user.names if user else ())
     lm = LooplineLM(snapshot=str(snapshot_dir), h_eff=h_effs[0], batch_size=bench.batch_size,
                     max_gen_toks=bench.max_gen_toks, device=device)
     started = time.perf_counter()
-    scores = evaluate_lm(lm, bench.tasks, manager, h_effs, bench.limit)
+    scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field)
     import lm_eval
 
     report = {
@@ -113,7 +142,8 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
         "train_max_difficulty": _train_max_difficulty(lm.config),
         "bench": {"seed": bench.seed, "examples_per_level": bench.examples_per_level,
                   "min_difficulty": bench.min_difficulty, "max_difficulty": bench.max_difficulty,
-                  "limit": bench.limit, "max_gen_toks": bench.max_gen_toks},
+                  "limit": bench.limit, "max_gen_toks": bench.max_gen_toks,
+                  "include_path": bench.include_path, "level_field": bench.level_field},
         "lm_eval_version": getattr(lm_eval, "__version__", None),
         "seconds": round(time.perf_counter() - started, 3),
         "tasks": scores,

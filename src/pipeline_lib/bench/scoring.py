@@ -6,12 +6,25 @@ One benchmark JSON per snapshot (written by :func:`pipeline_lib.bench.runner.run
      "tasks": {"loopline_khop": {"builtin": true, "output_type": "multiple_choice",
                                  "metric": "acc", "chance": 0.25,
                                  "h_eff": {"4": {"overall": {"acc": 0.61, "acc_stderr": 0.03},
-                                                 "levels": {"1": {"acc": 0.9, "n": 40}, ...}}}}}}
+                                                 "overall_ci": {"acc": {"n": 120, "ci_low": 0.52,
+                                                                        "ci_high": 0.69}},
+                                                 "levels": {"1": {"acc": 0.9, "n": 40,
+                                                                  "ci_low": 0.77, "ci_high": 0.96},
+                                                            ...},
+                                                 "per_sample": {"0": 1.0, "1": 0.0, ...}}},
+                                 "sample_levels": {"0": 1, "1": 1, ...},
+                                 "paired_baseline": 1, "paired": [...]}}}
+
+``per_sample`` keeps every example's score by lm-eval ``doc_id`` so that H_eff values are
+compared on the same examples (``paired``: see :mod:`.intervals`); ``ci_low``/``ci_high`` are
+95% intervals (Wilson for 0/1 scores).
 
 :func:`summarize_bench` turns several of them into one long table
-(step, task, h_eff, level, metric, value; ``level`` is null for whole-task metrics) and the
-figure: an accuracy heatmap (difficulty × H_eff) per built-in task, where a depth effect
-shows as accuracy rising from left to right (or does not).
+(:data:`SUMMARY_COLUMNS`; ``level`` is null for whole-task metrics; ``n``/``ci_*`` on the rows
+of the per-sample metric; ``diff_vs_h1``/``diff_lo``/``diff_hi``/``p_mcnemar``: the paired
+difference against the baseline H_eff) and the figure: an accuracy heatmap (difficulty ×
+H_eff) per levelled task, each cell with its interval, where a depth effect shows as accuracy
+rising from left to right (or does not).
 """
 
 from __future__ import annotations
@@ -25,10 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from .intervals import find_comparison, interval_fields, paired_comparisons
 
 log = logging.getLogger(__name__)
 
-SUMMARY_COLUMNS = ("step", "task", "h_eff", "level", "metric", "value")
+SUMMARY_COLUMNS = ("step", "task", "h_eff", "level", "metric", "value", "n", "ci_low",
+                   "ci_high", "diff_vs_h1", "diff_lo", "diff_hi", "p_mcnemar")
+_INTERVAL_KEYS = ("n", "ci_low", "ci_high")
 
 
 def _metric_name(key: str) -> str:
@@ -48,15 +64,81 @@ def overall_metrics(task_results: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def level_scores(samples: Iterable[Mapping[str, Any]], metric: str) -> dict[str, dict[str, float]]:
-    """Mean per-sample ``metric`` grouped by the document's ``level`` field: {"3": {metric, n}}."""
+def _level_value(level: Any, level_field: str) -> int:
+    """A document's level as an int (heatmap row); ``"3"`` is accepted, ``"hard"`` is not."""
+    if isinstance(level, int) and not isinstance(level, bool):
+        return level
+    if isinstance(level, str) and level.strip().lstrip("-").isdigit():
+        return int(level)
+    if isinstance(level, float) and level.is_integer():
+        return int(level)
+    raise DataError(f"document field {level_field!r} = {level!r} is not an integer level; set "
+                    "bench.level_field to an integer field (e.g. difficulty, hop count)")
+
+
+def level_scores(samples: Iterable[Mapping[str, Any]], metric: str,
+                 level_field: str = "level") -> dict[str, dict[str, float]]:
+    """Mean per-sample ``metric`` grouped by the document's ``level_field``: {"3": {metric, n}}.
+
+    Only one filter's samples count: ``none`` when present (the built-ins), else the first
+    filter in the logs (a user task with its own ``filter_list``).
+    """
     values: dict[int, list[float]] = defaultdict(list)
-    for sample in samples:
-        level = sample["doc"].get("level")
-        if level is None or sample.get("filter", "none") != "none":
+    for sample in scored_samples(samples):
+        level = sample["doc"].get(level_field)
+        if level is None:
             continue
-        values[int(level)].append(float(sample[metric]))
-    return {str(level): {metric: sum(v) / len(v), "n": len(v)} for level, v in sorted(values.items())}
+        values[_level_value(level, level_field)].append(float(sample[metric]))
+    return {str(level): {metric: sum(v) / len(v), **interval_fields(v)}
+            for level, v in sorted(values.items())}
+
+
+def scored_samples(samples: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The samples of one filter: ``none`` when present (the built-ins), else the first
+    filter in the logs (a user task with its own ``filter_list``)."""
+    samples = list(samples)
+    filters = [s.get("filter", "none") for s in samples]
+    wanted = "none" if "none" in filters or not filters else filters[0]
+    return [s for s, f in zip(samples, filters, strict=True) if f == wanted]
+
+
+def per_sample_scores(samples: Iterable[Mapping[str, Any]], metric: str) -> dict[str, float]:
+    """{doc_id: score} of every example (one filter, see :func:`scored_samples`)."""
+    return {str(s["doc_id"]): float(s[metric]) for s in scored_samples(samples)}
+
+
+def sample_levels(samples: Iterable[Mapping[str, Any]], level_field: str = "level") -> dict[str, int]:
+    """{doc_id: level} of the examples whose document carries ``level_field``."""
+    return {str(s["doc_id"]): _level_value(s["doc"][level_field], level_field)
+            for s in scored_samples(samples) if s["doc"].get(level_field) is not None}
+
+
+def add_paired_comparisons(info: dict[str, Any]) -> None:
+    """Set ``info["paired"]`` (and ``paired_baseline``) of one task from its ``per_sample``
+    scores at every H_eff (see :func:`.intervals.paired_comparisons`)."""
+    per_h = {int(h): s["per_sample"] for h, s in info["h_eff"].items() if "per_sample" in s}
+    if len(per_h) < 2:
+        return
+    info["paired_baseline"] = min(per_h)
+    info["paired"] = paired_comparisons(per_h, info.get("sample_levels") or None)
+
+
+PREFERRED_METRICS = {"multiple_choice": "acc", "generate_until": "exact_match"}
+
+
+def per_sample_metric(results: Mapping[str, Any], task: str) -> str | None:
+    """The per-sample metric to break ``task`` down by level: ``acc`` (multiple_choice),
+    ``exact_match`` (generate_until), else the task's first metric with a numeric value in
+    every sample; None when the logs hold none."""
+    samples = results.get("samples", {}).get(task) or []
+    config = results.get("configs", {}).get(task, {})
+    listed = [m.get("metric") for m in config.get("metric_list") or [] if isinstance(m, Mapping)]
+    preferred = PREFERRED_METRICS.get(config.get("output_type", ""))
+    for metric in [preferred, *listed]:
+        if metric and samples and all(
+                isinstance(s.get(metric), (int, float)) for s in samples):
+            return metric
+    return None
 
 
 def chance_level(samples: Iterable[Mapping[str, Any]]) -> float | None:
@@ -65,15 +147,25 @@ def chance_level(samples: Iterable[Mapping[str, Any]]) -> float | None:
     return sum(inv) / len(inv) if inv else None
 
 
-def task_scores(results: Mapping[str, Any], task: str, metric: str | None) -> dict[str, Any]:
-    """Overall metrics and (when ``metric`` is given) per-level scores of one task at one H_eff."""
+def task_scores(results: Mapping[str, Any], task: str, metric: str | None,
+                level_field: str = "level", sample_metric: str | None = None) -> dict[str, Any]:
+    """Overall metrics and (when ``metric`` is given) per-level scores of one task at one H_eff;
+    levels are read from each document's ``level_field``.
+
+    The per-sample metric (``sample_metric``, default ``metric``) is also kept per example
+    (``per_sample``) with the whole task's n and 95% interval (``overall_ci``).
+    """
     entry: dict[str, Any] = {"overall": overall_metrics(results["results"][task])}
-    if metric is not None:
+    sample_metric = sample_metric or metric
+    if sample_metric is not None:
         samples = results.get("samples", {}).get(task)
         if samples is None:
             raise DataError(f"lm-eval returned no per-sample logs for task {task}; "
                             "run simple_evaluate with log_samples=True")
-        entry["levels"] = level_scores(samples, metric)
+        if metric is not None:
+            entry["levels"] = level_scores(samples, metric, level_field)
+        entry["per_sample"] = per_sample_scores(samples, sample_metric)
+        entry["overall_ci"] = {sample_metric: interval_fields(list(entry["per_sample"].values()))}
     return entry
 
 
@@ -86,16 +178,31 @@ def bench_records(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     step = report.get("step")
     for task, info in report["tasks"].items():
         for h_eff, scores in info["h_eff"].items():
+            cis = scores.get("overall_ci", {})
             for metric, value in scores["overall"].items():
-                rows.append({"step": step, "task": task, "h_eff": int(h_eff), "level": None,
-                             "metric": metric, "value": float(value)})
+                rows.append({"step": step, "task": task, **_summary_cells(
+                    info, int(h_eff), None, metric, value, cis.get(metric))})
             for level, per_level in scores.get("levels", {}).items():
                 for metric, value in per_level.items():
-                    if metric == "n":
-                        continue
-                    rows.append({"step": step, "task": task, "h_eff": int(h_eff),
-                                 "level": int(level), "metric": metric, "value": float(value)})
+                    if metric not in _INTERVAL_KEYS:
+                        rows.append({"step": step, "task": task, **_summary_cells(
+                            info, int(h_eff), int(level), metric, value, per_level)})
     return rows
+
+
+def _summary_cells(info: Mapping[str, Any], h: int, level: int | None, metric: str, value: float,
+                   interval: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One table row past (step, task): the score, its interval and (for the per-sample
+    metric) the paired difference against the baseline H_eff."""
+    base = info.get("paired_baseline")
+    diff = None
+    if interval is not None and base is not None and h != base:
+        diff = find_comparison(info.get("paired", []), h, base, level)
+    diff = diff or {}
+    return {"h_eff": h, "level": level, "metric": metric, "value": float(value),
+            **{k: (interval or {}).get(k) for k in _INTERVAL_KEYS},
+            "diff_vs_h1": diff.get("diff"), "diff_lo": diff.get("lo"),
+            "diff_hi": diff.get("hi"), "p_mcnemar": diff.get("p_mcnemar")}
 
 
 def _read_report(path: Path) -> dict[str, Any]:
@@ -131,6 +238,9 @@ def summarize_bench(jsons: list[Path], out_parquet: Path, out_png: Path) -> list
         "level": pa.array([r["level"] for r in rows], pa.int64()),
         "metric": pa.array([r["metric"] for r in rows], pa.string()),
         "value": pa.array([r["value"] for r in rows], pa.float64()),
+        "n": pa.array([r["n"] for r in rows], pa.int64()),
+        **{c: pa.array([r[c] for r in rows], pa.float64())
+           for c in ("ci_low", "ci_high", "diff_vs_h1", "diff_lo", "diff_hi", "p_mcnemar")},
     })
     Path(out_parquet).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_parquet)
@@ -150,6 +260,22 @@ def _heatmap_grid(info: Mapping[str, Any]) -> tuple[list[int], list[int], list[l
     return levels, h_effs, grid
 
 
+def _cell_label(info: Mapping[str, Any], h: int, level: int) -> str:
+    """``"0.62\n[0.55,0.68]"``: a heatmap cell's score and its 95% interval (when known)."""
+    cell = info["h_eff"][str(h)].get("levels", {}).get(str(level), {})
+    text = f"{cell[info['metric']]:.2f}"
+    if cell.get("ci_low") is not None and math.isfinite(cell["ci_low"]):
+        text += f"\n[{cell['ci_low']:.2f},{cell['ci_high']:.2f}]"
+    return text
+
+
+def _level_label(info: Mapping[str, Any], level: int) -> str:
+    """Heatmap row label: the level and its number of examples (``3 (n=200)``)."""
+    ns = {s.get("levels", {}).get(str(level), {}).get("n") for s in info["h_eff"].values()}
+    ns.discard(None)
+    return f"{level} (n={'/'.join(str(n) for n in sorted(ns))})" if ns else str(level)
+
+
 def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
     """The summary figure: accuracy heatmap (difficulty × H_eff) per levelled task."""
     import matplotlib
@@ -166,9 +292,14 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
     if not panels:
         raise DataError("benchmark results hold no task scores to plot; check bench.tasks")
     with_trend = len(reports) > 1
+    rows_max = max([len(_heatmap_grid(latest["tasks"][t])[0]) for t in tasks] or [0])
+    cols_max = max([len(latest["tasks"][t]["h_eff"]) for t in tasks] or [0])
+    # Cells hold two lines (score, interval): size the panels by the largest grid.
+    panel_w, panel_h = max(3.4, 0.62 * cols_max + 1.4), max(3.2, 0.42 * rows_max + 1.2)
     fig, axes = plt.subplots(2 if with_trend else 1, len(panels), squeeze=False,
                              layout="constrained",
-                             figsize=(3.4 * len(panels) + 1.0, 3.2 * (2 if with_trend else 1) + 0.6))
+                             figsize=(panel_w * len(panels) + 1.0,
+                                      panel_h * (2 if with_trend else 1) + 0.6))
     train_max = latest.get("train_max_difficulty")
     image = None
     for col, (ax, task) in enumerate(zip(axes[0], tasks, strict=False)):
@@ -179,10 +310,11 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
         for i in range(len(levels)):
             for j in range(len(h_effs)):
                 if np.isfinite(data[i, j]):
-                    ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    ax.text(j, i, _cell_label(info, h_effs[j], levels[i]), ha="center",
+                            va="center", fontsize=6.5, linespacing=1.1,
                             color="black" if data[i, j] > 0.6 else "white")
         ax.set_xticks(range(len(h_effs)), [str(h) for h in h_effs])
-        ax.set_yticks(range(len(levels)), [str(lv) for lv in levels])
+        ax.set_yticks(range(len(levels)), [_level_label(info, lv) for lv in levels], fontsize=7)
         ax.set_xlabel("H_eff (test-time loops)")
         if col == 0:
             ax.set_ylabel("difficulty level")
@@ -223,7 +355,7 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
             ax.legend(fontsize=7)
     if image is not None:
         fig.colorbar(image, ax=list(axes[0][: len(tasks)]), shrink=0.8, label="accuracy")
-    caption = "accuracy by difficulty × H_eff"
+    caption = "accuracy by difficulty × H_eff, [95% Wilson interval]; n per level on the axis"
     if train_max is not None:
         caption += f"; dashed line: top of the training range (level {train_max})"
     fig.suptitle(caption, fontsize=10)

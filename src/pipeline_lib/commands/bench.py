@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from ._common import add_config_args
@@ -33,6 +34,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="where the built-in task files go (default: <out dir>/tasks)")
     parser.add_argument("--h-eff", type=_h_eff_list, default=None,
                         help="comma-separated loop counts, overriding bench.h_eff (e.g. 1,4,8)")
+    parser.add_argument("--include-path", default=None, metavar="DIR",
+                        help="folder of your own lm-eval task YAMLs, overriding "
+                             "bench.include_path (its tasks run next to bench.tasks)")
     return parser
 
 
@@ -52,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
     if args.run:
         cfg = config_for_run(cfg, args.run)
+    if args.include_path is not None:
+        cfg = dataclasses.replace(cfg, bench=dataclasses.replace(
+            cfg.bench, include_path=args.include_path))
     tasks_dir = args.tasks_dir or args.out.parent / "tasks"
     report = run_benchmarks(args.snapshot, cfg.bench, tasks_dir, args.out, args.h_eff,
                             device=cfg.experiment.device)

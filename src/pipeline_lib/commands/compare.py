@@ -14,20 +14,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
+    from ..compare import compare_runs, run_dir_inputs
 
-    from ..compare import compare_runs
-    from ..errors import DataError
-
-    inputs = {}
-    for run_dir in args.run_dirs:
-        index = run_dir / "snapshots" / "index.json"
-        if not index.is_file():
-            raise DataError(f"{index} is missing; finish training run {run_dir.name} first")
-        final = json.loads(index.read_text())["final_step"]
-        inputs[run_dir.name] = {"heff": run_dir / "eval" / "heff.parquet",
-                                "bench": run_dir / "bench" / f"step_{final:07d}.json",
-                                "metrics": run_dir / "train" / "metrics.jsonl"}
-    compare_runs(inputs, args.out)
+    compare_runs({d.name: run_dir_inputs(d) for d in args.run_dirs}, args.out)
     print((args.out / "summary.md").read_text(), end="")
     return 0

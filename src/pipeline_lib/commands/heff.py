@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import load_config
+    from ..evaluate.adaptive import AdaptiveSpec
     from ..evaluate.heff import parse_h_eff, run_heff
 
     if args.config is not None:
@@ -32,6 +33,6 @@ def run(args: argparse.Namespace) -> int:
     h_effs = parse_h_eff(args.h_eff if args.h_eff else cfg.eval.h_eff)
     result = run_heff(args.snapshot, args.data, h_effs, args.out,
                       max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
-                      use_ema=cfg.eval.use_ema)
+                      use_ema=cfg.eval.use_ema, adaptive=AdaptiveSpec.from_eval_config(cfg.eval))
     print(json.dumps(result))
     return 0

@@ -3,13 +3,18 @@
 ``python -m pipeline_lib lm-eval --model loopline --model_args snapshot=DIR,h_eff=4
 --tasks loopline_khop --include_path DIR`` — every lm-eval option works, since the arguments
 go to lm-eval's parser unchanged (``cli.main`` hands them over before our parser sees them).
+One exception: ``--include_path DIR`` is handed over as a mirror of DIR whose relative
+``data_files`` are made absolute (as ``bench.include_path``), so they may be written relative
+to the YAML instead of to the working directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -31,8 +36,9 @@ def passthrough(argv: Sequence[str]) -> int:
     from ..errors import PipelineError
 
     saved = sys.argv
-    sys.argv = ["lm-eval", *argv]
+    scratch = tempfile.TemporaryDirectory(prefix="loopline-tasks-")
     try:
+        sys.argv = ["lm-eval", *_mirrored_include_path(list(argv), Path(scratch.name))]
         cli_evaluate()
     except SystemExit as exc:  # argparse --help / usage errors
         code = exc.code
@@ -42,7 +48,23 @@ def passthrough(argv: Sequence[str]) -> int:
         return 2
     finally:
         sys.argv = saved
+        scratch.cleanup()
     return 0
+
+
+def _mirrored_include_path(argv: list[str], scratch: Path) -> list[str]:
+    """``argv`` with the folder of ``--include_path`` replaced by its mirror in ``scratch``."""
+    from ..bench.user_tasks import prepare_user_tasks
+
+    mirror = scratch / "include"
+    for i, arg in enumerate(argv):
+        if arg == "--include_path" and i + 1 < len(argv):
+            prepare_user_tasks(argv[i + 1], mirror, "--include_path")
+            return [*argv[: i + 1], str(mirror), *argv[i + 2:]]
+        if arg.startswith("--include_path="):
+            prepare_user_tasks(arg.split("=", 1)[1], mirror, "--include_path")
+            return [*argv[:i], f"--include_path={mirror}", *argv[i + 1:]]
+    return argv
 
 
 def run(args: argparse.Namespace) -> int:

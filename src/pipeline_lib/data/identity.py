@@ -50,6 +50,9 @@ def source_fingerprint(src: SourceConfig) -> dict[str, Any]:
         fp.update(path=src.path, files=files)
         if src.type != "text":
             fp["text_field"] = src.text_field
+            # Only when set, so that packs made before these keys existed keep their id.
+            fp.update({key: getattr(src, key) for key in ("prompt_field", "answer_field",
+                                                           "level_field") if getattr(src, key)})
     elif src.type == "stdlib":
         fp.update(python=sys.version, stdlib=str(stdlib_dir()))
     elif src.type == "reasoning":
@@ -82,7 +85,7 @@ def _tokenizer_fingerprint(data: DataConfig) -> dict[str, Any]:
 
 def data_fingerprint(data: DataConfig) -> dict[str, Any]:
     """Everything that determines the packed bytes, as plain JSON-able data."""
-    return {
+    fp = {
         "format": FORMAT_VERSION,
         "sources": [source_fingerprint(s) for s in data.sources],
         "tokenizer": _tokenizer_fingerprint(data),
@@ -92,6 +95,9 @@ def data_fingerprint(data: DataConfig) -> dict[str, Any]:
         "seed": data.seed,
         "token_dtype": data.token_dtype,
     }
+    if data.curriculum_fraction > 0:  # only when on: packs without a curriculum keep their id
+        fp["curriculum_fraction"] = data.curriculum_fraction
+    return fp
 
 
 def data_id(data: DataConfig) -> str:

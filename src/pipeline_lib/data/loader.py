@@ -12,8 +12,11 @@ Each batch is a dict of tensors, all [B, seq_len]:
 ``input_ids``, ``targets`` (next token, or -100 across a document boundary and in
 padding), ``position_ids`` (restarting at 0 at every document piece and at the padding),
 ``doc_ids`` (index of the piece within its row; the padding has its own id, one past the
-last piece) and the bool ``answer_mask`` (targets that are answer tokens of a reasoning
-document, for answer-weighted losses).
+last piece), the bool ``answer_mask`` (targets that are answer tokens of a reasoning
+document or of a prompt/answer record, for answer-weighted losses) and the int64
+``doc_index`` (the global document, i.e. the row of ``docs.npy``, of each input token;
+-1 in the padding), which with :attr:`PackedData.doc_levels` breaks losses down by document
+and level. The model reads only the keys it knows.
 """
 
 from __future__ import annotations
@@ -77,11 +80,13 @@ class PackedSplit:
 
 def assemble_rows(tokens: np.ndarray, split: PackedSplit, rows: np.ndarray, row_len: int,
                   pad_id: int, answers: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-                  ) -> dict[str, np.ndarray]:
+                  doc_start: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Build the batch arrays (numpy, [len(rows), row_len - 1]) of the given rows of a split.
 
     ``answers`` = (doc_start, answer_start, answer_end), absolute token offsets per document,
-    or None when the pack has no answer spans.
+    or None when the pack has no answer spans. ``doc_start`` (int64 [docs], the first column
+    of docs.npy; default: that of ``answers``) gives ``doc_index``; without either the batch
+    has no ``doc_index``.
     """
     rows = np.asarray(rows, dtype=np.int64)
     n = len(rows)
@@ -111,20 +116,27 @@ def assemble_rows(tokens: np.ndarray, split: PackedSplit, rows: np.ndarray, row_
     pos = columns - used[:, None]  # padding restarts at 0 too
     pos[r, c] = tok_in_piece
     answer = np.zeros((n, row_len), dtype=bool)
-    if answers is not None:
-        doc_start, ans_start, ans_end = answers
-        d = np.searchsorted(doc_start, start, side="right") - 1  # document of each piece
+    if doc_start is None and answers is not None:
+        doc_start = answers[0]
+    d = None if doc_start is None else np.searchsorted(doc_start, start, side="right") - 1
+    if answers is not None:  # d: the document of each piece
+        _, ans_start, ans_end = answers
         answer[r, c] = (absolute >= ans_start[d][tok_piece]) & (absolute < ans_end[d][tok_piece])
 
     is_pad = columns >= used[:, None]
     same_doc = (doc[:, 1:] == doc[:, :-1]) & ~is_pad[:, 1:]
-    return {
+    out = {
         "input_ids": ids[:, :-1],
         "targets": np.where(same_doc, ids[:, 1:], IGNORE_INDEX),
         "position_ids": pos[:, :-1],
         "doc_ids": doc[:, :-1],
         "answer_mask": answer[:, 1:] & same_doc,
     }
+    if d is not None:
+        index = np.full((n, row_len), -1, dtype=np.int64)
+        index[r, c] = d[tok_piece]
+        out["doc_index"] = index[:, :-1]
+    return out
 
 
 def _to_torch(arrays: dict[str, np.ndarray]) -> Batch:
@@ -171,6 +183,12 @@ class PackedData:
                             f"says {expected}; the pack is damaged, re-run it")
         self.tokens = np.memmap(tokens_path, dtype=dtype, mode="r")
         docs = np.load(self._path("docs.npy"))
+        self._doc_start = np.ascontiguousarray(docs[:, 0])
+        levels_path = self.data_dir / "levels.npy"
+        # Each document's level (int64 [num_docs], -1 = unknown); a pack written before
+        # levels.npy existed has none.
+        self.doc_levels: np.ndarray = (np.load(levels_path) if levels_path.is_file()
+                                       else np.full(len(docs), -1, dtype=np.int64))
         self._answers = None
         spans_path = self.data_dir / "answer_spans.npy"
         if spans_path.is_file():
@@ -180,6 +198,11 @@ class PackedData:
                 self._answers = (docs[:, 0], ans_start, ans_start + spans[:, 1])
         self._splits: dict[str, PackedSplit] = {}
         self._warned_epochs: set[int] = set()
+
+    @property
+    def has_answer_spans(self) -> bool:
+        """Whether any document carries an answer span (what answer_* objectives score)."""
+        return self._answers is not None
 
     def _path(self, rel: str) -> Path:
         path = self.data_dir / rel
@@ -207,7 +230,8 @@ class PackedData:
     def rows(self, epoch: int, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Batch arrays (numpy) of ``rows`` of logical training ``epoch``."""
         split = self.split(f"train/epoch_{self._packed_epoch(epoch)}")
-        return assemble_rows(self.tokens, split, rows, self.row_len, self.pad_id, self._answers)
+        return assemble_rows(self.tokens, split, rows, self.row_len, self.pad_id, self._answers,
+                             self._doc_start)
 
     def _check_cursor(self, cursor: DataCursor) -> None:
         if cursor.epoch < 0 or not 0 <= cursor.row < self.rows_per_epoch:
@@ -261,7 +285,7 @@ class PackedData:
         for i in range(0, total, batch_rows):
             rows = np.arange(i, min(i + batch_rows, total))
             yield _to_torch(assemble_rows(self.tokens, split, rows, self.row_len, self.pad_id,
-                                          self._answers))
+                                          self._answers, self._doc_start))
 
     def verify(self) -> None:
         """Check the sha256 of every array against metadata.json (reads every byte)."""

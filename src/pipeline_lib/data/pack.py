@@ -2,8 +2,14 @@
 
 Layout of the output directory (see DESIGN.md, "Data formats")::
 
-    tokenizer.json  metadata.json  tokens.bin  docs.npy  answer_spans.npy
+    tokenizer.json  metadata.json  tokens.bin  docs.npy  answer_spans.npy  levels.npy
     train/epoch_{e}/{doc_start,doc_len,row_ptr}.npy    val/{doc_start,doc_len,row_ptr}.npy
+
+``levels.npy`` holds each document's level (int64, -1 = unknown). With
+``data.curriculum_fraction`` > 0 the training rows of every epoch are packed level by level
+(each row holds documents of one level) and epoch 0's rows are ordered so that the largest
+level allowed rises over that fraction of the epoch (:func:`.packing.curriculum_order`);
+later epochs keep a seeded random row order.
 
 Everything is written into a hidden temporary sibling and renamed into place at the end,
 so a failed or interrupted pack leaves nothing that looks complete. Documents are streamed
@@ -17,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 from collections.abc import Iterator
@@ -30,7 +37,7 @@ from tqdm import tqdm
 from ..config import DataConfig
 from ..errors import ConfigError, DataError
 from .identity import FORMAT_VERSION, data_id, fingerprint_hash, source_files, source_fingerprint
-from .packing import PackedRows, fill_ratio, pack_documents
+from .packing import PackedRows, fill_ratio, pack_documents, pack_documents_by_level
 from .sources import RawDocument, SourceStats, check_source, iter_documents
 from .tokenizer import TokenEncoder, build_tokenizer, eos_id, pad_id
 
@@ -49,6 +56,7 @@ class _Tokenized:
     doc_len: np.ndarray  # int64 [docs], tokens incl. EOS
     doc_source: np.ndarray  # int64 [docs], index into data.sources
     answer_spans: np.ndarray  # int64 [docs, 2], (offset in doc, length); (0, 0) if none
+    doc_level: np.ndarray  # int64 [docs], difficulty level; -1 = unknown
     tokens_sha256: str
 
 
@@ -122,7 +130,7 @@ def _assemble(enc: TokenEncoder, batch: list[tuple[int, RawDocument]],
 def _tokenize(data: DataConfig, enc: TokenEncoder, eos: int, dtype: np.dtype, path: Path,
               stats: list[SourceStats]) -> _Tokenized:
     """Stream every source through the tokenizer into ``path``; keep only per-doc numbers."""
-    lens, sources, span_off, span_len = [], [], [], []
+    lens, sources, span_off, span_len, levels = [], [], [], [], []
     sha = hashlib.sha256()
     bar = tqdm(desc="tokenizing", unit="doc", disable=None)
     with open(path, "wb") as fh:
@@ -135,6 +143,7 @@ def _tokenize(data: DataConfig, enc: TokenEncoder, eos: int, dtype: np.dtype, pa
             sources.append(np.fromiter((i for i, _ in batch), np.int64, len(batch)))
             span_off.append(ans_off)
             span_len.append(ans_len)
+            levels.append(np.fromiter((d.level for _, d in batch), np.int64, len(batch)))
             bar.update(len(batch))
     bar.close()
     if not lens:
@@ -146,7 +155,8 @@ def _tokenize(data: DataConfig, enc: TokenEncoder, eos: int, dtype: np.dtype, pa
         if st.num_docs == 0:
             log.warning("data.sources[%d] (%s) produced no documents", i, data.sources[i].type)
     spans = np.stack([np.concatenate(span_off), np.concatenate(span_len)], axis=1)
-    return _Tokenized(np.concatenate(lens), np.concatenate(sources), spans, sha.hexdigest())
+    return _Tokenized(np.concatenate(lens), np.concatenate(sources), spans,
+                      np.concatenate(levels), sha.hexdigest())
 
 
 def _split(data: DataConfig, num_docs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -207,6 +217,21 @@ def _source_report(data: DataConfig, stats: list[SourceStats], tok: _Tokenized) 
     return out
 
 
+def _curriculum_report(fraction: float, row_level: np.ndarray) -> dict[str, Any]:
+    """What metadata.json records of epoch 0's curriculum: the ramp and the row at which
+    each level first appears (its release, or earlier when lower levels ran out)."""
+    known = np.unique(row_level[row_level >= 0]).tolist()
+    if len(known) < 2:
+        log.warning("data.curriculum_fraction = %s but the training rows have %d known "
+                    "level(s); nothing to order, rows stay in a random order",
+                    fraction, len(known))
+    return {
+        "fraction": fraction,
+        "ramp_rows": math.ceil(fraction * len(row_level)),
+        "first_row_of_level": {str(lv): int(np.argmax(row_level == lv)) for lv in known},
+    }
+
+
 def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
     row_len = data.seq_len + 1
     if data.tokenizer.type == "bpe":  # a first streaming pass trains the tokenizer
@@ -228,16 +253,24 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
     hashes = {"tokens.bin": tok.tokens_sha256}
     _save(tmp, "docs.npy", np.stack([doc_start, tok.doc_len], axis=1), hashes)
     _save(tmp, "answer_spans.npy", tok.answer_spans, hashes)
+    _save(tmp, "levels.npy", tok.doc_level, hashes)
 
     train_idx, val_idx = _split(data, num_docs)
     train_docs = _repeat_by_weight(data, train_idx, tok.doc_source)
     if train_docs.size == 0:
         raise DataError("no training documents are left after the validation split and source "
                         "weights; lower data.val_fraction or raise data.sources[*].weight")
-    rows_per_epoch, fill = 0, 0.0
+    rows_per_epoch, fill, curriculum = 0, 0.0, None
     for epoch in tqdm(range(data.epochs), desc="packing", unit="epoch", disable=None):
         rng = np.random.default_rng([data.seed, _EPOCH, epoch])
-        packed = pack_documents(doc_start[train_docs], tok.doc_len[train_docs], row_len, rng)
+        if data.curriculum_fraction > 0:
+            packed, row_level = pack_documents_by_level(
+                doc_start[train_docs], tok.doc_len[train_docs], tok.doc_level[train_docs],
+                row_len, rng, data.curriculum_fraction if epoch == 0 else 0.0)
+            if epoch == 0:
+                curriculum = _curriculum_report(data.curriculum_fraction, row_level)
+        else:
+            packed = pack_documents(doc_start[train_docs], tok.doc_len[train_docs], row_len, rng)
         # Ties only change row contents, never the row count (see packing.pack_documents).
         assert epoch == 0 or packed.num_rows == rows_per_epoch
         rows_per_epoch, fill = packed.num_rows, fill_ratio(packed, row_len)
@@ -272,6 +305,8 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
         "val_fill_ratio": fill_ratio(val, row_len),
         "split_docs": int((tok.doc_len[train_docs] > row_len).sum()),
         "answer_docs": int((tok.answer_spans[:, 1] > 0).sum()),
+        "level_docs": int((tok.doc_level >= 0).sum()),
+        "curriculum": curriculum,
         "seed": data.seed,
         "val_fraction": data.val_fraction,
         "invalid_utf8_docs": sum(s["invalid_utf8_docs"] for s in sources),

@@ -14,10 +14,15 @@ Placing the n pieces of class s is therefore: walk the rooms c ≥ s in increasi
 each row there absorbing ⌊c/s⌋ pieces, until n are placed; then open new rows that take
 ⌊row_len/s⌋ each. Rows are kept in buckets by remaining room, as lists of id arrays, so
 a class costs O(number of distinct rooms touched), not O(pieces).
+
+For the difficulty curriculum, :func:`pack_documents_by_level` packs each document level
+separately (level-homogeneous rows) and :func:`curriculum_order` orders those rows so that
+the largest level allowed rises over a fraction of the epoch.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,6 +139,20 @@ def _bfd_sorted(lengths: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarr
     return order, row_of_sorted
 
 
+def _gather_rows(piece_start: np.ndarray, piece_len: np.ndarray, row: np.ndarray,
+                 num_rows: int) -> PackedRows:
+    """Pieces grouped by ``row`` (each piece's final row), in the given order within a row."""
+    n = len(piece_len)
+    # Unique keys make any sort give the same result (a stable argsort of 64-bit keys is
+    # several times slower).
+    key = row * n + np.arange(n, dtype=np.int64)
+    key.sort()
+    pick = key % n
+    row_ptr = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row, minlength=num_rows), out=row_ptr[1:])
+    return PackedRows(piece_start[pick], piece_len[pick], row_ptr)
+
+
 def pack_documents(doc_start: np.ndarray, doc_len: np.ndarray, row_len: int,
                    rng: np.random.Generator) -> PackedRows:
     """Split, shuffle ties, pack by BFD, and order the rows by a seeded permutation.
@@ -148,14 +167,86 @@ def pack_documents(doc_start: np.ndarray, doc_len: np.ndarray, row_len: int,
     order, row_of_sorted = _bfd_sorted(piece_len[shuffle], row_len)
     num_rows = int(row_of_sorted.max()) + 1 if n else 0
     rows = rng.permutation(num_rows)[row_of_sorted]
-    # Group by row, BFD order within a row. Unique keys make any sort give the same
-    # result (a stable argsort of 64-bit keys is several times slower).
-    key = rows * n + np.arange(n, dtype=np.int64)
-    key.sort()
-    pick = shuffle[order[key % n]]
-    row_ptr = np.zeros(num_rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=num_rows), out=row_ptr[1:])
-    return PackedRows(piece_start[pick], piece_len[pick], row_ptr)
+    pick = shuffle[order]  # pieces in BFD order
+    return _gather_rows(piece_start[pick], piece_len[pick], rows, num_rows)
+
+
+def pack_documents_by_level(doc_start: np.ndarray, doc_len: np.ndarray, doc_level: np.ndarray,
+                            row_len: int, rng: np.random.Generator,
+                            curriculum_fraction: float = 0.0) -> tuple[PackedRows, np.ndarray]:
+    """Like :func:`pack_documents`, but every row holds documents of one level only.
+
+    The documents of each level (-1 = unknown is a level of its own) are packed by BFD
+    separately, so a row's level is that of all its documents and the row count is again
+    the same in every epoch. The rows are then ordered by :func:`curriculum_order` when
+    ``curriculum_fraction`` > 0, else by a seeded permutation. Returns the packed rows and
+    the level of each row in its final order.
+    """
+    doc_start = np.asarray(doc_start, dtype=np.int64)
+    doc_len = np.asarray(doc_len, dtype=np.int64)
+    doc_level = np.asarray(doc_level, dtype=np.int64)
+    starts, lens, rows, row_level = [], [], [], []
+    num_rows = 0
+    for level in np.unique(doc_level).tolist():  # ascending: the same order every epoch
+        mine = doc_level == level
+        piece_start, piece_len = split_documents(doc_start[mine], doc_len[mine], row_len)
+        shuffle = rng.permutation(len(piece_len))
+        order, row_of_sorted = _bfd_sorted(piece_len[shuffle], row_len)
+        pick = shuffle[order]
+        count = int(row_of_sorted.max()) + 1
+        starts.append(piece_start[pick])
+        lens.append(piece_len[pick])
+        rows.append(row_of_sorted + num_rows)
+        row_level.append(np.full(count, level, dtype=np.int64))
+        num_rows += count
+    levels = np.concatenate(row_level) if row_level else np.zeros(0, np.int64)
+    if curriculum_fraction > 0:
+        row_at = curriculum_order(levels, curriculum_fraction, rng)
+    else:
+        row_at = rng.permutation(num_rows)
+    position = np.empty(num_rows, dtype=np.int64)
+    position[row_at] = np.arange(num_rows, dtype=np.int64)
+    if not starts:
+        return _gather_rows(np.zeros(0, np.int64), np.zeros(0, np.int64),
+                            np.zeros(0, np.int64), 0), levels
+    packed = _gather_rows(np.concatenate(starts), np.concatenate(lens),
+                          position[np.concatenate(rows)], num_rows)
+    return packed, levels[row_at]
+
+
+def curriculum_order(row_level: np.ndarray, fraction: float,
+                     rng: np.random.Generator) -> np.ndarray:
+    """Row order (position → row) in which the largest level allowed rises over the first
+    ``fraction`` of the rows.
+
+    With known levels lo … hi (≥ 0) and F = ceil(fraction · rows), position p may hold a
+    row of level at most lo + floor((hi − lo) · p / F) for p < F, any level from F on: level
+    ℓ is released at position ceil(F · (ℓ − lo) / (hi − lo)). Rows of unknown level (-1)
+    are allowed from the start. Between two releases the rows are drawn uniformly, in a
+    seeded random order, from everything released and not yet placed (so earlier levels
+    stay mixed in); when that pool runs dry before the next release, the next level is
+    released early. Past F the remaining rows follow in a seeded random order. With fewer
+    than two known levels this is a plain seeded permutation.
+    """
+    row_level = np.asarray(row_level, dtype=np.int64)
+    total = len(row_level)
+    known = np.unique(row_level[row_level >= 0]).tolist()
+    if len(known) < 2 or fraction <= 0:
+        return rng.permutation(total)
+    lo, hi = known[0], known[-1]
+    ramp_rows = math.ceil(fraction * total)
+    pool = np.flatnonzero((row_level < 0) | (row_level == lo))
+    placed: list[np.ndarray] = []
+    done = 0
+    for level in known[1:]:
+        release = -(-ramp_rows * (level - lo) // (hi - lo))  # ceil, in integers
+        take = min(max(release - done, 0), len(pool))
+        draw = rng.permutation(len(pool))
+        placed.append(pool[draw[:take]])
+        pool = np.concatenate([pool[draw[take:]], np.flatnonzero(row_level == level)])
+        done += take
+    placed.append(pool[rng.permutation(len(pool))])
+    return np.concatenate(placed)
 
 
 def fill_ratio(packed: PackedRows, row_len: int) -> float:

@@ -9,6 +9,7 @@ Invalid UTF-8 is decoded with replacement characters and counted, never fatal.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,10 +27,13 @@ _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_te
 
 @dataclass(frozen=True)
 class RawDocument:
-    """One document: ``text``, then ``answer`` (reasoning only) whose tokens are recorded."""
+    """One document: ``text``, then ``answer`` (whose tokens are recorded as the answer span;
+    reasoning, or a jsonl/parquet source with ``answer_field``), and its ``level`` (reasoning:
+    the difficulty; jsonl/parquet: ``level_field``; -1 = unknown)."""
 
     text: str
     answer: str = ""
+    level: int = -1
 
 
 @dataclass
@@ -68,7 +72,8 @@ def _where(index: int, src: SourceConfig) -> str:
 
 
 def check_source(index: int, src: SourceConfig) -> list[Path]:
-    """Fail early, before any output exists: files present, parquet readable with the column."""
+    """Fail early, before any output exists: files present, parquet readable with its columns,
+    the first record of every jsonl file holding the prompt/answer/level keys."""
     if src.type not in FILE_SOURCE_TYPES:
         return []
     files = source_files(src)
@@ -79,7 +84,23 @@ def check_source(index: int, src: SourceConfig) -> list[Path]:
     if src.type == "parquet":
         for path in files:
             _check_parquet_schema(index, src, path, _open_parquet(index, src, path))
+    elif src.type == "jsonl":
+        for path in files:
+            _check_jsonl_first_record(index, src, path)
     return files
+
+
+def _text_fields(src: SourceConfig) -> list[str]:
+    """The text columns/keys read: the prompt and the answer, or the text alone."""
+    return [src.prompt_field, src.answer_field] if src.prompt_field else [src.text_field]
+
+
+def _field_key(src: SourceConfig, name: str) -> str:
+    """The config key that names column ``name`` (for the fix in an error message)."""
+    for key in ("prompt_field", "answer_field", "level_field"):
+        if getattr(src, key) == name:
+            return key
+    return "text_field"
 
 
 def _open_parquet(index: int, src: SourceConfig, path: Path):
@@ -97,39 +118,103 @@ def _check_parquet_schema(index: int, src: SourceConfig, path: Path, pf) -> None
     import pyarrow as pa
 
     schema = pf.schema_arrow
-    if src.text_field not in schema.names:
-        raise DataError(f"{_where(index, src)}: {path} has no column {src.text_field!r} "
-                        f"(columns: {schema.names}); set data.sources[{index}].text_field")
-    kind = schema.field(src.text_field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
-        raise DataError(f"{_where(index, src)}: column {src.text_field!r} of {path} has type "
-                        f"{kind}, not text; set data.sources[{index}].text_field to a string "
-                        "column")
+    wanted = _text_fields(src) + ([src.level_field] if src.level_field else [])
+    for name in wanted:
+        if name not in schema.names:
+            raise DataError(f"{_where(index, src)}: {path} has no column {name!r} (columns: "
+                            f"{schema.names}); set data.sources[{index}].{_field_key(src, name)}")
+    for name in _text_fields(src):
+        kind = schema.field(name).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            raise DataError(f"{_where(index, src)}: column {name!r} of {path} has type "
+                            f"{kind}, not text; set data.sources[{index}]."
+                            f"{_field_key(src, name)} to a string column")
+    if src.level_field and not pa.types.is_integer(schema.field(src.level_field).type):
+        raise DataError(f"{_where(index, src)}: level column {src.level_field!r} of {path} has "
+                        f"type {schema.field(src.level_field).type}, not an integer; cast it to "
+                        f"int64 or set data.sources[{index}].level_field to an integer column")
+
+
+def _check_jsonl_first_record(index: int, src: SourceConfig, path: Path) -> None:
+    """The first JSON object of ``path`` must hold every prompt/answer/level key (a typo in a
+    field name fails here, before the pack starts). Unparsable lines are left to the reader."""
+    keys = [k for k in (src.prompt_field, src.answer_field, src.level_field) if k]
+    if not keys:
+        return
+    with open(path, "rb") as fh:
+        line = next((raw for raw in fh if raw.strip()), None)
+    try:
+        record = json.loads(line) if line is not None else None
+    except ValueError:
+        return
+    if not isinstance(record, dict):
+        return
+    for key in keys:
+        if key not in record:
+            raise DataError(f"{_where(index, src)}: the first record of {path} has no key "
+                            f"{key!r} (keys: {sorted(record)}); set data.sources[{index}]."
+                            f"{_field_key(src, key)} or fix the file")
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _column_texts(column, stats: SourceStats) -> Iterator[str | None]:
+def _column_texts(column, stats: SourceStats) -> list[str | None]:
     import pyarrow as pa
 
     if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-        for raw in column.to_pylist():
-            yield None if raw is None else decode_utf8(raw, stats)
-    else:
-        yield from column.to_pylist()
+        return [None if raw is None else decode_utf8(raw, stats) for raw in column.to_pylist()]
+    return column.to_pylist()
 
 
-def _parquet_texts(index: int, src: SourceConfig, files: list[Path],
-                   stats: SourceStats) -> Iterator[str | None]:
+def _batch_documents(index: int, src: SourceConfig, path: Path, batch, first_record: int,
+                     stats: SourceStats) -> Iterator[RawDocument]:
+    """The documents of one record batch (record numbers from ``first_record``, 1-based).
+
+    Text mode: a missing or empty text gives an empty document (skipped by the caller).
+    Prompt/answer mode: a missing prompt, a missing or empty answer, and (both modes) a
+    missing, negative or non-integer level are one-line errors naming the record.
+    """
+    columns = [_column_texts(batch.column(name), stats) for name in _text_fields(src)]
+    levels = batch.column(src.level_field).to_pylist() if src.level_field else None
+    where = f"{_where(index, src)}: record {{}} of {path}"
+    for i in range(batch.num_rows):
+        if src.prompt_field:
+            prompt, answer = columns[0][i], columns[1][i]
+            if prompt is None:
+                raise DataError(f"{where.format(first_record + i)} has no "
+                                f"{src.prompt_field!r}; add it or fix "
+                                f"data.sources[{index}].prompt_field")
+            if not answer:
+                raise DataError(f"{where.format(first_record + i)} has an empty answer "
+                                f"({src.answer_field!r}); give every record an answer or "
+                                "drop the record")
+            doc = RawDocument(prompt, answer)
+        else:
+            doc = RawDocument(columns[0][i] or "")
+        if levels is not None and (doc.text or doc.answer):
+            level = levels[i]
+            if level is None or not float(level).is_integer() or level < 0:
+                raise DataError(f"{where.format(first_record + i)} has level {level!r} in "
+                                f"{src.level_field!r}; levels must be integers >= 0, fix the "
+                                f"record or data.sources[{index}].level_field")
+            doc = RawDocument(doc.text, doc.answer, int(level))
+        yield doc
+
+
+def _parquet_documents(index: int, src: SourceConfig, files: list[Path],
+                       stats: SourceStats) -> Iterator[RawDocument]:
     import pyarrow as pa
 
+    wanted = list(dict.fromkeys(_text_fields(src) + ([src.level_field] if src.level_field
+                                                     else [])))
     for path in files:
         pf = _open_parquet(index, src, path)
         _check_parquet_schema(index, src, path, pf)
-        batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=[src.text_field])
+        batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=wanted)
+        record = 1
         while True:
             try:
                 batch = next(batches, None)
@@ -138,32 +223,52 @@ def _parquet_texts(index: int, src: SourceConfig, files: list[Path],
                                 f"({_first_line(exc)}); the file is corrupt, replace it") from None
             if batch is None:
                 break
-            yield from _column_texts(batch.column(0), stats)
+            yield from _batch_documents(index, src, path, batch, record, stats)
+            record += batch.num_rows
 
 
-def _jsonl_texts(index: int, src: SourceConfig, files: list[Path],
-                 stats: SourceStats) -> Iterator[str | None]:
+def _jsonl_documents(index: int, src: SourceConfig, files: list[Path],
+                     stats: SourceStats) -> Iterator[RawDocument]:
     import pyarrow as pa
     import pyarrow.json as pj
 
-    schema = pa.schema([pa.field(src.text_field, pa.string())])
-    parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    fields = [pa.field(name, pa.string()) for name in dict.fromkeys(_text_fields(src))]
+    if src.level_field:  # float64: 2.5 is read (and refused by name below), not a parse error
+        fields.append(pa.field(src.level_field, pa.float64()))
+    parse = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
     read = pj.ReadOptions(block_size=JSON_BLOCK_BYTES)
     for path in files:
-        found = 0
+        found, record = 0, 1
         try:
             reader = pj.open_json(path, read_options=read, parse_options=parse)
             for batch in reader:
-                column = batch.column(0)
+                column = batch.column(_text_fields(src)[0])
                 found += len(column) - column.null_count
-                yield from column.to_pylist()
+                yield from _batch_documents(index, src, path, batch, record, stats)
+                record += batch.num_rows
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"{_where(index, src)}: cannot read {path} as JSON lines "
-                            f"({_first_line(exc)}); fix the file or data.sources[{index}]."
-                            "text_field") from None
+            raise DataError(_jsonl_error(index, src, path, exc)) from None
         if not found and path.stat().st_size:
+            key = _text_fields(src)[0]
             raise DataError(f"{_where(index, src)}: no line of {path} has the key "
-                            f"{src.text_field!r}; set data.sources[{index}].text_field")
+                            f"{key!r}; set data.sources[{index}].{_field_key(src, key)}")
+
+
+def _jsonl_error(index: int, src: SourceConfig, path: Path, exc: BaseException) -> str:
+    """A pyarrow JSON error as one line; a wrongly typed field is named with its fix."""
+    detail = _first_line(exc)
+    if src.level_field and (f"Column(/{src.level_field})" in detail
+                            or "to double" in detail):
+        return (f"{_where(index, src)}: key {src.level_field!r} of {path} holds a non-integer "
+                f"level ({detail}); levels must be integers >= 0, fix the file or "
+                f"data.sources[{index}].level_field")
+    for name in _text_fields(src):
+        if f"Column(/{name})" in detail:
+            return (f"{_where(index, src)}: key {name!r} of {path} does not hold text "
+                    f"({detail}); fix the file or data.sources[{index}]."
+                    f"{_field_key(src, name)}")
+    return (f"{_where(index, src)}: cannot read {path} as JSON lines ({detail}); fix the file "
+            f"or data.sources[{index}].{_field_key(src, _text_fields(src)[0])}")
 
 
 def _file_texts(files: list[Path], stats: SourceStats) -> Iterator[str]:
@@ -185,23 +290,23 @@ def iter_documents(index: int, src: SourceConfig, stats: SourceStats) -> Iterato
     if src.type == "reasoning":
         for problem in iter_reasoning_problems(src):
             stats.num_docs += 1
-            yield RawDocument(problem.prompt, problem.answer)
+            yield RawDocument(problem.prompt, problem.answer, problem.difficulty)
         return
     if src.type == "stdlib":
-        texts: Iterator[str | None] = _stdlib_texts(src, stats)
+        docs: Iterator[RawDocument] = map(RawDocument, _stdlib_texts(src, stats))
     else:
         files = check_source(index, src)
         if src.type == "parquet":
-            texts = _parquet_texts(index, src, files, stats)
+            docs = _parquet_documents(index, src, files, stats)
         elif src.type == "jsonl":
-            texts = _jsonl_texts(index, src, files, stats)
+            docs = _jsonl_documents(index, src, files, stats)
         else:
-            texts = _file_texts(files, stats)
-    for text in texts:
-        if not text:
+            docs = map(RawDocument, _file_texts(files, stats))
+    for doc in docs:
+        if not doc.text and not doc.answer:
             stats.skipped_empty += 1
             continue
         stats.num_docs += 1
-        yield RawDocument(text)
+        yield doc
         if src.max_docs and stats.num_docs >= src.max_docs:
             return

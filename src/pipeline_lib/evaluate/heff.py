@@ -4,6 +4,9 @@ Loop t never depends on the total loop count, so reading out after loops 1, 2, 4
 single 8-loop pass gives exactly the losses of four separate evaluations (the prototype's
 way) at about the cost of the deepest one. H_eff beyond the training loop count is allowed:
 that is the extrapolation the research question asks about.
+
+Per-token losses are kept per document (:mod:`.heff_stats`), so every loss carries a
+per-document bootstrap standard error and loss(h) − loss(1) a paired interval.
 """
 
 from __future__ import annotations
@@ -11,17 +14,28 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..errors import ConfigError
+from .adaptive import AdaptiveSpec, adaptive_sweep
+from .heff_stats import DocumentAccumulator, DocumentLosses, loss_statistics
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
+_CHUNK_ELEMENTS = 1 << 22  # logits elements per readout chunk (16 MiB in fp32)
+
+
+def answer_targets_only(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with every target outside ``answer_mask`` ignored (answer-token scoring)."""
+    targets = torch.where(batch["answer_mask"], batch["targets"], IGNORE_INDEX)
+    return {**batch, "targets": targets}
 
 
 def parse_h_eff(text: str | Sequence[int]) -> list[int]:
@@ -37,40 +51,93 @@ def parse_h_eff(text: str | Sequence[int]) -> list[int]:
     return values
 
 
-@torch.no_grad()
-def sweep_losses(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
-                 max_tokens: int) -> tuple[dict[int, float], int]:
-    """Token-weighted mean loss at every H_eff over ``batches``, up to ``max_tokens`` targets.
+def _document_keys(batch: Any, valid: torch.Tensor, first_row: int) -> np.ndarray:
+    """Document of every scored token [N]: the global ``doc_index`` when the loader gives it,
+    else (row, ``doc_ids``) encoded as one integer (a split document counts per piece)."""
+    if "doc_index" in batch:
+        return batch["doc_index"][valid].cpu().numpy().astype(np.int64)
+    doc = batch["doc_ids"]
+    rows = torch.arange(doc.shape[0], device=doc.device)[:, None] + first_row
+    return (rows * (doc.shape[1] + 1) + doc)[valid].cpu().numpy().astype(np.int64)
 
-    Each batch runs once; its per-H_eff mean is weighted by its number of scored targets, so
-    the result equals the loss over all scored tokens at once (up to float rounding).
+
+def _token_losses(model: torch.nn.Module, state: torch.Tensor, ctx: Any, valid: torch.Tensor,
+                  targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy [N] (fp32) of the scored tokens, read out from ``state``.
+
+    The same readout as ``readout_logits`` (final norm, head), computed only at scored
+    positions and in chunks of tokens, so [B·L, V] logits never exist at once.
+    """
+    hidden = model.readout_hidden(state, ctx)[valid]  # [N, D]
+    weight = model.head_weight  # [V, D]
+    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    chunk = max(1, _CHUNK_ELEMENTS // weight.shape[0])
+    for i in range(0, hidden.shape[0], chunk):
+        logits = F.linear(hidden[i:i + chunk], weight).float()  # [C, V]
+        target_logit = logits.gather(1, targets[i:i + chunk, None]).squeeze(1)
+        out[i:i + chunk] = torch.logsumexp(logits, dim=1) - target_logit
+    return out
+
+
+@torch.no_grad()
+def sweep_documents(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
+                    max_tokens: int, doc_levels: np.ndarray | None = None) -> DocumentLosses:
+    """Summed token losses per document at every H_eff, up to ``max_tokens`` targets.
+
+    Each batch runs its loops once (``forward_loops`` from one H_eff to the next) and is
+    read out after every listed count. ``doc_levels`` (level per global document, -1 =
+    unknown) is used when batches carry ``doc_index``.
     """
     model.eval()
-    totals = {h: 0.0 for h in h_effs}
-    tokens = 0
+    hs = sorted({int(h) for h in h_effs})
+    acc = DocumentAccumulator(hs)
+    tokens = rows = 0
+    global_keys = True
     bar = tqdm(total=max_tokens, desc="H_eff sweep", unit="tok", leave=False)
     for batch in batches:
-        n = int((batch["targets"] != IGNORE_INDEX).sum())
-        if n == 0:
-            continue
-        losses = model.losses(batch, loops=list(h_effs))
-        for h in h_effs:
-            totals[h] += float(losses[h]) * n
-        tokens += n
-        bar.update(n)
+        targets = batch["targets"]
+        valid = targets != IGNORE_INDEX  # [B, L]
+        n = int(valid.sum())
+        if n:
+            global_keys &= "doc_index" in batch
+            keys = _document_keys(batch, valid, rows)
+            ctx = model.embed(batch)
+            state, t, per_h = None, 0, []
+            for h in hs:
+                state = model.forward_loops(ctx, t, h, state)
+                per_h.append(_token_losses(model, state, ctx, valid, targets[valid]))
+                t = h
+            acc.add(keys, torch.stack(per_h, dim=1).double().cpu().numpy())
+            tokens += n
+            bar.update(n)
+        rows += targets.shape[0]
         if tokens >= max_tokens:
             break
     bar.close()
     if tokens == 0:
         raise ConfigError("the H_eff sweep scored no tokens: the validation split is empty or "
                           "fully padded; raise data.val_fraction and re-pack")
-    return {h: totals[h] / tokens for h in h_effs}, tokens
+    return acc.finish(doc_levels if global_keys else None)
 
 
-def sweep_result(step: int | None, losses: dict[int, float], tokens: int) -> dict[str, Any]:
-    """The JSON document of one snapshot's sweep (see README § Evaluation)."""
+def sweep_losses(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
+                 max_tokens: int) -> tuple[dict[int, float], int]:
+    """Token-weighted mean loss at every H_eff over ``batches``, up to ``max_tokens`` targets.
+
+    Each batch runs once; the result equals the loss over all scored tokens at once (sums
+    in float64), whatever the batching.
+    """
+    docs = sweep_documents(model, batches, h_effs, max_tokens)
+    return docs.means(), docs.total_tokens
+
+
+def sweep_result(step: int | None, losses: dict[int, float], tokens: int,
+                 documents: DocumentLosses | None = None) -> dict[str, Any]:
+    """The JSON document of one snapshot's sweep (see README § Evaluation); with
+    ``documents``, also ``stderr``, ``documents``, ``paired`` and ``losses_by_level``."""
     hs = sorted(losses)
     ordered = [losses[h] for h in hs]
+    stats = loss_statistics(documents) if documents is not None else {}
     return {
         "step": step,
         "losses": {str(h): losses[h] for h in hs},
@@ -78,12 +145,18 @@ def sweep_result(step: int | None, losses: dict[int, float], tokens: int) -> dic
         "tokens": tokens,
         "deeper_better": all(b <= a for a, b in zip(ordered, ordered[1:], strict=False)),
         "best_h_eff": min(hs, key=lambda h: (losses[h], h)),
+        **stats,
     }
 
 
 def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *,
-             max_tokens: int, batch_rows: int, use_ema: bool = False) -> dict[str, Any]:
-    """Evaluate ``snapshot`` on the validation split of ``data_dir``; write ``out`` (JSON)."""
+             max_tokens: int, batch_rows: int, use_ema: bool = False,
+             adaptive: AdaptiveSpec | None = None) -> dict[str, Any]:
+    """Evaluate ``snapshot`` on the validation split of ``data_dir``; write ``out`` (JSON).
+
+    ``adaptive``: also the per-token adaptive exit (:mod:`.adaptive`), its own pass over the
+    same batches, as the ``adaptive`` section.
+    """
     from ..data.loader import PackedData
     from .loading import load_for_eval
 
@@ -93,13 +166,26 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
         raise ConfigError(f"data {data_dir} has vocab {data.vocab_size} but snapshot {snapshot} "
                           f"was trained with {loaded.config.model.vocab_size}; pass the run's "
                           "own data directory")
-    # Read validation rows until max_tokens targets are scored (or the split ends).
-    batches = data.val_batches(data.val_rows, batch_rows)
-    losses, tokens = sweep_losses(loaded.model, batches, h_effs, max_tokens)
+    # A model trained on answer tokens only (train.objective answer_*) is scored on them only.
+    answer_only = loaded.config.train.objective.startswith("answer_")
+
+    def batches() -> Iterator[dict[str, torch.Tensor]]:
+        """Validation rows until max_tokens targets are scored (or the split ends)."""
+        for batch in data.val_batches(data.val_rows, batch_rows):
+            yield answer_targets_only(batch) if answer_only else batch
+
+    documents = sweep_documents(loaded.model, batches(), h_effs, max_tokens,
+                                getattr(data, "doc_levels", None))
+    losses, tokens = documents.means(), documents.total_tokens
     if tokens < max_tokens:
         log.info("validation split has only %d scorable tokens (eval.max_tokens = %d)",
                  tokens, max_tokens)
-    result = sweep_result(loaded.step, losses, tokens)
+    result = sweep_result(loaded.step, losses, tokens, documents)
+    result["scored_tokens"] = "answer" if answer_only else "all"
+    if adaptive is not None:
+        result["adaptive"] = adaptive_sweep(
+            loaded.model, batches(),
+            adaptive.resolved(h_effs), max_tokens, reference=documents)
     log.info("H_eff sweep of %s: %s (deeper_better=%s)", snapshot,
              {h: round(v, 4) for h, v in losses.items()}, result["deeper_better"])
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,11 @@
-"""Summary of every kept snapshot's H_eff sweep: one long table and one figure."""
+"""Summary of every kept snapshot's H_eff sweep: one long table and one figure.
+
+Columns (:data:`COLUMNS`): the loss with its per-document bootstrap standard error
+(``stderr``), the scored ``tokens`` and ``documents``, and the paired difference
+loss(h) − loss(baseline H_eff, normally 1) with its 95% interval (``diff_vs_h1``,
+``diff_lo``, ``diff_hi``; null on the baseline row and for sweeps written before these
+statistics existed).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,11 @@ from typing import Any
 from ..errors import DataError
 
 log = logging.getLogger(__name__)
-COLUMNS = ("step", "h_eff", "loss", "perplexity", "tokens", "deeper_better")
+COLUMNS = ("step", "h_eff", "loss", "perplexity", "tokens", "deeper_better", "stderr",
+           "documents", "diff_vs_h1", "diff_lo", "diff_hi")
+_TYPES = {"step": "int64", "h_eff": "int64", "loss": "float64", "perplexity": "float64",
+          "tokens": "int64", "deeper_better": "bool_", "stderr": "float64", "documents": "int64",
+          "diff_vs_h1": "float64", "diff_lo": "float64", "diff_hi": "float64"}
 
 
 def read_sweeps(paths: Sequence[Path]) -> list[dict[str, Any]]:
@@ -32,10 +43,16 @@ def sweep_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Long format: one row per (snapshot step, H_eff)."""
     rows = []
     for doc in sweeps:
+        stderr = doc.get("stderr", {})
+        paired = doc.get("paired", {})
         for h, loss in sorted(doc["losses"].items()):
+            diff = paired.get(str(h), {})
             rows.append({"step": doc.get("step"), "h_eff": h, "loss": loss,
                          "perplexity": float(doc["perplexities"][str(h)]),
-                         "tokens": int(doc["tokens"]), "deeper_better": bool(doc["deeper_better"])})
+                         "tokens": int(doc["tokens"]), "deeper_better": bool(doc["deeper_better"]),
+                         "stderr": stderr.get(str(h)), "documents": doc.get("documents"),
+                         "diff_vs_h1": diff.get("diff"), "diff_lo": diff.get("lo"),
+                         "diff_hi": diff.get("hi")})
     return rows
 
 
@@ -43,7 +60,8 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({c: [r[c] for r in rows] for c in COLUMNS})
+    table = pa.table({c: pa.array([r[c] for r in rows], getattr(pa, _TYPES[c])())
+                      for c in COLUMNS})
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out)
 
@@ -60,12 +78,14 @@ def plot_sweeps(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") ->
     n = max(len(sweeps) - 1, 1)
     for i, doc in enumerate(sweeps):
         hs = sorted(doc["losses"])
-        left.plot(hs, [doc["losses"][h] for h in hs], marker="o", color=cmap(i / n),
-                  label=f"step {doc.get('step')}")
+        se = doc.get("stderr", {})
+        left.errorbar(hs, [doc["losses"][h] for h in hs], marker="o", color=cmap(i / n),
+                      yerr=[1.96 * se.get(str(h), 0.0) for h in hs], capsize=3,
+                      label=f"step {doc.get('step')}")
     left.set_xscale("log", base=2)
     left.set_xlabel("test-time loops H_eff")
     left.set_ylabel("validation loss (nats/token)")
-    left.set_title("loss vs H_eff per snapshot")
+    left.set_title("loss vs H_eff per snapshot (bars: ±1.96 SE)")
     left.legend(fontsize="small")
     all_h = sorted({h for doc in sweeps for h in doc["losses"]})
     steps = [doc.get("step") for doc in sweeps]

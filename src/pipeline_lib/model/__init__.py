@@ -20,6 +20,7 @@ _LAZY = {
     "param_count": ".size",
     "check_model_config": ".size",
     "sample_loop_count": ".loop_sampling",
+    "loop_target": ".loop_sampling",
 }
 
 __all__ = [
@@ -31,12 +32,13 @@ __all__ = [
     "ModelConfig",
     "check_model_config",
     "chunked_cross_entropy",
+    "loop_target",
     "param_count",
     "sample_loop_count",
 ]
 
 if TYPE_CHECKING:
-    from .loop_sampling import sample_loop_count
+    from .loop_sampling import loop_target, sample_loop_count
     from .looped import LoopContext, LoopedLM, LoopOutput
     from .loss import chunked_cross_entropy
     from .moe import MoEFFN

@@ -3,6 +3,16 @@
 Seeding by the step (not by a running generator) makes the draw a pure function: a run
 resumed at step s, or the same step on every rank, draws exactly what an uninterrupted run
 would. Torch-free (numpy only), so it can be used anywhere.
+
+Loop-count curriculum (``ramp_steps`` > 0, Huginn's, arXiv:2502.05171): the sampler's
+target rises linearly from ``min_loops`` over the first ``ramp_steps`` steps,
+
+    t(s) = min_loops + (target − min_loops) · min(1, s / ramp_steps),
+
+and the mode's own draw runs with t(s) in place of its target: ``fixed`` runs round(t(s))
+loops (target ``model.loops``), ``uniform`` draws from [min_loops, round(t(s))] (target
+``max_loops``: the upper end ramps), ``poisson_lognormal`` draws with mean t(s) (target
+``mean``). Still a pure function of (seed, step); ``ramp_steps`` 0 is the plain sampler.
 """
 
 from __future__ import annotations
@@ -17,6 +27,24 @@ from ..errors import ConfigError
 _STREAM = 0x100F  # separates this stream from other uses of (seed, step)
 
 
+def _round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5))  # not round(): banker's rounding would make 2.5 → 2
+
+
+def loop_target(cfg: LoopSamplingConfig, default_loops: int, step: int) -> float:
+    """The sampler's target at ``step``: ``model.loops`` (fixed), ``max_loops`` (uniform) or
+    ``mean`` (poisson_lognormal), ramped linearly up from ``min_loops`` over ``ramp_steps``."""
+    target = {"fixed": float(default_loops), "uniform": float(cfg.max_loops),
+              "poisson_lognormal": float(cfg.mean)}.get(cfg.mode)
+    if target is None:
+        raise ConfigError(f"train.loop_sampling.mode = {cfg.mode!r} is not allowed; use fixed, "
+                          "uniform or poisson_lognormal")
+    if cfg.ramp_steps <= 0:
+        return target
+    progress = min(1.0, max(int(step), 0) / cfg.ramp_steps)
+    return cfg.min_loops + (target - cfg.min_loops) * progress
+
+
 def sample_loop_count(cfg: LoopSamplingConfig, default_loops: int, seed: int, step: int) -> int:
     """Loops to run at optimizer step ``step``.
 
@@ -25,24 +53,25 @@ def sample_loop_count(cfg: LoopSamplingConfig, default_loops: int, seed: int, st
     - ``poisson_lognormal`` (Huginn, arXiv:2502.05171): rate ~ LogNormal(log(mean − 1) − σ²/2,
       σ), count = 1 + Poisson(rate), so E[count] = mean before clamping to
       [min_loops, max_loops].
+
+    With ``ramp_steps`` > 0 the target ramps up first (see the module docstring).
     """
     if cfg.min_loops > cfg.max_loops:
         raise ConfigError(f"train.loop_sampling.min_loops = {cfg.min_loops} exceeds max_loops = "
                           f"{cfg.max_loops}; swap them")
+    target = loop_target(cfg, default_loops, step)
     if cfg.mode == "fixed":
-        return int(default_loops)
+        return int(default_loops) if cfg.ramp_steps <= 0 else _round_half_up(target)
     rng = np.random.default_rng([int(seed), int(step), _STREAM])
     if cfg.mode == "uniform":
-        count = int(rng.integers(cfg.min_loops, cfg.max_loops + 1))
-    elif cfg.mode == "poisson_lognormal":
-        extra_mean = cfg.mean - 1.0  # mean of the Poisson part; the +1 makes count >= 1
+        high = _round_half_up(target)  # max_loops itself without a ramp
+        count = int(rng.integers(cfg.min_loops, high + 1))
+    else:  # poisson_lognormal
+        extra_mean = target - 1.0  # mean of the Poisson part; the +1 makes count >= 1
         if extra_mean <= 0:
             count = 1
         else:
             mu = math.log(extra_mean) - cfg.sigma**2 / 2  # so that E[rate] = extra_mean
             rate = rng.lognormal(mu, cfg.sigma)
             count = 1 + int(rng.poisson(rate))
-    else:
-        raise ConfigError(f"train.loop_sampling.mode = {cfg.mode!r} is not allowed; use fixed, "
-                          "uniform or poisson_lognormal")
     return min(max(count, cfg.min_loops), cfg.max_loops)

@@ -6,12 +6,13 @@ losses at H_eff = 1, 2, 4, 8 from one pass are exactly the losses of four separa
 (the H_eff sweep and deep supervision rest on this).
 
 Entry points (shapes: B rows, L tokens, D width, V vocab):
-- ``model(batch, loops, answer_weight, no_grad_loops=, start=, state=) -> LoopOutput``
-  (losses per listed loop count and the state after the last one); ``model.losses(...)``
-  returns just the dict. Under FSDP call the module (``model(...)``) so its hooks run.
+- ``model(batch, loops, answer_weight, no_grad_loops=, start=, state=, answer_only=)
+  -> LoopOutput`` (losses per listed loop count and the state after the last one);
+  ``model.losses(...)`` returns just the dict. Under FSDP call the module (``model(...)``)
+  so its hooks run. ``answer_only`` scores the answer tokens (``answer_mask``) alone.
 - Segmented/truncated backprop pieces: ``embed(batch) -> LoopContext``,
   ``forward_loops(ctx, start, end, state, no_grad_loops=) -> state``,
-  ``readout_loss(state, ctx, answer_weight) -> loss``.
+  ``readout_loss(state, ctx, answer_weight, answer_only=) -> loss``.
 - ``logits_at(batch_or_input_ids, h_eff) -> [B, L, V]`` for generation and scoring.
 - MoE: ``take_aux_loss()``, ``update_moe_biases()``, ``clear_moe_loads()``,
   ``moe_load_stats()``.
@@ -220,20 +221,27 @@ class LoopedLM(nn.Module):
         """Logits [B, L, V] of a loop state (materialised: for generation and scoring)."""
         return F.linear(self.readout_hidden(state, ctx), self.head_weight)
 
-    def _token_weights(self, ctx: LoopContext, answer_weight: float) -> Tensor | None:
+    def _token_weights(self, ctx: LoopContext, answer_weight: float,
+                       answer_only: bool = False) -> Tensor | None:
         if answer_weight < 0:
             raise ValueError(f"answer_weight must be >= 0, got {answer_weight}")
+        if answer_only:
+            if ctx.answer_mask is None:
+                raise ValueError("answer_only needs the batch's 'answer_mask'")
+            return ctx.answer_mask.reshape(-1).float()  # 1 on answer tokens, 0 elsewhere
         if ctx.answer_mask is None or answer_weight == 1.0:
             return None
         w = torch.where(ctx.answer_mask, float(answer_weight), 1.0)  # [B, L]
         return w.reshape(-1)
 
     def readout_loss(self, state: Tensor, ctx_or_batch: LoopContext | Batch,
-                     answer_weight: float = 1.0) -> Tensor:
+                     answer_weight: float = 1.0, *, answer_only: bool = False) -> Tensor:
         """Mean next-token loss of a loop state; answer tokens weighted by ``answer_weight``.
 
         Weighted mean Σ wᵢ·ceᵢ / Σ wᵢ over non-ignored targets (w = answer_weight on
-        ``answer_mask``, else 1), via the chunked loss (no [B·L, V] logits).
+        ``answer_mask``, else 1), via the chunked loss (no [B·L, V] logits). With
+        ``answer_only`` w is 1 on ``answer_mask`` and 0 elsewhere: the mean loss of the
+        answer tokens (0, with zero gradients, in a batch without any).
         """
         ctx = ctx_or_batch if isinstance(ctx_or_batch, LoopContext) else self.context(ctx_or_batch)
         if ctx.targets is None:
@@ -242,13 +250,14 @@ class LoopedLM(nn.Module):
         D = h.shape[-1]
         return chunked_cross_entropy(h.reshape(-1, D), self.head_weight, ctx.targets.reshape(-1),
                                      chunk_size=self.cfg.loss_chunk_size,
-                                     token_weights=self._token_weights(ctx, answer_weight))
+                                     token_weights=self._token_weights(ctx, answer_weight,
+                                                                       answer_only))
 
     # ------------------------------------------------------------------ full passes
 
     def forward(self, batch: Batch | LoopContext, loops: Sequence[int],
                 answer_weight: float = 1.0, *, no_grad_loops: int = 0, start: int = 0,
-                state: Tensor | None = None) -> LoopOutput:
+                state: Tensor | None = None, answer_only: bool = False) -> LoopOutput:
         """Losses after each listed loop count, from one pass over the loops.
 
         Counts may exceed ``cfg.loops`` (test-time extrapolation). ``start``/``state``
@@ -265,15 +274,16 @@ class LoopedLM(nn.Module):
         for h in wanted:
             free = max(0, min(no_grad_loops - (t - start), h - t))
             state = self.forward_loops(ctx, t, h, state, no_grad_loops=free)
-            out[h] = self.readout_loss(state, ctx, answer_weight)
+            out[h] = self.readout_loss(state, ctx, answer_weight, answer_only=answer_only)
             t = h
         assert state is not None
         return LoopOutput(losses={int(h): out[int(h)] for h in loops}, state=state)
 
     def losses(self, batch: Batch, loops: Sequence[int], answer_weight: float = 1.0, *,
-               no_grad_loops: int = 0) -> dict[int, Tensor]:
+               no_grad_loops: int = 0, answer_only: bool = False) -> dict[int, Tensor]:
         """``{h: loss after h loops}`` for every h in ``loops``, from one forward pass."""
-        return self(batch, loops, answer_weight, no_grad_loops=no_grad_loops).losses
+        return self(batch, loops, answer_weight, no_grad_loops=no_grad_loops,
+                    answer_only=answer_only).losses
 
     @torch.no_grad()
     def logits_by_loops(self, batch_or_input_ids: Batch | Tensor,

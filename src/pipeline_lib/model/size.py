@@ -102,3 +102,43 @@ def param_count(cfg: ModelConfig) -> int:
         total += 1  # λ
     total += step_embedding_rows(cfg) * d
     return total
+
+
+def block_matmul_params(cfg: ModelConfig) -> int:
+    """Weights one token is multiplied by in one block application: attention projections and
+    the FFN (for MoE: the router and the ``moe_top_k`` experts it is routed to)."""
+    d = cfg.d_model
+    attention = 4 * d * d  # q, k, v, out
+    if cfg.moe_experts:
+        ffn = cfg.moe_experts * d + cfg.moe_top_k * 3 * d * resolved_moe_hidden(cfg)
+    else:
+        ffn = 3 * d * resolved_ffn_hidden(cfg)
+    return attention + ffn
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int, loops: int | None = None) -> int:
+    """Forward FLOPs per token at ``loops`` core loops (default ``cfg.loops``), by arithmetic.
+
+    FLOPs ≈ 2 × (matmul weights used per token) + attention:
+
+    - matmul weights: prelude and coda blocks once, the core blocks once per loop, the
+      linear injection map (2·d²) once per loop, and the output head (V·d, also when tied);
+      the embedding lookup, norms and elementwise ops are left out;
+    - attention: 4·seq_len·d per block application (QKᵀ scores and the weighted sum of V
+      over a full context, the convention of Kaplan et al. 2020 and Hoffmann et al. 2022;
+      causal, document-masked rows attend to fewer tokens, so this is an upper bound).
+
+    A training step costs about 3× this per token (forward + backward). With this count a
+    1-block × 4-loop core and a 4-block × 1-loop core cost the same, which is the point of
+    comparing them (iso-compute), while their parameter counts differ.
+    """
+    loops = cfg.loops if loops is None else loops
+    if loops < 1 or seq_len < 1:
+        raise ConfigError(f"flops_per_token needs loops >= 1 and seq_len >= 1, got loops={loops}, "
+                          f"seq_len={seq_len}")
+    d = cfg.d_model
+    applications = cfg.prelude_layers + cfg.coda_layers + cfg.core_layers * loops
+    matmul = applications * block_matmul_params(cfg) + cfg.vocab_size * d
+    if cfg.injection == "linear":
+        matmul += loops * 2 * d * d
+    return 2 * matmul + applications * 4 * seq_len * d

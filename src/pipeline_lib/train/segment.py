@@ -30,7 +30,7 @@ from ..checkpoint import (
 )
 from ..config import Config, to_dict
 from ..data.loader import DataCursor, PackedData
-from ..errors import CheckpointError, DataError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..model import LoopedLM
 from .distributed import RankGroup
 from .ema import WeightsEMA
@@ -74,7 +74,7 @@ class TrainerState:
             "loop_sampling": {"rule": "sample_loop_count(seed, step)",
                               "seed": cfg.experiment.seed, "mode": ls.mode,
                               "min_loops": ls.min_loops, "max_loops": ls.max_loops,
-                              "last_loops": self.last_loops},
+                              "ramp_steps": ls.ramp_steps, "last_loops": self.last_loops},
             "moe_biases": moe_biases,  # a readable copy; the buffers are in the model weights
             "ema": None if ema is None else {"decay": ema.decay, "updates": ema.num_updates},
             "tracking_run_id": self.tracking_run_id,
@@ -132,11 +132,16 @@ def build_model(cfg: Config, device: torch.device) -> LoopedLM:
 
 def resolve_config(cfg: Config, data: PackedData) -> Config:
     """``cfg`` with ``model.vocab_size`` taken from the pack when 0; the pack's sequence
-    length must be ``data.seq_len``."""
+    length must be ``data.seq_len``, and an answer_* objective needs answer spans."""
     if data.seq_len != cfg.data.seq_len:
         raise DataError(f"data directory {data.data_dir} is packed with seq_len {data.seq_len}, "
                         f"config data.seq_len is {cfg.data.seq_len}; pass the data directory "
                         "of this config (results/data/<data_id>) or re-pack")
+    if cfg.train.objective.startswith("answer_") and not data.has_answer_spans:
+        raise ConfigError(f"train.objective = {cfg.train.objective} scores answer tokens only, "
+                          f"but the pack {data.data_dir} has no answer spans; add a reasoning "
+                          "source or prompt_field/answer_field to a data source, or use "
+                          "train.objective last or deep_supervision")
     vocab = cfg.model.vocab_size or data.vocab_size
     if vocab < data.vocab_size:
         raise DataError(f"model.vocab_size = {vocab} is smaller than the tokenizer's "

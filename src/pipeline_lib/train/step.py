@@ -3,6 +3,8 @@
 Loss of a micro-batch: the objective over the loop readouts (``last``: the loss after the
 last loop; ``deep_supervision``: the mean of the losses after loops 1..n, all from one
 pass), answer tokens weighted by ``train.answer_weight``, plus the model's MoE aux loss.
+``answer_last`` / ``answer_deep_supervision`` read out the same way but score the answer
+tokens only (the mean loss over ``answer_mask``; ``answer_weight`` is then unused).
 Gradients of the micro-batches are accumulated with weight 1/accum each.
 
 Backprop through loops (``train.bptt``):
@@ -81,7 +83,8 @@ class StepRunner:
         self.group = group  # several ranks: statistics are reduced before the guard judges
         self.forward = model if forward is None else forward  # compiled with train.compile
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.deep = train.objective == "deep_supervision"
+        self.deep = train.objective in ("deep_supervision", "answer_deep_supervision")
+        self.answer_only = train.objective.startswith("answer_")
 
     # ------------------------------------------------------------------ pieces
 
@@ -145,7 +148,8 @@ class StepRunner:
                 with probe.attached() if probe is not None else nullcontext():
                     # a fresh embedding per segment: the previous segment's graph is freed
                     out = self.forward(batch, counts, t.answer_weight, no_grad_loops=no_grad,
-                                       start=start, state=states[m])
+                                       start=start, state=states[m],
+                                       answer_only=self.answer_only)
                     loss = self.faults.perturb_loss(self._objective(out.losses, counts),
                                                     step, flat_row)
                     aux = self.model.take_aux_loss()

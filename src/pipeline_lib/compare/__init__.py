@@ -1,0 +1,70 @@
+"""Cross-variant comparison: one table, a markdown summary, the depth check and plots.
+
+Per variant it reads the final snapshot's H_eff sweep, final benchmark JSON, training curve
+and config (:mod:`.runs`). Every accuracy carries n and its 95% interval, every loss its
+token count and standard error; the findings call a depth effect only where the PAIRED
+interval of H_eff=h against the baseline H_eff (1) excludes zero (:func:`verdict`), and the
+depth check (:mod:`.depth`) compares looped variants with shallow and deep ones on the same
+benchmark examples. The MLflow UI shows the same numbers run by run; this is the
+side-by-side view that also lands in ``snakemake --report`` and in the README
+(:mod:`pipeline_lib.results_doc`).
+
+Modules: :mod:`.runs` (loading, long table), :mod:`.depth` (cross-variant paired
+comparisons), :mod:`.markdown` (tables, findings), :mod:`.plots`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .depth import TARGET_MARGIN, compare_examples, depth_check, depth_markdown, variant_kind
+from .markdown import summary_markdown, verdict
+from .plots import plot_comparison
+from .runs import (
+    COLUMNS,
+    TAIL_STEPS,
+    RunResults,
+    Score,
+    TaskSamples,
+    comparison_rows,
+    load_run_results,
+    load_runs,
+    run_dir_inputs,
+    write_table,
+)
+
+__all__ = ["COLUMNS", "DEPTH_CHECK_JSON", "TAIL_STEPS", "TARGET_MARGIN", "RunResults", "Score",
+           "TaskSamples", "compare_examples", "compare_runs", "comparison_rows", "depth_check",
+           "depth_markdown", "load_run_results", "load_runs", "plot_comparison",
+           "run_dir_inputs", "summary_markdown", "variant_kind", "verdict"]
+
+log = logging.getLogger(__name__)
+DEPTH_CHECK_JSON = "depth_check.json"
+
+
+def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
+                 depth_json: Path | None = None) -> list[dict[str, Any]]:
+    """``inputs``: run → {"heff": parquet, "bench": final bench JSON, "metrics": jsonl,
+    optionally "config": the final snapshot's config.yaml (default: the one the bench JSON's
+    snapshot holds)}.
+
+    Writes ``summary.md``, ``summary.parquet``, the plots and the depth check
+    (``depth_json``, default ``out_dir/depth_check.json``) into ``out_dir``; returns the
+    table rows.
+    """
+    runs = load_runs(inputs)
+    rows = comparison_rows(runs)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_table(rows, out_dir / "summary.parquet")
+    depth = depth_check(runs)
+    depth_json = Path(depth_json) if depth_json is not None else out_dir / DEPTH_CHECK_JSON
+    depth_json.write_text(json.dumps(depth, indent=1) + "\n")
+    (out_dir / "summary.md").write_text(summary_markdown(runs, depth))
+    plot_comparison(runs, out_dir)
+    log.info("compared %d runs → %s", len(runs), out_dir)
+    return rows

@@ -1,0 +1,77 @@
+"""Plots of the comparison: loss and accuracy against H_eff with intervals, training loss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .runs import RunResults
+
+
+def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
+    """``loss_vs_heff.png``, ``accuracy_vs_heff.png`` and ``train_loss.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return [_save(plot(plt, runs), out_dir / name) for name, plot in (
+        ("loss_vs_heff.png", _plot_loss_vs_heff), ("accuracy_vs_heff.png", _plot_accuracy),
+        ("train_loss.png", _plot_train_loss))]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_loss_vs_heff(plt: Any, runs: Sequence[RunResults]) -> Any:
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    for r in runs:
+        hs = sorted(r.val_loss)
+        err = [1.96 * (r.loss_scores[h].stderr or 0.0) if h in r.loss_scores else 0.0 for h in hs]
+        ax.errorbar(hs, [r.val_loss[h] for h in hs], yerr=err, marker="o", capsize=3,
+                    label=r.name)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="test-time loops H_eff", ylabel="validation loss (nats/token)",
+           title="final snapshot: loss vs H_eff (bars: ±1.96 SE)")
+    ax.legend()
+    return fig
+
+
+def _plot_accuracy(plt: Any, runs: Sequence[RunResults]) -> Any:
+    tasks = sorted({k for r in runs for k in r.accuracy})
+    fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4 * max(len(tasks), 1), 3.6),
+                             constrained_layout=True, squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=False):
+        for r in runs:
+            per_h = r.accuracy.get(task, {})
+            hs = sorted(per_h)
+            cells = r.scores.get(task, {}).get(None, {})
+            lo = [per_h[h] - (cells[h].ci_low if h in cells and cells[h].ci_low is not None
+                              else per_h[h]) for h in hs]
+            hi = [(cells[h].ci_high if h in cells and cells[h].ci_high is not None
+                   else per_h[h]) - per_h[h] for h in hs]
+            ax.errorbar(hs, [per_h[h] for h in hs], yerr=[lo, hi], marker="o", capsize=3,
+                        label=r.name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("H_eff")
+        ax.set_title(f"{task} (95% intervals)", fontsize="small")
+        ax.legend(fontsize="small")
+    axes[0][0].set_ylabel("accuracy")
+    return fig
+
+
+def _plot_train_loss(plt: Any, runs: Sequence[RunResults]) -> Any:
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    for r in runs:
+        if r.train_curve:
+            steps, losses = zip(*r.train_curve, strict=True)
+            ax.plot(steps, losses, label=r.name, linewidth=1)
+    ax.set(xlabel="optimizer step", ylabel="training loss", title="training loss")
+    ax.legend()
+    return fig

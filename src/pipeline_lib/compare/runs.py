@@ -1,0 +1,258 @@
+"""What each variant contributes to the comparison: loading its outputs and the long table.
+
+Per variant it reads the final snapshot's H_eff sweep (``eval/heff.parquet``), the final
+benchmark JSON (``bench/step_….json``, with every example's score per H_eff by lm-eval
+``doc_id``), the training curve (``train/metrics.jsonl``) and the snapshot's config
+(parameters, forward FLOPs per token at the training loop count, core blocks and loops: the
+variant's kind in the depth check).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+
+log = logging.getLogger(__name__)
+TAIL_STEPS = 10  # final training loss = mean over the last this many logged steps
+COLUMNS = ("run", "final_step", "metric", "h_eff", "level", "value", "n", "stderr", "ci_low",
+           "ci_high")
+
+
+@dataclass
+class Score:
+    """One number with its uncertainty: accuracy (n examples, 95% interval) or loss (n
+    tokens, standard error)."""
+
+    value: float
+    n: int | None = None
+    stderr: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+
+@dataclass
+class TaskSamples:
+    """Every example's score of one task: what cross-variant paired comparisons rest on."""
+
+    builtin: bool
+    per_sample: dict[int, dict[str, float]]  # H_eff → {doc_id: score}
+    levels: dict[str, int]  # doc_id → level (empty: no level breakdown)
+
+
+@dataclass
+class RunResults:
+    """What one variant contributes to the comparison."""
+
+    name: str
+    final_step: int
+    val_loss: dict[int, float]  # H_eff → validation loss at the final snapshot
+    accuracy: dict[str, dict[int, float]]  # task/metric → H_eff → main metric, all levels
+    train_curve: list[tuple[int, float]]  # (step, loss) of non-skipped steps
+    loss_scores: dict[int, Score] = field(default_factory=dict)  # H_eff → loss ± stderr
+    loss_paired: dict[int, dict[str, float]] = field(default_factory=dict)  # h → diff, lo, hi
+    documents: int | None = None  # validation documents behind the loss
+    # task/metric → level (None: all levels) → H_eff → Score
+    scores: dict[str, dict[int | None, dict[int, Score]]] = field(default_factory=dict)
+    # task/metric → paired records of the bench JSON (see bench.intervals)
+    paired: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    baseline: int = 1  # H_eff the paired comparisons are against
+    params: int | None = None
+    flops_per_token: int | None = None  # forward, at the training loop count
+    train_loops: int | None = None  # model.loops of the snapshot's config
+    core_layers: int | None = None  # model.core_layers of the snapshot's config
+    train_max_difficulty: int | None = None  # top training level (bench JSON)
+    samples: dict[str, TaskSamples] = field(default_factory=dict)  # task/metric → examples
+
+    @property
+    def final_train_loss(self) -> float | None:
+        tail = [loss for _, loss in self.train_curve[-TAIL_STEPS:]]
+        return sum(tail) / len(tail) if tail else None
+
+    def beyond_range(self, task: str, level: int | None) -> bool:
+        """``level`` of a built-in ``task`` lies above the variant's training range."""
+        samples = self.samples.get(task)
+        return (level is not None and self.train_max_difficulty is not None
+                and samples is not None and samples.builtin
+                and level > self.train_max_difficulty)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} cannot be read as JSON ({exc}); rerun the stage that writes "
+                        "it") from None
+
+
+def _train_curve(metrics_jsonl: Path) -> list[tuple[int, float]]:
+    if not metrics_jsonl.is_file():
+        log.warning("%s is missing; the comparison has no training curve for it", metrics_jsonl)
+        return []
+    curve = []
+    for line in metrics_jsonl.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if not rec.get("skipped") and rec.get("loss") is not None:
+                curve.append((int(rec["step"]), float(rec["loss"])))
+    return curve
+
+
+@dataclass
+class _ModelShape:
+    params: int | None = None
+    flops_per_token: int | None = None
+    loops: int | None = None
+    core_layers: int | None = None
+
+
+def _model_shape(config_yaml: Path | None) -> _ModelShape:
+    """Parameters, forward FLOPs per token at the training loops, loops and core blocks."""
+    if config_yaml is None or not Path(config_yaml).is_file():
+        log.warning("no snapshot config %s: the comparison lists no parameters, FLOPs or "
+                    "variant kind", config_yaml)
+        return _ModelShape()
+    from ..config import load_config
+    from ..model.size import flops_per_token, param_count
+
+    cfg = load_config(Path(config_yaml), base=None)
+    return _ModelShape(param_count(cfg.model), flops_per_token(cfg.model, cfg.data.seq_len),
+                       cfg.model.loops, cfg.model.core_layers)
+
+
+def _is_builtin(task: str, info: Mapping[str, Any]) -> bool:
+    return bool(info.get("builtin", task.startswith("loopline_")))
+
+
+def _bench_scores(bench: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
+    """(accuracy, scores, paired, samples) of one bench JSON, keyed by ``task/metric``."""
+    accuracy: dict[str, dict[int, float]] = {}
+    scores: dict[str, dict[int | None, dict[int, Score]]] = {}
+    paired: dict[str, list[dict[str, Any]]] = {}
+    samples: dict[str, TaskSamples] = {}
+    for task, info in bench.get("tasks", {}).items():
+        metric = info.get("metric")
+        key = f"{task}/{metric}"
+        per_sample: dict[int, dict[str, float]] = {}
+        for h, s in info["h_eff"].items():
+            if metric not in s.get("overall", {}):
+                continue
+            value = float(s["overall"][metric])
+            accuracy.setdefault(key, {})[int(h)] = value
+            ci = s.get("overall_ci", {}).get(metric, {})
+            scores.setdefault(key, {}).setdefault(None, {})[int(h)] = Score(
+                value, ci.get("n"), None, ci.get("ci_low"), ci.get("ci_high"))
+            for level, cell in s.get("levels", {}).items():
+                scores[key].setdefault(int(level), {})[int(h)] = Score(
+                    float(cell[metric]), cell.get("n"), None, cell.get("ci_low"),
+                    cell.get("ci_high"))
+            if "per_sample" in s:
+                per_sample[int(h)] = {str(d): float(v) for d, v in s["per_sample"].items()}
+        if key in accuracy:
+            paired[key] = list(info.get("paired", []))
+        if per_sample:
+            levels = {str(d): int(lv) for d, lv in (info.get("sample_levels") or {}).items()}
+            samples[key] = TaskSamples(_is_builtin(task, info), per_sample, levels)
+    return accuracy, scores, paired, samples
+
+
+def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_jsonl: Path,
+                     config_yaml: Path | None = None) -> RunResults:
+    """Final-snapshot numbers of one variant. ``config_yaml`` defaults to the config of the
+    snapshot the bench JSON names."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(heff_table).to_pylist()
+    if not rows:
+        raise DataError(f"{heff_table} is empty; rerun summarize_heff for run {name}")
+    final_step = max(r["step"] for r in rows)
+    final = [r for r in rows if r["step"] == final_step]
+    val_loss = {int(r["h_eff"]): float(r["loss"]) for r in final}
+    loss_scores = {int(r["h_eff"]): Score(float(r["loss"]), r.get("tokens"), r.get("stderr"))
+                   for r in final}
+    loss_paired = {int(r["h_eff"]): {"diff": r["diff_vs_h1"], "lo": r["diff_lo"],
+                                     "hi": r["diff_hi"]}
+                   for r in final if r.get("diff_vs_h1") is not None}
+    bench = _read_json(bench_json)
+    accuracy, scores, paired, samples = _bench_scores(bench)
+    baselines = {info.get("paired_baseline") for info in bench.get("tasks", {}).values()}
+    baselines.discard(None)
+    if config_yaml is None and bench.get("snapshot"):
+        config_yaml = Path(bench["snapshot"]) / "config.yaml"
+    shape = _model_shape(config_yaml)
+    return RunResults(name, final_step, val_loss, accuracy, _train_curve(metrics_jsonl),
+                      loss_scores=loss_scores, loss_paired=loss_paired,
+                      documents=final[0].get("documents"), scores=scores, paired=paired,
+                      baseline=min(baselines) if baselines else min(val_loss),
+                      params=shape.params, flops_per_token=shape.flops_per_token,
+                      train_loops=shape.loops, core_layers=shape.core_layers,
+                      train_max_difficulty=bench.get("train_max_difficulty"), samples=samples)
+
+
+def run_dir_inputs(run_dir: Path) -> dict[str, Path]:
+    """The inputs of :func:`load_run_results` inside a finished ``results/{run}`` directory:
+    H_eff table, final bench JSON, training log and the final snapshot's config."""
+    run_dir = Path(run_dir)
+    index = run_dir / "snapshots" / "index.json"
+    if not index.is_file():
+        raise DataError(f"{index} is missing; finish training run {run_dir.name} first")
+    final = int(_read_json(index)["final_step"])
+    return {"heff": run_dir / "eval" / "heff.parquet",
+            "bench": run_dir / "bench" / f"step_{final:07d}.json",
+            "metrics": run_dir / "train" / "metrics.jsonl",
+            "config": run_dir / "snapshots" / f"step_{final:07d}" / "config.yaml"}
+
+
+def load_runs(inputs: Mapping[str, Mapping[str, Path]]) -> list[RunResults]:
+    """:func:`load_run_results` of every run of ``inputs`` (see ``compare_runs``), in order."""
+    return [load_run_results(name, Path(p["heff"]), Path(p["bench"]), Path(p["metrics"]),
+                             Path(p["config"]) if p.get("config") else None)
+            for name, p in inputs.items()]
+
+
+def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
+    """Long table (:data:`COLUMNS`); h_eff None for training loss and model size, level None
+    for whole-task scores; n = tokens for losses, examples for accuracies."""
+    rows = []
+
+    def add(r: RunResults, metric: str, h: int | None, value: float, level: int | None = None,
+            score: Score | None = None) -> None:
+        s = score or Score(value)
+        rows.append({"run": r.name, "final_step": r.final_step, "metric": metric, "h_eff": h,
+                     "level": level, "value": value, "n": s.n, "stderr": s.stderr,
+                     "ci_low": s.ci_low, "ci_high": s.ci_high})
+
+    for r in runs:
+        if r.params is not None:
+            add(r, "model/params", None, float(r.params))
+        if r.flops_per_token is not None:
+            add(r, "model/flops_per_token", None, float(r.flops_per_token))
+        if r.final_train_loss is not None:
+            add(r, "train/loss", None, r.final_train_loss)
+        for h, v in sorted(r.val_loss.items()):
+            add(r, "val/loss", h, v, score=r.loss_scores.get(h))
+        for key, per_h in sorted(r.accuracy.items()):
+            by_level = r.scores.get(key, {})
+            for h, v in sorted(per_h.items()):
+                add(r, key, h, v, score=by_level.get(None, {}).get(h))
+            for level in sorted(lv for lv in by_level if lv is not None):
+                for h, s in sorted(by_level[level].items()):
+                    add(r, key, h, s.value, level, s)
+    return rows
+
+
+def write_table(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """``rows`` (:data:`COLUMNS`) as a parquet file with fixed column types."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {"run": pa.string(), "final_step": pa.int64(), "metric": pa.string(),
+             "h_eff": pa.int64(), "level": pa.int64(), "value": pa.float64(), "n": pa.int64(),
+             "stderr": pa.float64(), "ci_low": pa.float64(), "ci_high": pa.float64()}
+    pq.write_table(pa.table({c: pa.array([r[c] for r in rows], types[c]) for c in COLUMNS}),
+                   path)
