@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
 
-.PHONY: demo results test test-fast lint bench ui clean install schema
+.PHONY: demo depth-long results test test-fast lint bench ui clean install schema
 
 install: $(STAMP)
 
@@ -29,6 +29,12 @@ demo: $(STAMP)
 # README's results section (between its results markers) from results/, figures in docs/results.
 results: $(STAMP)
 	$(BIN)/python -m pipeline_lib results-doc --results results --readme README.md --docs docs/results
+
+# The longer experiment (config/experiments/depth_long.yaml, ≈ 30 min on 2 cores) and its section.
+depth-long: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/depth_long.yaml
+	$(BIN)/python -m pipeline_lib results-doc --results results_long --readme README.md \
+	  --docs docs/results_long --section depth-long
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

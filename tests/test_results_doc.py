@@ -93,3 +93,18 @@ def test_missing_markers_or_results_are_named(tmp_path: Path, capsys):
                  "--docs", str(tmp_path / "docs")]) == 2
     err = capsys.readouterr().err
     assert "depth_check.json is missing; run `make demo`" in err and err.count("\n") == 1
+
+
+def test_a_named_section_leaves_the_default_section_alone(tmp_path: Path):
+    from pipeline_lib.results_doc import markers
+
+    begin, end = markers("depth-long")
+    assert (begin, end) == ("<!-- results:depth-long:begin -->", "<!-- results:depth-long:end -->")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{HEAD}{BEGIN}\n(default)\n{END}\n\n{begin}\n(long)\n{end}{TAIL}")
+    write_results_doc(_results(tmp_path), readme, tmp_path / "docs", "depth-long")
+    text = readme.read_text()
+    assert f"{BEGIN}\n(default)\n{END}" in text and "(long)" not in text
+    assert "### Depth check" in text.split(begin)[1] and text.endswith(f"{end}{TAIL}")
+    with pytest.raises(DataError, match="results:other:begin"):
+        write_results_doc(tmp_path / "results", readme, tmp_path / "docs", "other")

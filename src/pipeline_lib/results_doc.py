@@ -30,6 +30,14 @@ from .errors import DataError
 log = logging.getLogger(__name__)
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
+
+
+def markers(section: str = "") -> tuple[str, str]:
+    """The begin/end marker lines of a results section (``section`` names a second one)."""
+    if not section:
+        return BEGIN, END
+    return f"<!-- results:{section}:begin -->", f"<!-- results:{section}:end -->"
+
 DEMO_TIME_JSON = "demo_time.json"
 _CAPTIONS = {"loss_vs_heff": "validation loss vs H_eff, every variant",
              "accuracy_vs_heff": "benchmark accuracy vs H_eff, every variant",
@@ -157,23 +165,25 @@ def results_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any],
     return "\n".join(lines).rstrip("\n")
 
 
-def replace_between_markers(text: str, body: str, source: Path) -> str:
-    """``text`` with everything between the markers replaced by ``body``."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise DataError(f"{source} needs exactly one line {BEGIN} followed by one line {END} "
+def replace_between_markers(text: str, body: str, source: Path, section: str = "") -> str:
+    """``text`` with everything between the (section's) markers replaced by ``body``."""
+    begin, end = markers(section)
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise DataError(f"{source} needs exactly one line {begin} followed by one line {end} "
                         "around its results section; add them where the results go")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{body}\n{END}{tail}"
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
-def write_results_doc(results: Path, readme: Path, docs: Path) -> str:
-    """Regenerate the README's results section from ``results``; returns the new section."""
+def write_results_doc(results: Path, readme: Path, docs: Path, section: str = "") -> str:
+    """Regenerate the README's results section (``section``: a named one) from ``results``;
+    returns the new section."""
     readme, docs = Path(readme), Path(docs)
     if not readme.is_file():
         raise DataError(f"README {readme} does not exist; pass --readme PATH")
     text = readme.read_text()
-    replace_between_markers(text, "", readme)  # fail on missing markers before any work
+    replace_between_markers(text, "", readme, section)  # fail on missing markers first
     repo = readme.resolve().parent
     stamp = machine_stamp(repo, [readme.resolve(), docs.resolve()])
     runs, depth = load_results(Path(results))
@@ -181,7 +191,7 @@ def write_results_doc(results: Path, readme: Path, docs: Path) -> str:
     links = [(caption, Path(os.path.relpath(p.resolve(), repo)).as_posix())
              for caption, p in copied]
     body = results_markdown(runs, depth, links, stamp, demo_time_line(Path(results)))
-    readme.write_text(replace_between_markers(text, body, readme))
+    readme.write_text(replace_between_markers(text, body, readme, section))
     log.info("README %s: results section regenerated from %s (%d figures in %s)", readme,
              results, len(copied), docs)
     return body

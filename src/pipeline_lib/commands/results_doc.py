@@ -16,13 +16,16 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="README holding the <!-- results:begin/end --> markers")
     parser.add_argument("--docs", type=Path, default=Path("docs/results"),
                         help="folder the figures are copied into (linked from the README)")
+    parser.add_argument("--section", default="",
+                        help="fill the markers <!-- results:SECTION:begin/end --> instead "
+                             "(a second results section, e.g. of a longer experiment)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from ..results_doc import write_results_doc
 
-    write_results_doc(args.results, args.readme, args.docs)
+    write_results_doc(args.results, args.readme, args.docs, args.section)
     print(f"{args.readme}: results section regenerated from {args.results}; figures in "
           f"{args.docs}")
     return 0

@@ -253,7 +253,7 @@ def adaptive_batch(model: torch.nn.Module, batch: Any, spec: AdaptiveSpec
     return torch.cat([ce_h[None], at_exit]).T, (first + 1).T
 
 
-def _document_keys(batch: Any, n_rows_before: int) -> np.ndarray:
+def document_keys(batch: Any, n_rows_before: int) -> np.ndarray:
     """Document of every scored token, as the H_eff sweep keys it: the global ``doc_index``
     when the loader gives it, else (row, ``doc_ids``) as one integer (else the row)."""
     valid = batch["targets"] != IGNORE_INDEX
@@ -295,7 +295,7 @@ def adaptive_documents(model: torch.nn.Module, batches: Iterable[Any], spec: Ada
         n = int((batch["targets"] != IGNORE_INDEX).sum())
         if n:
             losses, exit_loops = adaptive_batch(model, batch, spec)
-            acc.add(_document_keys(batch, rows), losses.double().cpu().numpy())
+            acc.add(document_keys(batch, rows), losses.double().cpu().numpy())
             loops += exit_loops.sum(dim=0).cpu().numpy()
             tokens += n
             bar.update(n)

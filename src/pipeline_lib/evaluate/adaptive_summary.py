@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .heff_summary import read_sweeps
+from .heff_summary import read_sweeps, write_parquet
 
 log = logging.getLogger(__name__)
 COLUMNS = ("step", "criterion", "max_loops", "threshold", "loss", "stderr", "mean_loops",
@@ -50,13 +50,7 @@ def adaptive_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_adaptive_table(rows: Sequence[dict[str, Any]], out: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table({c: pa.array([r[c] for r in rows], getattr(pa, _TYPES[c])())
-                      for c in COLUMNS})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out)
+    write_parquet(rows, COLUMNS, _TYPES, out)
 
 
 def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") -> None:

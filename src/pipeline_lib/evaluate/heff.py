@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..errors import ConfigError
-from .adaptive import AdaptiveSpec, adaptive_sweep
+from .adaptive import AdaptiveSpec, adaptive_sweep, document_keys
 from .heff_stats import DocumentAccumulator, DocumentLosses, loss_statistics
 
 log = logging.getLogger(__name__)
@@ -49,16 +49,6 @@ def parse_h_eff(text: str | Sequence[int]) -> list[int]:
     if not values or values[0] < 1:
         raise ConfigError(f"--h-eff {text!r} needs loop counts of at least 1, e.g. 1,2,4,8")
     return values
-
-
-def _document_keys(batch: Any, valid: torch.Tensor, first_row: int) -> np.ndarray:
-    """Document of every scored token [N]: the global ``doc_index`` when the loader gives it,
-    else (row, ``doc_ids``) encoded as one integer (a split document counts per piece)."""
-    if "doc_index" in batch:
-        return batch["doc_index"][valid].cpu().numpy().astype(np.int64)
-    doc = batch["doc_ids"]
-    rows = torch.arange(doc.shape[0], device=doc.device)[:, None] + first_row
-    return (rows * (doc.shape[1] + 1) + doc)[valid].cpu().numpy().astype(np.int64)
 
 
 def _token_losses(model: torch.nn.Module, state: torch.Tensor, ctx: Any, valid: torch.Tensor,
@@ -100,7 +90,7 @@ def sweep_documents(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
         n = int(valid.sum())
         if n:
             global_keys &= "doc_index" in batch
-            keys = _document_keys(batch, valid, rows)
+            keys = document_keys(batch, rows)
             ctx = model.embed(batch)
             state, t, per_h = None, 0, []
             for h in hs:

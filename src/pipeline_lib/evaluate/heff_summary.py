@@ -57,11 +57,17 @@ def sweep_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_table(rows: Sequence[dict[str, Any]], out: Path) -> None:
+    write_parquet(rows, COLUMNS, _TYPES, out)
+
+
+def write_parquet(rows: Sequence[dict[str, Any]], columns: Sequence[str],
+                  types: dict[str, str], out: Path) -> None:
+    """``rows`` as a parquet table of ``columns`` typed by ``types`` (pyarrow type names)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({c: pa.array([r[c] for r in rows], getattr(pa, _TYPES[c])())
-                      for c in COLUMNS})
+    table = pa.table({c: pa.array([r[c] for r in rows], getattr(pa, types[c])())
+                      for c in columns})
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out)
 
