@@ -22,7 +22,8 @@ BASE = ["model.d_model=32", "model.n_heads=2", "model.loops=3", "data.seq_len=32
         "train.total_steps=6", "train.global_batch_rows=8", "train.micro_batch_rows=4",
         "train.warmup_steps=2", "train.eval_interval=4", "train.eval_rows=8",
         "train.diagnostics_interval=3", "train.sample_tokens=4", "train.steps_per_segment=2",
-        "tracking.enabled=false", "experiment.device=cpu", "train.spike.warmup_steps=2"]
+        "tracking.enabled=false", "experiment.device=cpu", "train.spike.warmup_steps=2",
+        "train.objective=deep_supervision"]  # every token scored, whatever the default
 RICH = ["model.moe_experts=4", "model.moe_top_k=2", "train.loop_sampling.mode=uniform",
         "train.loop_sampling.min_loops=1", "train.loop_sampling.max_loops=5",
         "train.bptt.mode=segmented", "train.bptt.k=2", "train.ema_decay=0.9",
