@@ -44,6 +44,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks workflow/scripts
+	PYTHONPATH=src $(BIN)/lint-imports --no-cache
 	$(BIN)/snakemake --lint --cores 1
 
 bench: $(STAMP)
@@ -59,4 +60,4 @@ ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $(UI_STORE) --host 127.0.0.1 --port $(UI_PORT) --workers 1
 
 clean:
-	rm -rf results logs benchmarks/pack_data benchmarks/train_segment .snakemake
+	rm -rf results logs .snakemake

@@ -25,5 +25,5 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        all_targets(),
+        PLAN.all_targets(),
     default_target: True

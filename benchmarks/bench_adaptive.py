@@ -49,7 +49,7 @@ from pipeline_lib.evaluate.adaptive import (  # noqa: E402
     adaptive_section,
 )
 from pipeline_lib.evaluate.heff import sweep_losses  # noqa: E402
-from pipeline_lib.model import LoopedLM  # noqa: E402
+from pipeline_lib.model.looped import LoopedLM  # noqa: E402
 
 WORST_THRESHOLDS = (0.0, 1e-30)
 

@@ -32,12 +32,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from pipeline_lib.checkpoint import capture_rng_state, write_snapshot  # noqa: E402
+from pipeline_lib.checkpoint.rng import capture_rng_state  # noqa: E402
 from pipeline_lib.checkpoint.sharded import write_sharded_snapshot  # noqa: E402
-from pipeline_lib.config import Config, DataConfig, SourceConfig, load_config  # noqa: E402
+from pipeline_lib.checkpoint.snapshot import write_snapshot  # noqa: E402
+from pipeline_lib.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.train.launch import run_training_job  # noqa: E402
-from pipeline_lib.train.segment import config_yaml, moe_biases, snapshot_contents  # noqa: E402
+from pipeline_lib.train.segment import moe_biases, snapshot_contents  # noqa: E402
 from pipeline_lib.train.sharded_state import sharded_parts  # noqa: E402
 from pipeline_lib.train.trainer import Trainer  # noqa: E402
 

@@ -26,7 +26,7 @@ from pipeline_lib.config import DataConfig, SourceConfig, load_config
 from pipeline_lib.data.loader import PackedData
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.evaluate.heff import sweep_losses
-from pipeline_lib.model import LoopedLM
+from pipeline_lib.model.looped import LoopedLM
 
 H_EFFS = [1, 2, 4, 8]
 

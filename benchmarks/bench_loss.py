@@ -3,7 +3,7 @@
     python benchmarks/bench_loss.py [--n 4096 --d 256 --v 32000 --chunk-size 256]
 
 eager   = F.cross_entropy(hidden @ weight.T, targets)  (materialises [N, V] logits)
-chunked = pipeline_lib.model.chunked_cross_entropy    (chunks of --chunk-size rows)
+chunked = pipeline_lib.model.loss.chunked_cross_entropy   (chunks of --chunk-size rows)
 
 Peak memory: each method runs once in its own fresh process; the peak resident set size
 (VmHWM, reset through /proc/self/clear_refs just before the measured call, with ru_maxrss as
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pipeline_lib.model import chunked_cross_entropy
+from pipeline_lib.model.loss import chunked_cross_entropy
 
 STATUS = Path("/proc/self/status")
 

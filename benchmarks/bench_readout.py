@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline_lib.config import ModelConfig
-from pipeline_lib.model import LoopedLM
+from pipeline_lib.model.looped import LoopedLM
 
 
 def _batch(rows: int, seq_len: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:

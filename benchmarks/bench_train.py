@@ -38,14 +38,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from pipeline_lib.checkpoint import load_snapshot, write_snapshot  # noqa: E402
 from pipeline_lib.checkpoint.fsutil import fsync_dir  # noqa: E402
-from pipeline_lib.config import Config, DataConfig, SourceConfig, load_config  # noqa: E402
+from pipeline_lib.checkpoint.snapshot import load_snapshot, write_snapshot  # noqa: E402
+from pipeline_lib.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
 from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
-from pipeline_lib.model import LoopedLM  # noqa: E402
+from pipeline_lib.model.looped import LoopedLM  # noqa: E402
 from pipeline_lib.model.size import resolved_ffn_hidden  # noqa: E402
-from pipeline_lib.train.segment import config_yaml  # noqa: E402
 from pipeline_lib.train.trainer import train_segment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

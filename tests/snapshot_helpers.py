@@ -26,7 +26,7 @@ def tiny_model_config() -> ModelConfig:
 def train_pattern_model(tokenizer, steps: int = 120):
     """LoopedLM (2 training loops, deep supervision over 1..3) that has learned PATTERN."""
     from pipeline_lib.data.tokenizer import eos_id
-    from pipeline_lib.model import LoopedLM
+    from pipeline_lib.model.looped import LoopedLM
 
     torch.manual_seed(0)
     model = LoopedLM(tiny_model_config())

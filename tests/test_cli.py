@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -32,3 +33,13 @@ def test_pipeline_error_is_one_line_exit_2(tmp_path, capsys):
 def test_bad_override_is_one_line(tmp_path, capsys):
     assert main(["pack", "--out", str(tmp_path / "d"), "model.nope=1"]) == 2
     assert "unknown config key 'model.nope'" in capsys.readouterr().err
+
+
+def test_track_init_with_no_track_records_tracking_off(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "metadata.json").write_text(json.dumps({"data_id": "abc", "num_docs": 3}))
+    rc = main(["track-init", "--run-dir", str(tmp_path / "base"), "--data", str(data),
+               "--no-track"])
+    assert rc == 0 and capsys.readouterr().out.strip() == "tracking disabled"
+    assert json.loads((tmp_path / "base" / "tracking.json").read_text())["enabled"] is False

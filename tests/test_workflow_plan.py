@@ -34,6 +34,23 @@ def test_kept_and_temporary_snapshot_paths():
         plan.snapshot_path(run, 35)
 
 
+def test_targets_and_inputs_come_from_the_run_layout():
+    plan = _plan("train.total_steps=50", "train.steps_per_segment=10", "snapshots.keep_last=1",
+                 "snapshots.keep_every=20", "experiment.results_dir=out", "bench.snapshots=final")
+    run = plan.run_names[0]
+    layout = plan.run_layout(run)
+    assert layout.run_dir.as_posix() == plan.run_dir(run) == f"out/{run}"
+    assert plan.heff_results(run) == [f"out/{run}/eval/heff/step_{s:07d}.json"
+                                      for s in (20, 40, 50)]
+    assert plan.bench_results(run) == [f"out/{run}/bench/step_0000050.json"]
+    assert plan.compare_inputs()[f"{run}_bench"] == f"out/{run}/bench/step_0000050.json"
+    assert plan.compare_inputs()[f"{run}_index"] == f"out/{run}/snapshots/index.json"
+    assert plan.metrics_files()[run] == f"out/{run}/train/metrics.jsonl"
+    assert plan.all_targets()[-1] == "out/compare/summary.md"
+    assert f"out/{run}/bench/accuracy_vs_heff.png" in plan.all_targets()
+    assert plan.data_dir(run) == f"out/data/{plan.runs[run].data_id}"
+
+
 def test_variants_share_a_data_pack_when_only_the_model_differs():
     plan = _plan()
     assert len(plan.run_names) >= 2 and len(plan.data_ids) == 1

@@ -525,10 +525,16 @@ def config_hash(cfg: Any, length: int = 12) -> str:
     return hashlib.sha256(blob).hexdigest()[:length]
 
 
-def save_config(cfg: Config, path: Path) -> None:
-    """Write the resolved config as YAML (plain data, loadable by :func:`load_config`)."""
+def config_yaml(cfg: Config) -> str:
+    """The resolved config as YAML text (plain data, loadable by :func:`load_config`; what a
+    snapshot's ``config.yaml`` holds)."""
     OmegaConf = _omegaconf()
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Write the resolved config as YAML (see :func:`config_yaml`)."""
+    path.write_text(config_yaml(cfg))
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -577,11 +583,23 @@ def _check_value(key: str, value: Any, meta: Mapping[str, Any]) -> None:
             raise ConfigError(f"config key {key} = {value} is above its maximum {hi}; lower it")
 
 
+def check_model_shape(cfg: ModelConfig) -> None:
+    """Cross-field rules of the architecture (run by :func:`validate_config` and by
+    ``model.size.check_model_config`` for a ``ModelConfig`` built by hand)."""
+    if cfg.d_model % cfg.n_heads:
+        raise ConfigError(f"model.d_model = {cfg.d_model} is not divisible by model.n_heads = "
+                          f"{cfg.n_heads}; pick n_heads that divides d_model")
+    if (cfg.d_model // cfg.n_heads) % 2:
+        raise ConfigError(f"model.d_model / model.n_heads = {cfg.d_model // cfg.n_heads} must be "
+                          "even for RoPE; change d_model or n_heads")
+    if cfg.moe_experts and not 1 <= cfg.moe_top_k <= cfg.moe_experts:
+        raise ConfigError(f"model.moe_top_k = {cfg.moe_top_k} must be between 1 and "
+                          f"model.moe_experts = {cfg.moe_experts}; lower top_k or add experts")
+
+
 def validate_config(cfg: Config) -> None:
     """Range/choice checks from field metadata, then cross-field rules. Raises ConfigError."""
     _check_field_constraints(cfg, "")
-    from .model.size import check_model_shape  # torch-free; imported here to avoid a cycle
-
     check_model_shape(cfg.model)
     t, d = cfg.train, cfg.data
     per_pass = t.micro_batch_rows * t.nproc

@@ -5,8 +5,9 @@ sees a device, else the CPU. ``torch_npu`` is imported only when an NPU is asked
 probed, so CPU and CUDA runs never need it.
 
 For multi-process training, :func:`device_for_rank` pins a process to its local
-accelerator and :func:`dist_backend` names the collective backend of a device type
-(nccl for CUDA, hccl for Ascend, gloo for the CPU).
+accelerator, :func:`dist_backend` names the collective backend of a device type
+(nccl for CUDA, hccl for Ascend, gloo for the CPU) and :func:`flagged_ranks` tells every
+rank which ranks raised a flag.
 """
 
 from __future__ import annotations
@@ -90,6 +91,20 @@ def device_for_rank(device: torch.device, local_rank: int) -> torch.device:
                           "devices (resources.train_gpus)")
     module.set_device(local_rank)
     return torch.device(device.type, local_rank)
+
+
+def flagged_ranks(flag: bool, device: torch.device) -> list[int]:
+    """Collective: the ranks whose ``flag`` is true, in order, on every rank.
+
+    Each rank sets its own slot of a world-size vector and one all-reduce sums them, so
+    every rank learns which ranks raised the flag (and so whether any did) in one call.
+    """
+    import torch.distributed as dist
+
+    flags = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=device)
+    flags[dist.get_rank()] = int(bool(flag))
+    dist.all_reduce(flags)
+    return [rank for rank, raised in enumerate(flags.tolist()) if raised]
 
 
 def synchronize(device: torch.device) -> None:

@@ -26,6 +26,7 @@ from .compare import DEPTH_CHECK_JSON, RunResults, load_run_results, run_dir_inp
 from .compare.depth import depth_markdown
 from .compare.markdown import accuracy_tables, findings, loss_table, variants_table
 from .errors import DataError
+from .run_layout import ResultsLayout
 
 log = logging.getLogger(__name__)
 BEGIN = "<!-- results:begin -->"
@@ -38,7 +39,7 @@ def markers(section: str = "") -> tuple[str, str]:
         return BEGIN, END
     return f"<!-- results:{section}:begin -->", f"<!-- results:{section}:end -->"
 
-DEMO_TIME_JSON = "demo_time.json"
+
 _CAPTIONS = {"loss_vs_heff": "validation loss vs H_eff, every variant",
              "accuracy_vs_heff": "benchmark accuracy vs H_eff, every variant",
              "train_loss": "training loss, every variant"}
@@ -89,7 +90,7 @@ def machine_stamp(repo: Path, generated: Sequence[Path] = ()) -> str:
 
 def demo_time_line(results: Path) -> str | None:
     """The wall time of ``make demo`` from ``results/demo_time.json``, when it exists."""
-    path = Path(results) / DEMO_TIME_JSON
+    path = ResultsLayout(results).demo_time
     if not path.is_file():
         return None
     rec = _read_json(path)
@@ -107,14 +108,15 @@ def _read_json(path: Path) -> Any:
 
 def load_results(results: Path) -> tuple[list[RunResults], dict[str, Any]]:
     """Every variant of ``compare/depth_check.json`` (in its order) and the depth check."""
-    depth_path = Path(results) / "compare" / DEPTH_CHECK_JSON
+    layout = ResultsLayout(results)
+    depth_path = layout.compare_dir / DEPTH_CHECK_JSON
     if not depth_path.is_file():
         raise DataError(f"{depth_path} is missing; run `make demo` (rule compare_runs) before "
                         "`make results`")
     depth = _read_json(depth_path)
     runs = []
     for name in depth["runs"]:
-        p = run_dir_inputs(Path(results) / name)
+        p = run_dir_inputs(layout.run(name).run_dir)
         runs.append(load_run_results(name, p["heff"], p["bench"], p["metrics"], p["config"]))
     return runs, depth
 
@@ -122,15 +124,15 @@ def load_results(results: Path) -> tuple[list[RunResults], dict[str, Any]]:
 def copy_figures(results: Path, runs: Sequence[str], docs: Path) -> list[tuple[str, Path]]:
     """Copy the comparison's and each variant's plots into ``docs`` under stable names;
     returns (caption, copied file) in the order they are shown."""
-    results, docs = Path(results), Path(docs)
+    layout, docs = ResultsLayout(results), Path(docs)
     found = [(_CAPTIONS.get(p.stem, p.stem.replace("_", " ")), p, f"compare_{p.name}")
-             for p in sorted((results / "compare").glob("*.png"))]
+             for p in sorted(layout.compare_dir.glob("*.png"))]
     for run in runs:
-        found += [(f"{run}: validation loss vs H_eff", results / run / "eval" / "heff.png",
-                   f"{run}_heff.png"),
-                  (f"{run}: accuracy by difficulty × H_eff",
-                   results / run / "bench" / "accuracy_vs_heff.png", f"{run}_bench_accuracy.png")]
-        for p in sorted((results / run / "eval").glob("heff_adaptive*.png")):
+        run_layout = layout.run(run)
+        found += [(f"{run}: validation loss vs H_eff", run_layout.heff_plot, f"{run}_heff.png"),
+                  (f"{run}: accuracy by difficulty × H_eff", run_layout.bench_plot,
+                   f"{run}_bench_accuracy.png")]
+        for p in sorted(run_layout.eval_dir.glob(f"{run_layout.adaptive_plot.stem}*.png")):
             detail = p.stem.removeprefix("heff_adaptive").strip("_").replace("_", " ")
             found.append((f"{run}: adaptive exit, loss vs mean loops used"
                           + (f" ({detail})" if detail else ""), p, f"{run}_{p.name}"))

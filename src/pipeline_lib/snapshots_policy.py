@@ -6,7 +6,7 @@ the Snakefile can declare the kept snapshots as outputs and the others as ``temp
 call, dry runs included.
 
 ``snapshots.keep_best`` cannot be decided in advance; training jobs maintain
-``snapshots/best`` themselves (:func:`pipeline_lib.checkpoint.update_best_snapshot`).
+``snapshots/best`` themselves (:func:`pipeline_lib.checkpoint.best.update_best_snapshot`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,7 @@ import math
 
 from .config import ModelConfig, SnapshotsConfig, TrainConfig
 from .errors import ConfigError
-
-
-def step_dir_name(step: int) -> str:
-    """``step_{step:07d}``: the directory of the snapshot taken after ``step`` optimizer steps."""
-    return f"step_{step:07d}"
+from .run_layout import step_dir_name as step_dir_name  # where a step's snapshot lives
 
 
 def total_steps(train: TrainConfig, model: ModelConfig, seq_len: int, vocab_size: int) -> int:

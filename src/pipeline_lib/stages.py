@@ -15,18 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config
+from .run_layout import RunLayout, job_benchmarks
 
 log = logging.getLogger(__name__)
 
 
 def _step_name(step: int | None) -> str:
     return "final" if step is None else f"step_{step:07d}"
-
-
-def _benchmark_tsvs(rule: str, run: str) -> list[Path]:
-    """Snakemake ``benchmark:`` files of ``rule`` for ``run`` (written when jobs finish)."""
-    root = Path("benchmarks") / rule
-    return sorted(root.glob(f"{run}*.tsv")) + sorted((root / run).rglob("*.tsv"))
 
 
 def prepare_tracking_store(cfg: Config, marker: Path) -> None:
@@ -65,7 +60,7 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         stage.log_metrics(0, numeric)
         stage.log_artifact(meta_path, "data")
-        for tsv in sorted(Path("benchmarks/pack_data").glob(f"{Path(data_dir).name}*.tsv")):
+        for tsv in job_benchmarks("pack_data", Path(data_dir).name):
             stage.log_artifact(tsv, "benchmarks")
     return info
 
@@ -98,26 +93,32 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
 
 def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],
                          table: Path, plot: Path, adaptive_table: Path | None = None,
-                         adaptive_plot: Path | None = None) -> None:
+                         adaptive_plot: Path | None = None, *,
+                         title: str | None = None) -> dict[Path, int]:
     """Parquet table + figure over every kept snapshot's sweep (and of their adaptive-exit
-    sections, when those paths are given), logged as ``eval_summary``."""
+    sections, when those paths are given), logged as ``eval_summary``. Returns the rows
+    written per table; ``title`` (default: named after ``run``) heads both figures."""
     from .evaluate.heff_summary import summarize_heff
     from .tracking import start_stage
 
-    summarize_heff(list(inputs), Path(table), Path(plot), title=f"{run}: validation loss vs H_eff")
+    rows = {Path(table): len(summarize_heff(list(inputs), Path(table), Path(plot), title=(
+        f"{run}: validation loss vs H_eff" if title is None else title)))}
     extra: list[Path] = []
     if adaptive_table is not None and adaptive_plot is not None:
         from .evaluate.adaptive_summary import summarize_adaptive
 
         extra = [Path(adaptive_table), Path(adaptive_plot)]
-        summarize_adaptive(list(inputs), *extra, title=f"{run}: adaptive exit vs fixed H_eff")
+        rows[extra[0]] = len(summarize_adaptive(list(inputs), *extra, title=(
+            f"{run}: adaptive exit vs fixed H_eff" if title is None else title)))
     with start_stage(cfg, run_dir, "eval_summary") as stage:
         stage.log_artifact(table, "eval")
         stage.log_artifact(plot, "eval")
         for path in extra:
             stage.log_artifact(path, "eval")
-        for tsv in _benchmark_tsvs("eval_heff", run) + _benchmark_tsvs("train_segment", run):
+        layout = RunLayout.at(run_dir)
+        for tsv in layout.benchmarks("eval_heff") + layout.benchmarks("train_segment"):
             stage.log_artifact(tsv, "benchmarks")
+    return rows
 
 
 def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
@@ -128,7 +129,8 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
     from .bench.scoring import bench_records
     from .tracking import start_stage
 
-    result = run_benchmarks(Path(snapshot), cfg.bench, Path(tasks_dir), Path(out))
+    result = run_benchmarks(Path(snapshot), cfg.bench, Path(tasks_dir), Path(out),
+                            device=cfg.experiment.device)
     step = result.get("step")
     with start_stage(cfg, run_dir, f"bench/{_step_name(step)}",
                      params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff}
@@ -143,14 +145,16 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
 
 
 def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],
-                          table: Path, plot: Path) -> None:
-    """Long table + accuracy heatmaps over the benchmarked snapshots (``bench_summary``)."""
+                          table: Path, plot: Path) -> dict[Path, int]:
+    """Long table + accuracy heatmaps over the benchmarked snapshots (``bench_summary``).
+    Returns the rows written per table."""
     from .bench import summarize_bench
     from .tracking import start_stage
 
-    summarize_bench([Path(p) for p in inputs], Path(table), Path(plot))
+    rows = {Path(table): len(summarize_bench([Path(p) for p in inputs], Path(table), Path(plot)))}
     with start_stage(cfg, run_dir, "bench_summary") as stage:
         stage.log_artifact(table, "bench")
         stage.log_artifact(plot, "bench")
-        for tsv in _benchmark_tsvs("bench_downstream", run):
+        for tsv in RunLayout.at(run_dir).benchmarks("bench_downstream"):
             stage.log_artifact(tsv, "benchmarks")
+    return rows

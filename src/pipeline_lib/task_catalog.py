@@ -35,6 +35,7 @@ import yaml
 
 from .config import BenchConfig
 from .errors import ConfigError
+from .fsio import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -337,9 +338,7 @@ def installed_task_names() -> frozenset[str]:
     names = _scan_installed(root)
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(sorted(names)))
-        tmp.replace(cache_file)
+        write_text_atomic(cache_file, json.dumps(sorted(names)))
     except OSError as exc:
         log.debug("cannot cache lm-eval task names in %s (%s)", cache_file, exc)
     return names

@@ -1,10 +1,10 @@
 """What the Snakefile needs to know, computed once from the Snakemake config dict.
 
-Runs, their resolved configs, data ids, segment ends and the kept snapshot steps. Kept
-snapshots live at ``snapshots/step_{step}``; the others are temporary outputs at
-``snapshots/segments/step_{step}`` that Snakemake deletes once the next segment consumed
-them, so a finished run re-run finds nothing to do. Torch-free and cheap: Snakemake
-evaluates this on every call, dry runs included.
+Runs, their resolved configs, data ids, segment ends and the kept snapshot steps, and the
+paths of each (from :mod:`pipeline_lib.run_layout`). Kept snapshots are outputs; the others
+are temporary outputs that Snakemake deletes once the next segment consumed them, so a
+finished run re-run finds nothing to do. Torch-free and cheap: Snakemake evaluates this on
+every call, dry runs included.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 
 from .config import Config, DataConfig, config_for_run, config_from_dict, config_hash, to_dict
 from .data.identity import data_id as compute_data_id
-from .snapshots_policy import kept_steps, previous_end, segment_ends, step_dir_name, total_steps
+from .run_layout import ResultsLayout, RunLayout
+from .snapshots_policy import kept_steps, previous_end, segment_ends, total_steps
 from .task_catalog import check_bench_tasks, user_task_inputs
 
 DEFAULT_RUN = "default"
 BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)
-TEMP_SEGMENTS = "segments"
 
 
 def planned_vocab_size(data: DataConfig) -> int:
@@ -51,6 +51,7 @@ class WorkflowPlan:
     def __init__(self, config: Mapping[str, Any]):
         self.config = config_from_dict(config, "Snakemake config")
         self.results = Path(self.config.experiment.results_dir)
+        self.layout = ResultsLayout(self.results)
         names = list(self.config.runs) or [DEFAULT_RUN]
         self.runs = {name: self._plan_run(name) for name in names}
         self._bench_inputs: dict[str, list[str]] = {}
@@ -98,10 +99,14 @@ class WorkflowPlan:
         return to_dict(self.data_config(data_id))
 
     def data_dir(self, run: str) -> str:
-        return str(self.results / "data" / self.runs[run].data_id)
+        return str(self.layout.data_dir(self.runs[run].data_id))
+
+    def run_layout(self, run: str) -> RunLayout:
+        """The paths of ``run`` (``"{run}"``: the patterns of every run, for rules)."""
+        return self.layout.run(run)
 
     def run_dir(self, run: str) -> str:
-        return str(self.results / run)
+        return str(self.layout.run(run).run_dir)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -110,10 +115,7 @@ class WorkflowPlan:
         plan = self.runs[run]
         if step not in plan.segment_ends:
             raise ValueError(f"step {step} is not a segment end of run {run}")
-        base = self.results / run / "snapshots"
-        if step not in plan.kept_steps:
-            base = base / TEMP_SEGMENTS
-        return str(base / step_dir_name(step))
+        return str(self.layout.run(run).snapshot(step, kept=step in plan.kept_steps))
 
     def previous_snapshot(self, run: str, step: int) -> list[str]:
         """The snapshot the segment ending at ``step`` resumes from ([] for the first)."""
@@ -126,6 +128,40 @@ class WorkflowPlan:
     def bench_steps(self, run: str) -> list[int]:
         plan = self.runs[run]
         return plan.kept_steps if plan.config.bench.snapshots == "kept" else [plan.final_step]
+
+    # ------------------------------------------------------------------ targets
+
+    def heff_results(self, run: str) -> list[str]:
+        """The H_eff sweep of every kept snapshot of ``run``."""
+        layout = self.layout.run(run)
+        return [str(layout.heff_result(s)) for s in self.runs[run].kept_steps]
+
+    def bench_results(self, run: str) -> list[str]:
+        layout = self.layout.run(run)
+        return [str(layout.bench_result(s)) for s in self.bench_steps(run)]
+
+    def compare_inputs(self) -> dict[str, str]:
+        """Per run: its H_eff table, its final benchmark JSON and its snapshot index."""
+        inputs = {}
+        for run, plan in self.runs.items():
+            layout = self.layout.run(run)
+            inputs[f"{run}_heff"] = str(layout.heff_table)
+            inputs[f"{run}_bench"] = str(layout.bench_result(plan.final_step))
+            inputs[f"{run}_index"] = str(layout.index)
+        return inputs
+
+    def metrics_files(self) -> dict[str, str]:
+        """Per run: its training metrics (written beside the snapshots, not a rule output)."""
+        return {run: str(self.layout.run(run).metrics) for run in self.runs}
+
+    def all_targets(self) -> list[str]:
+        """Every run's index, H_eff and benchmark summaries, and the comparison."""
+        targets = []
+        for run in self.runs:
+            layout = self.layout.run(run)
+            targets += [str(p) for p in (layout.index, layout.heff_table, layout.heff_plot,
+                                         layout.bench_table, layout.bench_plot)]
+        return targets + [str(self.layout.compare_dir / "summary.md")]
 
     # ------------------------------------------------------------------ resources
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -13,10 +14,12 @@ pytestmark = pytest.mark.slow
 
 def test_bench_and_summarize_commands(snapshot_dir, tmp_path, capsys):
     out = tmp_path / "bench" / "step_0000007.json"
+    store = tmp_path / "mlflow.db"
     rc = main(["bench", "--snapshot", str(snapshot_dir), "--out", str(out), "--h-eff", "1,2",
                "bench.tasks=[loopline_parity]", "bench.examples_per_level=2",
-               "bench.max_difficulty=2"])
+               "bench.max_difficulty=2", f"tracking.uri=sqlite:///{store}", "--no-track"])
     assert rc == 0
+    assert not store.exists()  # a plain local run contacts no store
     report = json.loads(out.read_text())
     assert report["step"] == 7 and report["h_eff"] == [1, 2]
     assert list(report["tasks"]) == ["loopline_parity"]
@@ -24,10 +27,43 @@ def test_bench_and_summarize_commands(snapshot_dir, tmp_path, capsys):
     assert (tmp_path / "bench" / "tasks" / "loopline_parity.jsonl").is_file()  # default tasks dir
     assert "loopline_parity (acc)" in capsys.readouterr().out
     rc = main(["summarize-bench", "--inputs", str(out), "--out-parquet",
-               str(tmp_path / "summary.parquet"), "--out-png", str(tmp_path / "acc.png")])
+               str(tmp_path / "summary.parquet"), "--out-png", str(tmp_path / "acc.png"),
+               "--no-track"])
     assert rc == 0
     assert (tmp_path / "summary.parquet").stat().st_size > 0
     assert (tmp_path / "acc.png").stat().st_size > 0
+
+
+def test_bench_and_summarize_commands_track_their_stage_runs(snapshot_dir, tmp_path, capsys,
+                                                             monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "results" / "base"  # the run the snapshot belongs to
+    snap = shutil.copytree(snapshot_dir, run_dir / "snapshots" / snapshot_dir.name)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = [f"tracking.uri={uri}", "experiment.name=cli-bench"]
+    out = run_dir / "bench" / "step_0000007.json"
+    assert main(["bench", "--snapshot", str(snap), "--out", str(out), "--h-eff", "1",
+                 "bench.tasks=[loopline_parity]", "bench.examples_per_level=2",
+                 "bench.max_difficulty=2", *config]) == 0
+    table, plot = run_dir / "bench" / "summary.parquet", run_dir / "bench" / "acc.png"
+    assert main(["summarize-bench", "--inputs", str(out), "--out-parquet", str(table),
+                 "--out-png", str(plot), "--run-dir", str(run_dir), *config]) == 0
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("cli-bench").experiment_id
+    parent = json.loads((run_dir / "tracking.json").read_text())["parent_run_id"]
+    runs = {r.data.tags["loopline.stage"]: r for r in client.search_runs(
+        [experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")}
+    assert sorted(runs) == ["bench/step_0000007", "bench_summary"]
+    bench = runs["bench/step_0000007"]
+    acc = json.loads(out.read_text())["tasks"]["loopline_parity"]["h_eff"]["1"]["overall"]["acc"]
+    assert bench.data.metrics["bench/loopline_parity/acc_h1"] == acc
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}
+    capsys.readouterr()
+    assert main(["summarize-bench", "--inputs", str(out), "--out-parquet", str(table),
+                 "--out-png", str(plot), *config]) == 2  # tracking needs the run directory
+    assert "--run-dir" in capsys.readouterr().err
 
 
 def test_bench_command_errors_are_one_line(tmp_path, capsys):
@@ -64,7 +100,7 @@ def test_user_tasks_through_bench_and_lm_eval_commands(snapshot_dir, tmp_path, c
     monkeypatch.chdir(tmp_path / "elsewhere")  # relative data_files are next to the YAMLs
     out = tmp_path / "bench.json"
     rc = main(["bench", "--snapshot", str(snapshot_dir), "--out", str(out), "--h-eff", "2",
-               "--include-path", str(user), "bench.tasks=[]"])
+               "--include-path", str(user), "bench.tasks=[]", "--no-track"])
     assert rc == 0
     report = json.loads(out.read_text())
     assert sorted(report["tasks"]) == ["my_echo", "my_pointer"]

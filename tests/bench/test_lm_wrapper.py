@@ -42,7 +42,7 @@ def direct_windows_logprob(model, prefix: int, tokens: list[int], h_eff: int) ->
 
 @pytest.fixture(scope="module")
 def random_model():
-    from pipeline_lib.model import LoopedLM
+    from pipeline_lib.model.looped import LoopedLM
 
     # Untied head and larger weights: predictions that depend on more than the last token.
     torch.manual_seed(1)

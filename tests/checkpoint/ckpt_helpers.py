@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline_lib.checkpoint import capture_rng_state
+from pipeline_lib.checkpoint.rng import capture_rng_state
 from pipeline_lib.train.optim import AdamATan2
 
 VOCAB, DIM = 13, 8

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from ckpt_helpers import make_state, snapshot_kwargs
 
-from pipeline_lib.checkpoint import write_snapshot
+from pipeline_lib.checkpoint.snapshot import write_snapshot
 
 
 @pytest.fixture

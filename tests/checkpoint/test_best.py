@@ -6,14 +6,9 @@ import json
 
 from ckpt_helpers import make_state, snapshot_kwargs
 
-from pipeline_lib.checkpoint import (
-    BEST_DIR,
-    load_snapshot,
-    read_best,
-    update_best_snapshot,
-    verify_snapshot,
-    write_snapshot,
-)
+from pipeline_lib.checkpoint.best import BEST_DIR, read_best, update_best_snapshot
+from pipeline_lib.checkpoint.manifest import verify_snapshot
+from pipeline_lib.checkpoint.snapshot import load_snapshot, write_snapshot
 
 
 def _snap(root, step: int):

@@ -9,13 +9,13 @@ import torch
 from ckpt_helpers import TinyLM, make_state, snapshot_kwargs
 from omegaconf import OmegaConf
 
-from pipeline_lib.checkpoint import (
+from pipeline_lib.checkpoint.compat import (
     check_resume_compatible,
     config_from_yaml,
     load_weights_only,
     resume_mismatches,
-    write_snapshot,
 )
+from pipeline_lib.checkpoint.snapshot import write_snapshot
 from pipeline_lib.config import Config, SourceConfig, to_dict
 from pipeline_lib.errors import CheckpointError
 

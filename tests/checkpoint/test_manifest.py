@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline_lib.checkpoint import MANIFEST_NAME, load_snapshot, verify_snapshot
-from pipeline_lib.checkpoint.manifest import HashingWriter
+from pipeline_lib.checkpoint.manifest import MANIFEST_NAME, HashingWriter, verify_snapshot
+from pipeline_lib.checkpoint.snapshot import load_snapshot
 from pipeline_lib.errors import CheckpointError
 
 

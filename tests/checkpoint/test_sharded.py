@@ -8,12 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline_lib.checkpoint import MANIFEST_NAME, update_best_snapshot, verify_snapshot
-from pipeline_lib.checkpoint.manifest import manifest_bytes, write_bytes_file
+from pipeline_lib.checkpoint.best import update_best_snapshot
+from pipeline_lib.checkpoint.contents import is_sharded
+from pipeline_lib.checkpoint.manifest import (
+    MANIFEST_NAME,
+    manifest_bytes,
+    verify_snapshot,
+    write_bytes_file,
+)
 from pipeline_lib.checkpoint.sharded import (
     dcp_layout,
     flatten_optimizer_state,
-    is_sharded,
     load_dcp,
     optimizer_by_index,
     read_dcp,

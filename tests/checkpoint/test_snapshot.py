@@ -14,16 +14,12 @@ import pytest
 import torch
 from ckpt_helpers import TinyLM, make_optimizer, make_state, snapshot_kwargs, train_steps
 
-from pipeline_lib.checkpoint import (
-    MANIFEST_NAME,
+from pipeline_lib.checkpoint.manifest import MANIFEST_NAME, verify_snapshot
+from pipeline_lib.checkpoint.rng import capture_rng_state, restore_rng_state
+from pipeline_lib.checkpoint.snapshot import (
     TEST_PAUSE_ENV,
-    capture_rng_state,
-    find_snapshots,
     load_model_state,
     load_snapshot,
-    restore_rng_state,
-    step_dir_name,
-    verify_snapshot,
     write_snapshot,
 )
 from pipeline_lib.errors import CheckpointError
@@ -51,7 +47,7 @@ def assert_tree_equal(a, b, path="") -> None:
 def test_round_trip_is_bit_exact_and_training_continues_identically(tmp_path, kind):
     model, opt = make_state(seed=0, steps=3, kind=kind)
     ema = {k: v.clone() * 0.5 for k, v in model.state_dict().items() if v.is_floating_point()}
-    out = write_snapshot(tmp_path / step_dir_name(3), **snapshot_kwargs(
+    out = write_snapshot(tmp_path / "step_0000003", **snapshot_kwargs(
         model, opt, extra_tensors={"ema": ema},
         extra_files={"metrics.jsonl": '{"step": 1}\n', "samples.jsonl": b"\x00bin"}))
     assert out == tmp_path / "step_0000003"
@@ -136,6 +132,12 @@ def test_bad_inputs_are_refused_before_writing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _published(root) -> list[str]:
+    """What a reader takes for snapshots: visible directories that hold a manifest."""
+    return sorted(p.name for p in root.iterdir()
+                  if not p.name.startswith(".") and (p / MANIFEST_NAME).is_file())
+
+
 def test_stale_temporary_siblings_are_cleaned_and_never_listed(tmp_path):
     snapshots = tmp_path / "snapshots"
     stale = snapshots / ".step_0000005.tmp-otherhost-1-deadbeef"
@@ -143,11 +145,11 @@ def test_stale_temporary_siblings_are_cleaned_and_never_listed(tmp_path):
     (stale / "model.safetensors").write_bytes(b"partial")
     unrelated = snapshots / ".step_0000009.tmp-otherhost-1-deadbeef"
     unrelated.mkdir()
-    assert find_snapshots(snapshots) == []
+    assert _published(snapshots) == []
     model, opt = make_state(steps=1)
     write_snapshot(snapshots / "step_0000005", **snapshot_kwargs(model, opt))
     assert not stale.exists() and unrelated.exists()
-    assert find_snapshots(snapshots) == [(5, snapshots / "step_0000005")]
+    assert _published(snapshots) == ["step_0000005"]
 
 
 def test_capture_restore_rng_repeats_streams():
@@ -161,7 +163,8 @@ def test_capture_restore_rng_repeats_streams():
 
 _WRITER = textwrap.dedent("""
     import sys, torch
-    from pipeline_lib.checkpoint import write_snapshot, capture_rng_state
+    from pipeline_lib.checkpoint.rng import capture_rng_state
+    from pipeline_lib.checkpoint.snapshot import write_snapshot
     torch.manual_seed(0)
     big = {"w%d" % i: torch.randn(256, 256) for i in range(8)}
     write_snapshot(sys.argv[1], model_state=big, optimizer_state={"state": {}, "param_groups": []},
@@ -209,7 +212,7 @@ def test_sigkill_during_first_write_leaves_no_snapshot(tmp_path):
     target = tmp_path / "snapshots" / "step_0000007"
     _kill_mid_write(target)
     assert not target.exists()
-    assert find_snapshots(target.parent) == []
+    assert _published(target.parent) == []
     with pytest.raises(CheckpointError, match="does not exist"):
         load_snapshot(target)
     assert MANIFEST_NAME not in {p.name for d in target.parent.iterdir() for p in d.iterdir()}

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline_lib.checkpoint import capture_rng_state, write_snapshot
+from pipeline_lib.checkpoint.rng import capture_rng_state
+from pipeline_lib.checkpoint.snapshot import write_snapshot
 from pipeline_lib.config import Config, DataConfig, ModelConfig, SourceConfig, save_config
 from pipeline_lib.data.pack import pack_corpus
 
@@ -19,7 +20,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     data = DataConfig(sources=[SourceConfig(type="reasoning", num_docs=300, seed=7)],
                       seq_len=32, epochs=1, val_fraction=0.3, seed=1)
     meta = pack_corpus(data, root / "data")
-    from pipeline_lib.model import LoopedLM
+    from pipeline_lib.model.looped import LoopedLM
 
     cfg = Config(data=data, model=ModelConfig(vocab_size=meta["vocab_size"], d_model=32,
                                               n_heads=2, loops=2, init_std=0.1))

@@ -29,7 +29,7 @@ HUGE = 1e9
 
 @pytest.fixture(scope="module")
 def model():
-    from pipeline_lib.model import LoopedLM
+    from pipeline_lib.model.looped import LoopedLM
 
     # Large init: predictions keep moving from loop to loop, so exits spread over loops.
     torch.manual_seed(3)
@@ -284,7 +284,8 @@ def test_summarize_cli_writes_the_adaptive_outputs(tiny_run, tmp_path: Path):
     run_heff(snap, data_dir, [1, 2], sweep, max_tokens=300, batch_rows=4,
              adaptive=AdaptiveSpec((0.0, 0.01)))
     base = [sys.executable, "-m", "pipeline_lib", "summarize-heff", "--inputs", str(sweep),
-            "--out-table", str(tmp_path / "h.parquet"), "--out-plot", str(tmp_path / "h.png")]
+            "--out-table", str(tmp_path / "h.parquet"), "--out-plot", str(tmp_path / "h.png"),
+            "--no-track"]
     done = subprocess.run([*base, "--out-adaptive-table", str(tmp_path / "a.parquet"),
                            "--out-adaptive-plot", str(tmp_path / "a.png")],
                           capture_output=True, text=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,11 +54,39 @@ def test_cli_writes_json(tiny_run, tmp_path: Path):
     out = tmp_path / "cli.json"
     result = subprocess.run(
         [sys.executable, "-m", "pipeline_lib", "heff", "--snapshot", str(snap), "--data",
-         str(data_dir), "--h-eff", "1,3", "--out", str(out), "eval.max_tokens=300"],
+         str(data_dir), "--h-eff", "1,3", "--out", str(out), "eval.max_tokens=300",
+         "--no-track"],
         capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert set(doc["losses"]) == {"1", "3"} and doc["tokens"] >= 300
+
+
+def test_cli_tracks_the_sweep_as_a_stage_run_unless_no_track(tiny_run, tmp_path: Path,
+                                                              monkeypatch):
+    from mlflow import MlflowClient
+
+    from pipeline_lib.cli import main
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data_dir, snap = tiny_run
+    run_dir = tmp_path / "results" / "base"  # the run the snapshot belongs to
+    copy = shutil.copytree(snap, run_dir / "snapshots" / snap.name)
+    store = tmp_path / "mlflow.db"
+    args = ["heff", "--snapshot", str(copy), "--data", str(data_dir), "--h-eff", "1,2",
+            "--out", str(tmp_path / "h.json"), "eval.max_tokens=200",
+            f"tracking.uri=sqlite:///{store}", "experiment.name=cli-heff"]
+    assert main([*args, "--no-track"]) == 0
+    assert not store.exists() and not (run_dir / "tracking.json").exists()
+    assert main(args) == 0
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.get_experiment_by_name("cli-heff").experiment_id
+    (stage,) = client.search_runs([experiment],
+                                  filter_string="tags.`loopline.stage` = 'eval_heff/step_0000007'")
+    parent = json.loads((run_dir / "tracking.json").read_text())["parent_run_id"]
+    assert stage.data.tags["mlflow.parentRunId"] == parent and stage.info.status == "FINISHED"
+    losses = json.loads((tmp_path / "h.json").read_text())["losses"]
+    assert stage.data.metrics["heff/loss_h2"] == losses["2"]
 
 
 def test_cli_missing_snapshot_is_one_line(tmp_path: Path, tiny_run):
@@ -154,7 +183,8 @@ def test_documents_fall_back_to_row_pieces_without_doc_index(tiny_run):
 
 def test_answer_objective_is_scored_on_answer_tokens_only(tiny_run, tmp_path: Path):
     """A model trained with an answer_* objective is swept on the answer tokens alone."""
-    from pipeline_lib.checkpoint import capture_rng_state, write_snapshot
+    from pipeline_lib.checkpoint.rng import capture_rng_state
+    from pipeline_lib.checkpoint.snapshot import write_snapshot
     from pipeline_lib.config import load_config, save_config
     from pipeline_lib.data.loader import PackedData
     from pipeline_lib.evaluate.loading import load_for_eval

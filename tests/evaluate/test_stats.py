@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from pipeline_lib.evaluate.stats import (
+    bootstrap_stderr,
     document_bootstrap,
     mcnemar_exact,
     paired_bootstrap,
-    paired_token_mean_diff,
+    paired_column_diffs,
     score_interval,
-    token_mean_stderr,
     wilson_interval,
 )
 
@@ -75,21 +75,28 @@ def test_document_bootstrap_stderr_matches_formula():
     tokens = np.full(docs, 10.0)
     per_doc_mean = rng.normal(2.0, 0.5, docs)
     sums = per_doc_mean * tokens
-    se = token_mean_stderr(sums, tokens, iters=4000)
+    se = bootstrap_stderr(document_bootstrap(sums, tokens, iters=4000))
     expected = per_doc_mean.std() / math.sqrt(docs)  # equal weights: SE of a plain mean
     assert se.shape == (1,) and se[0] == pytest.approx(expected, rel=0.08)
     reps = document_bootstrap(np.stack([sums, 2 * sums], axis=1), tokens, iters=50)
     assert reps.shape == (50, 2) and np.allclose(reps[:, 1], 2 * reps[:, 0])  # same resamples
 
 
+def _paired_token_mean_diff(sums_a, sums_b, tokens):
+    """mean_a − mean_b of two token-weighted losses over the same documents, 95% interval."""
+    reps = document_bootstrap(np.stack([sums_a, sums_b], axis=1), tokens)
+    point = np.array([sums_a.sum(), sums_b.sum()]) / tokens.sum()
+    return paired_column_diffs(reps, point, base=1)[0]
+
+
 def test_token_weighted_paired_diff():
     rng = np.random.default_rng(4)
     tokens = rng.integers(5, 50, 300).astype(float)
     base = rng.normal(2.0, 0.3, 300) * tokens
-    same = paired_token_mean_diff(base, base, tokens)
+    same = _paired_token_mean_diff(base, base, tokens)
     assert (same.diff, same.lo, same.hi) == (0.0, 0.0, 0.0)
     lower = base - 0.05 * tokens * rng.uniform(0.5, 1.5, 300)  # deeper: ~0.05 nats lower
-    d = paired_token_mean_diff(lower, base, tokens)
+    d = _paired_token_mean_diff(lower, base, tokens)
     assert d.diff == pytest.approx(lower.sum() / tokens.sum() - base.sum() / tokens.sum())
     assert d.lo < d.diff < d.hi < 0 and d.significant
 

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline_lib.config import LoopSamplingConfig
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.model import loop_target, sample_loop_count
+from pipeline_lib.model.loop_sampling import loop_target, sample_loop_count
 
 
 def _draws(cfg: LoopSamplingConfig, seed: int = 7, steps: int = 2000) -> np.ndarray:

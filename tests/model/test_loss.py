@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline_lib.model import chunked_cross_entropy
+from pipeline_lib.model.loss import chunked_cross_entropy
 
 ATOL, RTOL = 1e-5, 5e-4
 

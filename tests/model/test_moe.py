@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline_lib.model import LoopedLM, MoEFFN
-from pipeline_lib.model.moe import grouped_mm_works
+from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.model.moe import MoEFFN, grouped_mm_works
 
 
 def _layer(E: int = 4, k: int = 2, dim: int = 16, hidden: int = 24, rate: float = 0.0,

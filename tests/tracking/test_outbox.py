@@ -12,7 +12,6 @@ from pipeline_lib.tracking.outbox import (
     SyncState,
     is_local_id,
     pending_lines,
-    resolve_local_id,
 )
 
 
@@ -53,7 +52,5 @@ def test_sync_state_records_progress_per_store(tmp_path: Path) -> None:
     assert state.lines_done("sqlite:////a.db") == 3
     assert state.lines_done("http://other") == 0
     assert pending_lines(tmp_path, "sqlite:////a.db") == 1
-    assert resolve_local_id(tmp_path, "sqlite:////a.db", "local:x") == "abc"
-    assert resolve_local_id(tmp_path, "http://other", "local:x") is None
-    assert resolve_local_id(tmp_path, "http://other", "abc") == "abc"
+    assert state.ids("sqlite:////a.db") == {"local:x": "abc"} and state.ids("http://other") == {}
     assert is_local_id("local:x") and not is_local_id("abc") and not is_local_id(None)

@@ -11,8 +11,9 @@ from tracking_helpers import children, client, free_port, make_config, steps_of
 
 from pipeline_lib.cli import main
 from pipeline_lib.config import Config
+from pipeline_lib.run_layout import RunLayout
 from pipeline_lib.tracking import init_parent_run, read_tracking_info, start_stage, sync_outbox
-from pipeline_lib.tracking.outbox import OUTBOX_NAME, SYNC_STATE_NAME, Outbox
+from pipeline_lib.tracking.outbox import Outbox
 from pipeline_lib.tracking.runs import find_parent
 from pipeline_lib.tracking.store import ensure_store
 
@@ -53,11 +54,11 @@ def test_unreachable_store_goes_to_outbox_then_syncs_exactly_once(
     assert train_id.startswith("local:") and eval_id.startswith("local:")
     info = read_tracking_info(run_dir)
     assert info["parent_run_id"].startswith("local:") and info["experiment_id"] is None
-    assert (run_dir / OUTBOX_NAME).is_file()
+    assert RunLayout.at(run_dir).outbox.is_file()
 
     report = sync_outbox(run_dir, store_uri)
     assert (report.runs, report.metrics, report.skipped) == (3, 203, 0)
-    ids = json.loads((run_dir / SYNC_STATE_NAME).read_text())[store_uri]["ids"]
+    ids = json.loads(RunLayout.at(run_dir).outbox_sync_state.read_text())[store_uri]["ids"]
     exp_id = ensure_store(store_uri, dead_cfg.experiment.name)
     parent = find_parent(client(store_uri), exp_id, "base")
     assert parent == ids[info["parent_run_id"]]
@@ -79,7 +80,7 @@ def test_unreachable_store_goes_to_outbox_then_syncs_exactly_once(
     # a second sync reads nothing; a lost progress file replays everything and adds nothing
     again = sync_outbox(run_dir, store_uri)
     assert (again.records, again.metrics) == (0, 0)
-    (run_dir / SYNC_STATE_NAME).unlink()
+    RunLayout.at(run_dir).outbox_sync_state.unlink()
     replay = sync_outbox(run_dir, store_uri)
     assert replay.records == Outbox(run_dir).count() and replay.metrics == 0
     assert len(client(store_uri).search_runs([exp_id])) == 3
@@ -131,17 +132,21 @@ def test_cli_track_init_and_sync_tracking(tmp_path: Path, store_uri: str,
     dead = tmp_path / "dead.yaml"
     dead.write_text(f"experiment:\n  name: cli\n  results_dir: {results}\n"
                     f"tracking:\n  uri: http://127.0.0.1:{free_port()}\n")
+    data = results / "data" / "d9"
+    data.mkdir(parents=True)
+    (data / "metadata.json").write_text('{"data_id": "d9", "num_docs": 3}')
     assert main(["track-init", "--config", str(dead), "--run-dir", str(results / "a"),
-                 "--data-id", "d9"]) == 0
+                 "--data", str(data)]) == 0
     assert capsys.readouterr().out.strip().startswith("local:")
     live = tmp_path / "live.yaml"
     live.write_text(f"experiment:\n  name: cli\n  results_dir: {results}\n"
                     f"tracking:\n  uri: {store_uri}\n")
     assert main(["sync-tracking", "--config", str(live)]) == 0
-    assert "1 runs" in capsys.readouterr().out
+    assert "2 runs" in capsys.readouterr().out  # the parent and its pack child
     assert main(["sync-tracking", "--config", str(live)]) == 0
     assert "0 records" in capsys.readouterr().out
-    assert main(["track-init", "--config", str(live), "--run-dir", str(results / "a")]) == 0
+    assert main(["track-init", "--config", str(live), "--run-dir", str(results / "a"),
+                 "--data", str(data)]) == 0
     parent = capsys.readouterr().out.strip()
     exp_id = ensure_store(store_uri, "cli")
     assert find_parent(client(store_uri), exp_id, "a") == parent

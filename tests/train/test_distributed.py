@@ -23,7 +23,8 @@ import pytest
 import torch
 from trainer_helpers import RICH, make_pack, metrics, snap, tiny_config
 
-from pipeline_lib.checkpoint import load_model_state, load_snapshot, verify_snapshot, write_snapshot
+from pipeline_lib.checkpoint.manifest import verify_snapshot
+from pipeline_lib.checkpoint.snapshot import load_model_state, load_snapshot, write_snapshot
 from pipeline_lib.data.identity import data_id
 from pipeline_lib.errors import CheckpointError, TrainingError
 from pipeline_lib.evaluate.heff import run_heff
@@ -43,7 +44,7 @@ STEPS = (3, 4, 5, 6)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("dist")
-    pack = make_pack(root / "data" / data_id(CFG.data))  # where evaluation finds the tokenizer
+    pack = make_pack(root / "data" / data_id(CFG.data))
     start = train_segment(CFG, pack, None, 2, snap(root / "start", 2))
     r = {"root": root, "pack": pack, "start": start}
     for name in ("one", "two_a", "two_b", "two_c", "back"):
@@ -110,6 +111,8 @@ def test_sharded_snapshot_layout_and_rank_rng(runs: dict[str, Path]) -> None:
     for d in ("model_dcp", "optimizer_dcp", "ema_dcp"):
         assert sum(n.startswith(f"{d}/") for n in files) == 2  # one shard file per rank
     assert {"rng_rank0.json", "rng_rank1.json", "rng_rank0.safetensors"} <= set(files)
+    assert (path / "tokenizer.json").read_bytes() == (runs["pack"] / "tokenizer.json").read_bytes()
+    assert "tokenizer.json" in files  # self-contained, sharded too
     assert json.loads((path / "trainer_state.json").read_text())["world_size"] == 2
     assert not any(n.endswith(".metadata") for n in files)  # no pickle file anywhere
     r0, r1 = load_snapshot(path, rank=0).rng_state, load_snapshot(path, rank=1).rng_state

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline_lib.config import BpttConfig, ModelConfig, SpikeGuardConfig, TrainConfig
-from pipeline_lib.model import LoopedLM
+from pipeline_lib.model.looped import LoopedLM
 from pipeline_lib.train.faults import FaultPlan
 from pipeline_lib.train.optim import build_optimizer
 from pipeline_lib.train.spike_guard import SpikeGuard

@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import load_file
 from trainer_helpers import RICH, events, make_pack, metrics, snap, tiny_config, weights
 
-from pipeline_lib.checkpoint import read_best, verify_snapshot
+from pipeline_lib.checkpoint.best import read_best
+from pipeline_lib.checkpoint.manifest import verify_snapshot
 from pipeline_lib.errors import CheckpointError, ConfigError, TrainingError
-from pipeline_lib.train.trainer import default_run_dir, train_segment
+from pipeline_lib.train.trainer import train_segment
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,9 @@ def test_metrics_lines_and_segment_end_evaluation(pack: Path, tmp_path: Path) ->
     assert lines[-1]["lr"] == pytest.approx(0.1 * 3e-3)
     samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["prompt"] for s in samples] == tiny_config().train.sample_prompts
+    # self-contained: the pack's tokenizer travels in the snapshot, under the manifest
+    assert "tokenizer.json" in verify_snapshot(out)["files"]
+    assert (out / "tokenizer.json").read_bytes() == (pack / "tokenizer.json").read_bytes()
     assert all(len(s["completion_ids"]) <= 4 and s["step"] == 6 for s in samples)
     assert any((run / "tensorboard").iterdir())
     state = json.loads((out / "trainer_state.json").read_text())
@@ -215,12 +219,6 @@ def test_answer_objective_on_a_pack_without_answers_fails_before_training(
         train_segment(tiny_config("train.objective=answer_last"), no_answers, None, 2,
                       snap(run, 2))
     assert "\n" not in str(err.value) and not run.exists()
-
-
-def test_default_run_dir() -> None:
-    assert default_run_dir(Path("results/r/snapshots/step_0000100")) == Path("results/r")
-    assert default_run_dir(Path("results/r/snapshots/segments/step_0000100")) == Path("results/r")
-    assert default_run_dir(Path("x/out")) == Path("x")
 
 
 def test_keep_best_tracks_temporary_and_kept_segments_in_one_place(pack: Path,

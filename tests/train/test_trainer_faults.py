@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import cli, config_file, make_pack, metrics, snap, tiny_config
 
-from pipeline_lib.checkpoint import TEST_PAUSE_ENV, load_snapshot
+from pipeline_lib.checkpoint.snapshot import TEST_PAUSE_ENV, load_snapshot
 from pipeline_lib.cli import main
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.train.faults import FAULT_ENV

@@ -42,7 +42,7 @@ def tiny_config(*overrides: str) -> Config:
 
 def config_file(path: Path, *overrides: str) -> Path:
     """The tiny config as a YAML file (for CLI runs in a subprocess)."""
-    from pipeline_lib.train.segment import config_yaml
+    from pipeline_lib.config import config_yaml
 
     path.write_text(config_yaml(tiny_config(*overrides)))
     return path

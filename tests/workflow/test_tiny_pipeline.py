@@ -112,6 +112,26 @@ def test_mlflow_runs_and_exactly_once_train_metrics(tiny_pipeline: Path):
         assert client.list_artifacts(parent.info.run_id, "config")
 
 
+def test_job_benchmarks_under_logs_and_tracked(tiny_pipeline: Path):
+    """Snakemake's benchmark TSVs go to logs/benchmarks/{rule}/ (benchmarks/ holds scripts
+    only) and are attached to the stage summaries' MLflow runs."""
+    from mlflow.tracking import MlflowClient
+
+    assert not (tiny_pipeline / "benchmarks").exists()
+    tsvs = tiny_pipeline / "logs" / "benchmarks"
+    for run in RUNS:
+        assert sorted(p.name for p in (tsvs / "eval_heff" / run).glob("*.tsv")) == [
+            f"step_{s:07d}.tsv" for s in KEPT]
+        assert len(list((tsvs / "train_segment" / run).rglob("*.tsv"))) == 3
+    assert len(list((tsvs / "pack_data").glob("*.tsv"))) == 1
+    client = MlflowClient(f"sqlite:///{tiny_pipeline / 'results' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("loopline-tiny")
+    summary = next(r for r in client.search_runs([exp.experiment_id], max_results=500)
+                   if r.data.tags.get("loopline.stage") == "eval_summary")
+    attached = {a.path for a in client.list_artifacts(summary.info.run_id, "benchmarks")}
+    assert {"benchmarks/step_0000020.tsv", "benchmarks/step_0000030.tsv"} <= attached
+
+
 def test_slurm_profile_dry_run(tiny_pipeline: Path):
     result = snakemake(tiny_pipeline, "-n", "--profile", str(Path(__file__).resolve().parents[2]
                                                                 / "profiles" / "slurm"),

@@ -4,18 +4,19 @@
 rule bench_downstream:
     input:
         snapshot=lambda wc: PLAN.snapshot_path(wc.run, int(wc.step)),
-        tracking=lambda wc: ancient(f"{RESULTS}/{wc.run}/tracking.json"),
+        tracking=ancient(RUN.tracking_json),
         user_tasks=lambda wc: PLAN.bench_task_files(wc.run),
     output:
-        result=f"{RESULTS}/{{run}}/bench/step_{{step}}.json",
-        tasks=temp(directory(f"{RESULTS}/{{run}}/bench/tasks_step_{{step}}")),
+        result=RUN.bench_result(STEP),
+        tasks=temp(directory(RUN.bench_tasks(STEP))),
     params:
         run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
         signature=lambda wc: PLAN.bench_signature(wc.run),
     log:
-        "logs/bench_downstream/{run}/step_{step}.log",
+        RUN.log("bench_downstream", STEP),
     benchmark:
-        "benchmarks/bench_downstream/{run}/step_{step}.tsv"
+        RUN.benchmark("bench_downstream", STEP)
     threads: PLAN.threads("eval")
     resources:
         **PLAN.cluster_resources("eval"),
@@ -27,19 +28,20 @@ rule bench_downstream:
 
 rule summarize_bench:
     input:
-        results=lambda wc: bench_results(wc.run),
+        results=lambda wc: PLAN.bench_results(wc.run),
     output:
-        table=f"{RESULTS}/{{run}}/bench/summary.parquet",
+        table=RUN.bench_table,
         plot=report(
-            f"{RESULTS}/{{run}}/bench/accuracy_vs_heff.png",
+            RUN.bench_plot,
             caption="../report/bench.rst",
             category="Downstream benchmarks",
             labels={"run": "{run}"},
         ),
     params:
         run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
     log:
-        "logs/summarize_bench/{run}.log",
+        RUN.log("summarize_bench"),
     conda:
         "../../envs/bench.yaml"
     script:

@@ -3,13 +3,13 @@
 
 rule pack_data:
     output:
-        data_dir=directory(f"{RESULTS}/data/{{data_id}}"),
+        data_dir=directory(PLAN.layout.data_dir("{data_id}")),
     params:
         data=lambda wc: PLAN.data_params(wc.data_id),
     log:
-        f"logs/pack_data/{{data_id}}.log",
+        job_log("pack_data", "{data_id}"),
     benchmark:
-        "benchmarks/pack_data/{data_id}.tsv"
+        job_benchmark("pack_data", "{data_id}")
     conda:
         "../../envs/data.yaml"
     script:

@@ -6,16 +6,17 @@ rule eval_heff:
     input:
         snapshot=lambda wc: PLAN.snapshot_path(wc.run, int(wc.step)),
         data=lambda wc: PLAN.data_dir(wc.run),
-        tracking=lambda wc: ancient(f"{RESULTS}/{wc.run}/tracking.json"),
+        tracking=ancient(RUN.tracking_json),
     output:
-        result=f"{RESULTS}/{{run}}/eval/heff/step_{{step}}.json",
+        result=RUN.heff_result(STEP),
     params:
         run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
         signature=lambda wc: PLAN.eval_signature(wc.run),
     log:
-        "logs/eval_heff/{run}/step_{step}.log",
+        RUN.log("eval_heff", STEP),
     benchmark:
-        "benchmarks/eval_heff/{run}/step_{step}.tsv"
+        RUN.benchmark("eval_heff", STEP)
     threads: PLAN.threads("eval")
     resources:
         **PLAN.cluster_resources("eval"),
@@ -27,26 +28,27 @@ rule eval_heff:
 
 rule summarize_heff:
     input:
-        results=lambda wc: heff_results(wc.run),
+        results=lambda wc: PLAN.heff_results(wc.run),
     output:
-        table=f"{RESULTS}/{{run}}/eval/heff.parquet",
+        table=RUN.heff_table,
         plot=report(
-            f"{RESULTS}/{{run}}/eval/heff.png",
+            RUN.heff_plot,
             caption="../report/heff.rst",
             category="H_eff sweep",
             labels={"run": "{run}"},
         ),
-        adaptive_table=f"{RESULTS}/{{run}}/eval/heff_adaptive.parquet",
+        adaptive_table=RUN.adaptive_table,
         adaptive_plot=report(
-            f"{RESULTS}/{{run}}/eval/heff_adaptive.png",
+            RUN.adaptive_plot,
             caption="../report/heff_adaptive.rst",
             category="Adaptive exit",
             labels={"run": "{run}"},
         ),
     params:
         run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
     log:
-        "logs/summarize_heff/{run}.log",
+        RUN.log("summarize_heff"),
     conda:
         "../../envs/evaluate.yaml"
     script:

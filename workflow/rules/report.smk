@@ -1,23 +1,28 @@
 # Side-by-side comparison of every variant (also in `snakemake --report`).
+import os
+
+COMPARE = PLAN.layout.compare_dir
 
 
 rule compare_runs:
     input:
         unpack(compare_inputs),
     output:
-        summary=f"{RESULTS}/compare/summary.md",
-        table=f"{RESULTS}/compare/summary.parquet",
-        depth=f"{RESULTS}/compare/depth_check.json",
-        loss=report(f"{RESULTS}/compare/loss_vs_heff.png", caption="../report/compare.rst",
+        summary=COMPARE / "summary.md",
+        table=COMPARE / "summary.parquet",
+        depth=COMPARE / "depth_check.json",
+        loss=report(COMPARE / "loss_vs_heff.png", caption="../report/compare.rst",
                     category="Comparison"),
-        accuracy=report(f"{RESULTS}/compare/accuracy_vs_heff.png",
-                        caption="../report/compare.rst", category="Comparison"),
-        train=report(f"{RESULTS}/compare/train_loss.png", caption="../report/compare.rst",
+        accuracy=report(COMPARE / "accuracy_vs_heff.png", caption="../report/compare.rst",
+                        category="Comparison"),
+        train=report(COMPARE / "train_loss.png", caption="../report/compare.rst",
                      category="Comparison"),
     params:
         runs=PLAN.run_names,
+        out_dir=lambda wc, output: os.path.dirname(output.summary),  # = COMPARE
+        metrics=PLAN.metrics_files(),
     log:
-        "logs/compare_runs.log",
+        job_log("compare_runs"),
     conda:
         "../../envs/evaluate.yaml"
     script:

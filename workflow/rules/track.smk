@@ -8,13 +8,13 @@ localrules:
 
 rule tracking_store:
     output:
-        marker=f"{RESULTS}/.tracking/store.json",
+        marker=PLAN.layout.tracking_marker,
     params:
         uri=PLAN.config.tracking.uri,
         experiment=PLAN.config.experiment.name,
         enabled=PLAN.config.tracking.enabled,
     log:
-        "logs/tracking_store.log",
+        job_log("tracking_store"),
     conda:
         "../../envs/track.yaml"
     script:
@@ -26,11 +26,12 @@ rule track_init:
         store=ancient(rules.tracking_store.output.marker),
         data=lambda wc: PLAN.data_dir(wc.run),
     output:
-        tracking=f"{RESULTS}/{{run}}/tracking.json",
+        tracking=RUN.tracking_json,
     params:
         run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
     log:
-        "logs/track_init/{run}.log",
+        RUN.log("track_init"),
     conda:
         "../../envs/track.yaml"
     script:

@@ -7,16 +7,17 @@ rule train_segment:
     input:
         data=lambda wc: PLAN.data_dir(wc.run),
         previous=lambda wc: PLAN.previous_snapshot(wc.run, int(wc.step)),
-        tracking=lambda wc: ancient(f"{RESULTS}/{wc.run}/tracking.json"),
+        tracking=ancient(RUN.tracking_json),
     output:
-        snapshot=directory(f"{RESULTS}/{{run}}/snapshots/step_{{step}}"),
+        snapshot=directory(RUN.snapshot(STEP)),
     params:
         run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
         signature=lambda wc: PLAN.train_signature(wc.run),
     log:
-        "logs/train_segment/{run}/step_{step}.log",
+        RUN.log("train_segment", STEP),
     benchmark:
-        "benchmarks/train_segment/{run}/step_{step}.tsv"
+        RUN.benchmark("train_segment", STEP)
     retries: 1
     threads: PLAN.threads("train")
     resources:
@@ -31,20 +32,20 @@ rule train_segment:
 
 use rule train_segment as train_segment_temp with:
     output:
-        snapshot=temp(directory(f"{RESULTS}/{{run}}/snapshots/segments/step_{{step}}")),
+        snapshot=temp(directory(RUN.snapshot(STEP, kept=False))),
     log:
-        "logs/train_segment/{run}/segments/step_{step}.log",
+        RUN.log("train_segment", STEP, kept=False),
     benchmark:
-        "benchmarks/train_segment/{run}/segments/step_{step}.tsv"
+        RUN.benchmark("train_segment", STEP, kept=False)
 
 
 rule snapshot_index:
     input:
         kept=lambda wc: PLAN.kept_snapshots(wc.run),
     output:
-        index=f"{RESULTS}/{{run}}/snapshots/index.json",
+        index=RUN.index,
     log:
-        "logs/snapshot_index/{run}.log",
+        RUN.log("snapshot_index"),
     conda:
         "../../envs/train.yaml"
     script:

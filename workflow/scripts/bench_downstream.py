@@ -8,6 +8,6 @@ from pipeline_lib.workflow_io import run_config, script_logging
 snakemake = globals()["snakemake"]
 
 with script_logging(snakemake.log[0], snakemake.threads):
-    bench_stage(run_config(snakemake), Path(snakemake.input.tracking).parent,
+    bench_stage(run_config(snakemake), Path(snakemake.params.run_dir),
                 Path(snakemake.input.snapshot), Path(snakemake.output.result),
                 Path(snakemake.output.tasks))

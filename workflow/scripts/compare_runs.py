@@ -12,9 +12,8 @@ with script_logging(snakemake.log[0]):
         run: {
             "heff": Path(snakemake.input[f"{run}_heff"]),
             "bench": Path(snakemake.input[f"{run}_bench"]),
-            "metrics": Path(snakemake.input[f"{run}_index"]).parent.parent / "train/metrics.jsonl",
+            "metrics": Path(snakemake.params.metrics[run]),
         }
         for run in snakemake.params.runs
     }
-    compare_runs(inputs, Path(snakemake.output.summary).parent,
-                 depth_json=Path(snakemake.output.depth))
+    compare_runs(inputs, Path(snakemake.params.out_dir), depth_json=Path(snakemake.output.depth))

@@ -8,8 +8,7 @@ from pipeline_lib.workflow_io import run_config, script_logging
 snakemake = globals()["snakemake"]
 
 with script_logging(snakemake.log[0]):
-    run = snakemake.params.run
-    table = Path(snakemake.output.table)
-    summarize_bench_stage(run_config(snakemake), run, table.parent.parent,
-                          [Path(p) for p in snakemake.input.results], table,
-                          Path(snakemake.output.plot))
+    summarize_bench_stage(run_config(snakemake), snakemake.params.run,
+                          Path(snakemake.params.run_dir),
+                          [Path(p) for p in snakemake.input.results],
+                          Path(snakemake.output.table), Path(snakemake.output.plot))

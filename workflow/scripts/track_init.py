@@ -8,6 +8,5 @@ from pipeline_lib.workflow_io import run_config, script_logging
 snakemake = globals()["snakemake"]
 
 with script_logging(snakemake.log[0]):
-    run = snakemake.params.run
-    init_tracking(run_config(snakemake), run, Path(snakemake.output.tracking).parent,
+    init_tracking(run_config(snakemake), snakemake.params.run, Path(snakemake.params.run_dir),
                   Path(snakemake.input.data))

@@ -17,6 +17,6 @@ with script_logging(snakemake.log[0], snakemake.threads):
         resume_from=Path(previous[0]) if previous else None,
         until_step=int(snakemake.wildcards.step),
         out=out,
-        run_dir=Path(snakemake.input.tracking).parent,
+        run_dir=Path(snakemake.params.run_dir),
         attempt=int(snakemake.resources.attempt),
     )

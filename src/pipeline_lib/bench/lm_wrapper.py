@@ -40,6 +40,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from ..errors import ConfigError, DeviceError
+from ..model.generate import greedy_decode
 
 log = logging.getLogger(__name__)
 
@@ -465,23 +466,18 @@ class LooplineLM(TemplateLM):
         """Greedy continuations of ``prompts``; each row stops on its own. Every generated
         token (the final EOS included) counts its loops used for its task."""
         tasks = tasks or [None] * len(prompts)
-        generated: list[list[int]] = [[] for _ in prompts]
         texts = [""] * len(prompts)
-        active = [i for i, (_, max_gen) in enumerate(settings) if max_gen > 0]
-        while active:
-            rows = [(prompts[i] + generated[i])[-self.seq_len:] for i in active]
+
+        def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
             logp, loops = self._log_probs(rows)  # [B, L, V], [B, L]
-            next_ids = [int(logp[b, len(row) - 1].argmax()) for b, row in enumerate(rows)]
             for b, (i, row) in enumerate(zip(active, rows, strict=True)):
                 self._count_loops(tasks[i], int(loops[b, len(row) - 1]), 1)
-            still = []
-            for i, token in zip(active, next_ids, strict=True):
-                stops, max_gen = settings[i]
-                if token == self._eos:
-                    continue
-                generated[i].append(token)
-                texts[i], stopped = self._cut(self.tok_decode(generated[i]), stops)
-                if not stopped and len(generated[i]) < max_gen:
-                    still.append(i)
-            active = still
+            return [int(logp[b, len(row) - 1].argmax()) for b, row in enumerate(rows)]
+
+        def stopped(i: int, new_ids: list[int]) -> bool:
+            texts[i], found = self._cut(self.tok_decode(new_ids), settings[i][0])
+            return found
+
+        greedy_decode(next_ids, prompts, [max_gen for _, max_gen in settings],
+                      eos_id=self._eos, context_len=self.seq_len, stopped=stopped)
         return texts

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..config import BenchConfig
 from ..errors import ConfigError
+from ..fsio import write_text_atomic
 from ..task_catalog import check_bench_tasks
 from .scoring import (
     add_paired_comparisons,
@@ -151,8 +152,6 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
     if out_json is not None:
         out_json = Path(out_json)
         out_json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_json.with_name(out_json.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-        tmp.replace(out_json)
+        write_text_atomic(out_json, json.dumps(report, indent=1, sort_keys=True) + "\n")
         log.info("bench results → %s", out_json)
     return report

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from ..config import BenchConfig
 from ..errors import ConfigError
+from ..fsio import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +146,6 @@ def task_config(task: BuiltinTask, data_file: Path, bench: BenchConfig) -> dict[
     return cfg
 
 
-def _write_if_changed(path: Path, text: str) -> None:
-    if path.is_file() and path.read_text() == text:
-        return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # concurrent bench jobs
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def write_builtin_tasks(bench: BenchConfig, out_dir: Path) -> list[str]:
     """Write YAML + JSONL for every built-in task named in ``bench.tasks``.
 
@@ -172,9 +164,11 @@ def write_builtin_tasks(bench: BenchConfig, out_dir: Path) -> list[str]:
         task = BUILTIN_TASKS[name]
         data_file = out_dir / f"{name}.jsonl"
         rows = task_examples(task, bench)
-        _write_if_changed(data_file, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        write_text_atomic(data_file, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows),
+                          if_changed=True)
         config = task_config(task, data_file, bench)
-        _write_if_changed(out_dir / f"{name}.yaml", yaml.safe_dump(config, sort_keys=False))
+        write_text_atomic(out_dir / f"{name}.yaml", yaml.safe_dump(config, sort_keys=False),
+                          if_changed=True)
         log.info("built-in task %s: %d examples (levels %d..%d) in %s", name, len(rows),
                  bench.min_difficulty, bench.max_difficulty, data_file)
         written.append(name)

@@ -24,11 +24,13 @@ fresh), and the trainer records that it did so.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, config_from_dict, to_dict
+from ..config import Config, config_from_dict, load_config, to_dict
 from ..errors import CheckpointError, ConfigError
+from .contents import CONFIG_FILE
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,16 @@ def config_from_yaml(text: str, source: str) -> Config:
     except ConfigError as exc:
         raise CheckpointError(f"{source} is not a config this version reads ({exc}); resume "
                               "with the pipeline_lib version that wrote it") from None
+
+
+def snapshot_config(path: Path, overrides: Sequence[str] = (), *,
+                    fix: str = "rerun the training segment that writes it") -> Config:
+    """The resolved config a snapshot was trained with (its ``config.yaml``), ``key=value``
+    ``overrides`` on top. Complete already, so no default config is merged under it."""
+    config_file = Path(path) / CONFIG_FILE
+    if not config_file.is_file():
+        raise CheckpointError(f"snapshot {path} has no {CONFIG_FILE}; it is incomplete: {fix}")
+    return load_config(config_file, overrides, base=None)
 
 
 def load_weights_only(snapshot_dir: str | Path, model: Any, *, which: str = "model",

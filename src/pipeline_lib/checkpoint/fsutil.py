@@ -28,15 +28,6 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
 
 
-def fsync_file(path: Path) -> None:
-    """Flush one file's data to stable storage."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def fsync_dir(path: Path) -> None:
     """Flush a directory's entries (new names, renames) to stable storage."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

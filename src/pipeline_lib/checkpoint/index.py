@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..fsio import write_text_atomic
 from .manifest import read_manifest
 
 INDEX_NAME = "index.json"
@@ -33,9 +34,7 @@ def write_index(index_path: Path, kept: Sequence[Path]) -> dict:
     entries.sort(key=lambda e: e["step"])
     doc = {"kept": entries, "final": entries[-1]["path"], "final_step": entries[-1]["step"]}
     index_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = index_path.with_name(f".{index_path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(index_path)
+    write_text_atomic(index_path, json.dumps(doc, indent=2) + "\n")
     link = index_path.parent / FINAL_LINK
     tmp_link = index_path.parent / f".{FINAL_LINK}.tmp"
     if os.path.lexists(tmp_link):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import CheckpointError
+from ..fsio import file_sha256
 
 MANIFEST_NAME = "MANIFEST.json"
 SNAPSHOT_FORMAT = "loopline-snapshot"
@@ -95,15 +96,6 @@ def write_bytes_file(path: Path, data: bytes, role: str) -> dict[str, Any]:
         fh.flush()
         os.fsync(fh.fileno())
     return writer.record(role)
-
-
-def file_sha256(path: Path) -> str:
-    """Streaming sha256 of a file (bounded memory)."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def manifest_bytes(files: dict[str, dict[str, Any]]) -> bytes:

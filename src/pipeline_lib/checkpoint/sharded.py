@@ -38,37 +38,30 @@ from typing import Any
 
 import torch
 
+from ..device import flagged_ranks
 from ..errors import CheckpointError
+from ..fsio import file_sha256
+from .contents import (
+    CONFIG_FILE,
+    DCP_SUFFIX,
+    MODEL_DCP,
+    OPTIMIZER_DCP,
+    OPTIMIZER_JSON,
+    TRAINER_STATE,
+    Snapshot,
+    check_snapshot_contents,
+    dcp_dirs,
+    prepare_snapshot_tmp,
+    read_json,
+    rng_names,
+)
 from .fsutil import fsync_dir, publish_dir
-from .manifest import MANIFEST_NAME, file_sha256, manifest_bytes, write_bytes_file
-from .tensorio import dumps_json, split_tree, write_safetensors
+from .manifest import MANIFEST_NAME, manifest_bytes, write_bytes_file
+from .tensorio import dumps_json, join_tree, read_safetensors, split_tree, write_safetensors
 
 log = logging.getLogger(__name__)
 
-DCP_SUFFIX = "_dcp"
-MODEL_DCP = "model_dcp"
-OPTIMIZER_DCP = "optimizer_dcp"
 KEY_SEP = "/"  # optimizer tensor keys: "{parameter fqn}/{state name}" (fqns hold no "/")
-
-
-def rng_names(rank: int) -> tuple[str, str]:
-    """File names of rank ``rank``'s RNG state (tensors, JSON)."""
-    return f"rng_rank{rank}.safetensors", f"rng_rank{rank}.json"
-
-
-def dcp_dirs(manifest: Mapping[str, Any]) -> dict[str, str]:
-    """``{set name: directory}`` of the DCP directories a manifest lists (``model``, …)."""
-    out: dict[str, str] = {}
-    for name in manifest["files"]:
-        top = name.split("/", 1)[0]
-        if "/" in name and top.endswith(DCP_SUFFIX):
-            out[top.removesuffix(DCP_SUFFIX)] = top
-    return out
-
-
-def is_sharded(manifest: Mapping[str, Any]) -> bool:
-    """Whether a snapshot (by its manifest) holds its weights as DCP shards."""
-    return "model" in dcp_dirs(manifest)
 
 
 # --------------------------------------------------------------------------- DCP I/O
@@ -220,14 +213,6 @@ def write_sharded_snapshot(
     """
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from .snapshot import (
-        CONFIG_FILE,
-        OPTIMIZER_JSON,
-        TRAINER_STATE,
-        check_snapshot_contents,
-        prepare_snapshot_tmp,
-    )
-
     out_dir = Path(out_dir)
     extra_sharded = dict(extra_sharded or {})
     extra_files = dict(extra_files or {})
@@ -304,12 +289,7 @@ def _finish_on_rank0(tmp: Path, out_dir: Path, optimizer_doc: Mapping[str, Any],
 def _agree(problem: str, device: torch.device) -> None:
     """Collective: CheckpointError on every rank when any rank has a ``problem`` (the
     lowest such rank's message is raised everywhere); otherwise a barrier."""
-    import torch.distributed as dist
-
-    flags = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=device)
-    flags[dist.get_rank()] = int(bool(problem))
-    dist.all_reduce(flags)
-    bad = [r for r, f in enumerate(flags.tolist()) if f]
+    bad = flagged_ranks(bool(problem), device)
     if bad:
         raise CheckpointError(_broadcast_text(problem, device, src=bad[0]))
 
@@ -336,15 +316,12 @@ def _broadcast_text(text: str, device: torch.device, src: int = 0) -> str:
 
 def load_sharded_snapshot(path: Path, manifest: dict[str, Any], *, rank: int = 0,
                           consolidate: bool = True,
-                          map_location: str | torch.device = "cpu") -> Any:
-    """A verified sharded snapshot as a :class:`~.snapshot.Snapshot` (see ``load_snapshot``).
+                          map_location: str | torch.device = "cpu") -> Snapshot:
+    """A verified sharded snapshot as a :class:`~.contents.Snapshot` (see ``load_snapshot``).
 
     RNG: rank ``rank``'s streams; a rank the writing run did not have gets rank 0's (a
     resume on more processes than the snapshot was written with), logged.
     """
-    from .snapshot import CONFIG_FILE, OPTIMIZER_JSON, TRAINER_STATE, Snapshot, read_json
-    from .tensorio import join_tree, read_safetensors
-
     sets = {name: path / d for name, d in dcp_dirs(manifest).items()}
     if OPTIMIZER_DCP.removesuffix(DCP_SUFFIX) not in sets:
         raise CheckpointError(f"sharded snapshot {path} has no {OPTIMIZER_DCP}/; it is "

@@ -18,7 +18,8 @@ other names                extra files, e.g. ``metrics.jsonl``, ``samples.jsonl`
 A multi-process run writes a *sharded* snapshot instead (:mod:`.sharded`): DCP directories
 ``model_dcp/``, ``optimizer_dcp/`` (and ``ema_dcp/``) in place of the model, optimizer and
 extra safetensors files, and ``rng_rank{r}.*`` per rank in place of ``rng.*``.
-:func:`load_snapshot` and :func:`load_model_state` read both kinds.
+:func:`load_snapshot` and :func:`load_model_state` read both kinds. The file names, the
+:class:`Snapshot` record and the checks both writers share live in :mod:`.contents`.
 
 Everything is written into a hidden temporary sibling (each file fsynced, then the
 directory), then renamed onto the final name; see :mod:`.fsutil`. Loading verifies the
@@ -30,78 +31,44 @@ writer sleeps that many seconds after each file, so fault tests can SIGKILL it m
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import CheckpointError
-from ..snapshots_policy import step_dir_name
-from .fsutil import clean_stale_siblings, tmp_sibling
+from .contents import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    OPTIMIZER_JSON,
+    OPTIMIZER_TENSORS,
+    RNG_JSON,
+    RNG_TENSORS,
+    TRAINER_STATE,
+    Snapshot,
+    check_snapshot_contents,
+    dcp_dirs,
+    is_sharded,
+    prepare_snapshot_tmp,
+    read_json,
+)
 from .manifest import (
-    MANIFEST_NAME,
     read_manifest,
     staged_snapshot,
     verify_snapshot,
     write_bytes_file,
 )
-from .sharded import dcp_dirs, is_sharded, load_sharded_snapshot, read_dcp
+from .sharded import load_sharded_snapshot, read_dcp
 from .tensorio import dumps_json, join_tree, read_safetensors, split_tree, write_safetensors
 
 log = logging.getLogger(__name__)
 
-MODEL_FILE = "model.safetensors"
-OPTIMIZER_TENSORS = "optimizer.safetensors"
-OPTIMIZER_JSON = "optimizer.json"
-RNG_TENSORS = "rng.safetensors"
-RNG_JSON = "rng.json"
-TRAINER_STATE = "trainer_state.json"
-CONFIG_FILE = "config.yaml"
-RESERVED_NAMES = frozenset({MODEL_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, RNG_TENSORS, RNG_JSON,
-                            TRAINER_STATE, CONFIG_FILE, MANIFEST_NAME, "model_dcp",
-                            "optimizer_dcp"})
-_RANK_RNG_NAME = re.compile(r"^rng_rank\d+\.")
 TEST_PAUSE_ENV = "LOOPLINE_TEST_SNAPSHOT_PAUSE_S"
-__all__ = ["Snapshot", "find_snapshots", "load_model_state", "load_snapshot", "step_dir_name",
-           "write_snapshot"]
-STEP_DIR_PATTERN = re.compile(r"^step_(\d{7,})$")
-_EXTRA_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
-@dataclass
-class Snapshot:
-    """A verified snapshot in memory, ready to hand to ``load_state_dict`` calls."""
-
-    path: Path
-    manifest: dict[str, Any]
-    model_state: dict[str, torch.Tensor]
-    optimizer_state: dict[str, Any]
-    trainer_state: dict[str, Any]
-    rng_state: dict[str, Any]
-    config_yaml: str
-    extra_tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-    extra_files: dict[str, bytes] = field(default_factory=dict)
-    # sharded snapshots loaded with consolidate=False: {set name: DCP directory}; the
-    # tensors of those sets are then left out (model_state and optimizer tensors empty)
-    dcp: dict[str, Path] = field(default_factory=dict)
-
-    @property
-    def sharded(self) -> bool:
-        """Written by a multi-process run (weights and optimizer in DCP directories)."""
-        return is_sharded(self.manifest)
-
-    @property
-    def step(self) -> int | None:
-        """``trainer_state["step"]`` when the trainer recorded it."""
-        step = self.trainer_state.get("step")
-        return int(step) if step is not None else None
+__all__ = ["Snapshot", "load_model_state", "load_snapshot", "write_snapshot"]
 
 
 def _pause(after: str) -> None:
@@ -110,65 +77,6 @@ def _pause(after: str) -> None:
     if delay:
         log.warning("test hook: pausing %s s after writing %s", delay, after)
         time.sleep(float(delay))
-
-
-def _check_json(obj: Any, where: str, path: str = "") -> None:
-    """Plain JSON only: str keys; dicts, lists, tuples (read back as lists) and scalars."""
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return
-    if isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _check_json(v, where, f"{path}/{i}")
-        return
-    if isinstance(obj, Mapping):
-        for k, v in obj.items():
-            if not isinstance(k, str):
-                raise CheckpointError(f"{where}: key {k!r} at '{path or '/'}' is not a str; "
-                                      "JSON keys must be strings")
-            _check_json(v, where, f"{path}/{k}")
-        return
-    raise CheckpointError(f"{where}: value at '{path or '/'}' is a {type(obj).__name__}; "
-                          "trainer state must be plain JSON (tensors go into extra_tensors)")
-
-
-def _check_extra_names(names: list[str]) -> None:
-    for name in names:
-        if not _EXTRA_NAME.match(name) or name in RESERVED_NAMES or _RANK_RNG_NAME.match(name):
-            raise CheckpointError(f"extra snapshot file name '{name}' is reserved or not a plain "
-                                  "file name; use letters, digits, '_', '-', '.' and no slashes")
-    if len(set(names)) != len(names):
-        raise CheckpointError(f"extra snapshot file names collide: {sorted(names)}; rename one")
-
-
-def check_snapshot_contents(trainer_state: Mapping[str, Any], extra_names: list[str],
-                            extra_files: Mapping[str, Any]) -> None:
-    """Plain-JSON trainer state; extra names that are plain, unreserved and distinct."""
-    _check_json(trainer_state, TRAINER_STATE)
-    _check_extra_names([*extra_names, *extra_files])
-
-
-def prepare_snapshot_tmp(out_dir: Path) -> Path:
-    """The fresh hidden sibling to build ``out_dir`` in, after checking that an existing
-    ``out_dir`` is a snapshot that may be replaced and removing dead writers' leftovers."""
-    if os.path.lexists(out_dir):
-        if out_dir.is_symlink() or not out_dir.is_dir():
-            raise CheckpointError(f"snapshot output {out_dir} exists and is not a directory; "
-                                  "remove it or choose another output path")
-        try:
-            verify_snapshot(out_dir, hash_files=())
-        except CheckpointError as exc:
-            raise CheckpointError(f"snapshot output {out_dir} already exists and is not a valid "
-                                  f"snapshot ({exc}); remove it by hand or choose another "
-                                  "output path") from None
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale_siblings(out_dir)
-        tmp = tmp_sibling(out_dir)
-        tmp.mkdir()
-    except OSError as exc:
-        raise CheckpointError(f"cannot create snapshot {out_dir}: {exc}; check the path and "
-                              "permissions") from None
-    return tmp
 
 
 def write_snapshot(
@@ -225,14 +133,6 @@ def write_snapshot(
     log.info("wrote snapshot %s (%.1f MB in %.2f s)", out_dir, total / 1e6,
              time.perf_counter() - started)
     return out_dir
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is not readable JSON ({exc}); the snapshot is corrupted, "
-                              "rerun the segment that writes it") from None
 
 
 def load_snapshot(path: str | Path, *, map_location: str | torch.device = "cpu", rank: int = 0,
@@ -305,20 +205,3 @@ def load_model_state(path: str | Path, *, which: str = "model",
                               f"{have or 'none'}); use which='model' or train with it enabled")
     tensors, _ = read_safetensors(path / fname, device=map_location)
     return tensors
-
-
-def find_snapshots(snapshots_dir: str | Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step_NNNNNNN`` directory with a manifest, by step.
-
-    Presence of MANIFEST.json only (cheap); load or verify a candidate before trusting it.
-    Hidden temporary siblings never match.
-    """
-    root = Path(snapshots_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        m = STEP_DIR_PATTERN.match(entry.name)
-        if m and entry.is_dir() and (entry / MANIFEST_NAME).is_file():
-            found.append((int(m.group(1)), entry))
-    return sorted(found)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 
@@ -16,11 +17,43 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
                         help="config overrides, e.g. train.lr=1e-3 model.loops=8")
 
 
-def config_from_args(args: argparse.Namespace):
-    """The resolved :class:`~pipeline_lib.config.Config` from the common arguments."""
+def add_tracking_args(parser: argparse.ArgumentParser, run_dir_help: str) -> None:
+    """``--run-dir`` (whose MLflow parent run the stage's child run joins) and ``--no-track``."""
+    parser.add_argument("--run-dir", type=Path, default=None, help=run_dir_help)
+    parser.add_argument("--no-track", action="store_true",
+                        help="a plain local run: log nothing to MLflow (tracking.enabled=false)")
+
+
+def config_from_args(args: argparse.Namespace, snapshot: Path | None = None):
+    """The resolved :class:`~pipeline_lib.config.Config` from the common arguments.
+
+    With ``snapshot`` and no ``--config``, the snapshot's own resolved config.yaml is the
+    base (complete already, so nothing is merged under it). ``--no-track`` (when the command
+    has it) turns tracking off.
+    """
     from ..config import config_for_run, load_config
 
-    cfg = load_config(args.config, args.overrides)
+    if snapshot is not None and args.config is None:
+        from ..checkpoint.compat import snapshot_config
+
+        cfg = snapshot_config(snapshot, args.overrides,
+                              fix="pass --config FILE or a complete snapshot directory")
+    else:
+        cfg = load_config(args.config, args.overrides)
     if args.run:
         cfg = config_for_run(cfg, args.run)
+    if getattr(args, "no_track", False):
+        cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
     return cfg
+
+
+def tracking_run_dir(args: argparse.Namespace, command: str) -> Path:
+    """``--run-dir``; without it only a ``--no-track`` run may go on (nothing is logged)."""
+    if args.run_dir is not None:
+        return args.run_dir
+    if args.no_track:
+        return Path(".")  # tracking is off: the stage writes nothing there
+    from ..errors import ConfigError
+
+    raise ConfigError(f"{command} logs to the MLflow run of a run directory: pass --run-dir "
+                      "results/<run>, or --no-track for a plain local run")

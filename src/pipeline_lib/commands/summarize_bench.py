@@ -1,9 +1,12 @@
-"""``summarize-bench``: benchmark JSONs → long table (parquet) and accuracy heatmaps (PNG)."""
+"""``summarize-bench``: benchmark JSONs → long table (parquet) and accuracy heatmaps (PNG) (the
+rule ``summarize_bench`` calls the same :func:`pipeline_lib.stages.summarize_bench_stage`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from ._common import add_config_args, add_tracking_args, config_from_args, tracking_run_dir
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -11,17 +14,25 @@ def register(subparsers) -> argparse.ArgumentParser:
         "summarize-bench", help="benchmark JSONs → summary parquet and heatmap figure",
         description="Collect bench JSONs (one per snapshot) into a long table (step, task, h_eff, "
                     "level, metric, value; level empty for whole-task metrics) and plot an "
-                    "accuracy heatmap (difficulty × H_eff) per built-in task.")
+                    "accuracy heatmap (difficulty × H_eff) per built-in task; logged as the "
+                    "child run bench_summary of --run-dir's MLflow parent run (or nothing with "
+                    "--no-track).")
     parser.add_argument("--inputs", type=Path, nargs="+", required=True,
                         help="bench JSON files (results/{run}/bench/step_*.json)")
     parser.add_argument("--out-parquet", type=Path, required=True, help="summary table to write")
     parser.add_argument("--out-png", type=Path, required=True, help="figure to write")
+    add_config_args(parser)
+    add_tracking_args(parser, "run directory (results/<run>) whose MLflow parent run the "
+                              "summary joins; required unless --no-track")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench.scoring import summarize_bench
+    from ..stages import summarize_bench_stage
 
-    rows = summarize_bench(args.inputs, args.out_parquet, args.out_png)
-    print(f"{len(rows)} rows from {len(args.inputs)} file(s) → {args.out_parquet}, {args.out_png}")
+    run_dir = tracking_run_dir(args, "summarize-bench")
+    rows = summarize_bench_stage(config_from_args(args), args.run or run_dir.name, run_dir,
+                                 args.inputs, args.out_parquet, args.out_png)
+    print(f"{rows[args.out_parquet]} rows from {len(args.inputs)} file(s) → {args.out_parquet}, "
+          f"{args.out_png}")
     return 0

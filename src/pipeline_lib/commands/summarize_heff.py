@@ -1,36 +1,48 @@
-"""`summarize-heff`: table and figure over the H_eff sweeps of every kept snapshot."""
+"""`summarize-heff`: table and figure over the H_eff sweeps of every kept snapshot (the rule
+``summarize_heff`` calls the same :func:`pipeline_lib.stages.summarize_heff_stage`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from ._common import add_config_args, add_tracking_args, config_from_args, tracking_run_dir
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("summarize-heff", help="parquet table + plot of H_eff sweep results")
+    parser = sub.add_parser("summarize-heff", help="parquet table + plot of H_eff sweep results",
+                            description="Table and figure over H_eff sweep JSONs, logged as the "
+                                        "child run eval_summary of --run-dir's MLflow parent "
+                                        "run (or nothing with --no-track).")
     parser.add_argument("--inputs", type=Path, nargs="+", required=True, help="sweep JSON files")
     parser.add_argument("--out-table", type=Path, required=True, help="output .parquet")
     parser.add_argument("--out-plot", type=Path, required=True, help="output .png")
-    parser.add_argument("--title", default="", help="figure title")
+    parser.add_argument("--title", default=None,
+                        help="figure title (default: named after the run directory)")
     parser.add_argument("--out-adaptive-table", type=Path, default=None,
                         help="also the adaptive-exit table (.parquet; with --out-adaptive-plot)")
     parser.add_argument("--out-adaptive-plot", type=Path, default=None,
                         help="also the adaptive-exit figure (.png): loss vs loops used")
+    add_config_args(parser)
+    add_tracking_args(parser, "run directory (results/<run>) whose MLflow parent run the "
+                              "summary joins; required unless --no-track")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
-    from ..evaluate.heff_summary import summarize_heff
+    from ..stages import summarize_heff_stage
 
     adaptive = (args.out_adaptive_table, args.out_adaptive_plot)
     if (adaptive[0] is None) != (adaptive[1] is None):
         raise ConfigError("--out-adaptive-table and --out-adaptive-plot go together; pass both")
-    rows = summarize_heff(args.inputs, args.out_table, args.out_plot, args.title)
-    print(f"{len(rows)} rows → {args.out_table}, {args.out_plot}")
-    if adaptive[0] is not None:
-        from ..evaluate.adaptive_summary import summarize_adaptive
-
-        rows = summarize_adaptive(args.inputs, *adaptive, args.title)
-        print(f"{len(rows)} rows → {adaptive[0]}, {adaptive[1]}")
+    run_dir = tracking_run_dir(args, "summarize-heff")
+    cfg = config_from_args(args)
+    title = args.title
+    if title is None and args.run_dir is None:  # no run to name the figures after
+        title = ""
+    rows = summarize_heff_stage(cfg, args.run or run_dir.name, run_dir, args.inputs,
+                                args.out_table, args.out_plot, *adaptive, title=title)
+    for table, count in rows.items():
+        print(f"{count} rows → {table}")
     return 0

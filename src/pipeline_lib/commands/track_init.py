@@ -1,4 +1,6 @@
-"""`track-init`: find or create a run's MLflow parent run; write {run_dir}/tracking.json.
+"""`track-init`: find or create a run's MLflow parent run; write {run_dir}/tracking.json; log
+the data pack as its ``pack`` child run (the rule ``track_init`` calls the same
+:func:`pipeline_lib.stages.init_tracking`).
 
 Also creates the store schema and the experiment, so the Snakemake local rule that calls
 it runs before any parallel job opens the store. Prints the parent run id.
@@ -18,15 +20,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_config_args(parser)
     parser.add_argument("--run-dir", type=Path, required=True,
                         help="run directory, results/{run}; tracking.json is written there")
-    parser.add_argument("--data-id", default=None, help="data_id of the run's packed data (tag)")
+    parser.add_argument("--data", type=Path, required=True,
+                        help="the run's packed data directory (results/data/<data_id>), "
+                             "logged as the pack child run")
+    parser.add_argument("--no-track", action="store_true",
+                        help="record tracking as disabled in tracking.json; contact no store")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tracking import init_parent_run
+    from ..stages import init_tracking
 
     cfg = config_from_args(args)
-    run_name = args.run or args.run_dir.name
-    info = init_parent_run(cfg, run_name, args.run_dir, args.data_id)
+    info = init_tracking(cfg, args.run or args.run_dir.name, args.run_dir, args.data)
     print(info["parent_run_id"] or "tracking disabled")
     return 0

@@ -42,6 +42,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                              "(fresh optimizer, guard, RNG, data), e.g. after a model change")
     parser.add_argument("--attempt", type=int, default=1, metavar="K",
                         help="1 for a first try; > 1 for a retry (applies a rollback record)")
+    parser.add_argument("--no-track", action="store_true",
+                        help="a plain local run: log nothing to MLflow (tracking.enabled=false)")
     return parser
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..run_layout import RunLayout
 
 log = logging.getLogger(__name__)
 TAIL_STEPS = 10  # final training loss = mean over the last this many logged steps
@@ -197,15 +198,12 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
 def run_dir_inputs(run_dir: Path) -> dict[str, Path]:
     """The inputs of :func:`load_run_results` inside a finished ``results/{run}`` directory:
     H_eff table, final bench JSON, training log and the final snapshot's config."""
-    run_dir = Path(run_dir)
-    index = run_dir / "snapshots" / "index.json"
-    if not index.is_file():
-        raise DataError(f"{index} is missing; finish training run {run_dir.name} first")
-    final = int(_read_json(index)["final_step"])
-    return {"heff": run_dir / "eval" / "heff.parquet",
-            "bench": run_dir / "bench" / f"step_{final:07d}.json",
-            "metrics": run_dir / "train" / "metrics.jsonl",
-            "config": run_dir / "snapshots" / f"step_{final:07d}" / "config.yaml"}
+    layout = RunLayout.at(run_dir)
+    if not layout.index.is_file():
+        raise DataError(f"{layout.index} is missing; finish training run {layout.run} first")
+    final = int(_read_json(layout.index)["final_step"])
+    return {"heff": layout.heff_table, "bench": layout.bench_result(final),
+            "metrics": layout.metrics, "config": layout.snapshot(final) / "config.yaml"}
 
 
 def load_runs(inputs: Mapping[str, Mapping[str, Path]]) -> list[RunResults]:

@@ -21,7 +21,6 @@ and level. The model reads only the keys it knows.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
+from ..fsio import file_sha256
 from .identity import FORMAT_VERSION
 
 log = logging.getLogger(__name__)
@@ -290,10 +290,6 @@ class PackedData:
     def verify(self) -> None:
         """Check the sha256 of every array against metadata.json (reads every byte)."""
         for rel, expected in self.metadata["arrays"].items():
-            sha = hashlib.sha256()
-            with open(self._path(rel), "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    sha.update(chunk)
-            if sha.hexdigest() != expected:
+            if file_sha256(self._path(rel)) != expected:
                 raise DataError(f"{self.data_dir / rel} does not match its sha256 in "
                                 "metadata.json; the pack is damaged, re-run it")

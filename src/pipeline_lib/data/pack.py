@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from ..config import DataConfig
 from ..errors import ConfigError, DataError
+from ..fsio import file_sha256
 from .identity import FORMAT_VERSION, data_id, fingerprint_hash, source_files, source_fingerprint
 from .packing import PackedRows, fill_ratio, pack_documents, pack_documents_by_level
 from .sources import RawDocument, SourceStats, check_source, iter_documents
@@ -187,15 +188,7 @@ def _save(tmp: Path, rel: str, array: np.ndarray, hashes: dict[str, str]) -> Non
     path = tmp / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, np.ascontiguousarray(array))
-    hashes[rel] = _sha256_file(path)
-
-
-def _sha256_file(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            sha.update(chunk)
-    return sha.hexdigest()
+    hashes[rel] = file_sha256(path)
 
 
 def _save_rows(tmp: Path, prefix: str, packed: PackedRows, hashes: dict[str, str]) -> None:
@@ -289,7 +282,7 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
         "pad_id": pad_id(tokenizer),
         "token_dtype": dtype.name,
         "tokenizer": asdict(data.tokenizer),
-        "tokenizer_sha256": _sha256_file(tmp / "tokenizer.json"),
+        "tokenizer_sha256": file_sha256(tmp / "tokenizer.json"),
         "seq_len": data.seq_len,
         "row_len": row_len,
         "num_docs": num_docs,

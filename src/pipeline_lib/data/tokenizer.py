@@ -26,6 +26,7 @@ EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN]
 BYTE_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
+TOKENIZER_FILE = "tokenizer.json"  # in a data pack, and a copy in every snapshot
 
 
 @lru_cache(maxsize=1)
@@ -85,7 +86,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """Read ``tokenizer.json`` (a file, or a data directory holding one)."""
     path = Path(path)
     if path.is_dir():
-        path = path / "tokenizer.json"
+        path = path / TOKENIZER_FILE
     if not path.is_file():
         raise DataError(f"tokenizer file {path} does not exist; pack the data first "
                         "(python -m pipeline_lib pack)")

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from ..errors import ConfigError
 from .heff_stats import DocumentAccumulator, DocumentLosses
-from .stats import document_bootstrap, paired_column_diffs
+from .stats import bootstrap_stderr, document_bootstrap, paired_column_diffs
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
@@ -329,7 +329,7 @@ def adaptive_section(result: AdaptiveLosses, reference: DocumentLosses | None = 
                              f"adaptive sweep {T}: they must read the same batches")
         fixed = reference.means()[spec.max_loops]
     reps = document_bootstrap(docs.loss_sums, docs.tokens)  # [iters, K+1]
-    stderr = np.nanstd(reps, axis=0, ddof=1) if len(reps) > 1 else np.zeros(len(sums))
+    stderr = bootstrap_stderr(reps)
     diffs = paired_column_diffs(reps, sums / T, 0)
     points = []
     for k, x in enumerate(spec.thresholds):

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..errors import ConfigError
+from ..fsio import write_text_atomic
 from .adaptive import AdaptiveSpec, adaptive_sweep, document_keys
 from .heff_stats import DocumentAccumulator, DocumentLosses, loss_statistics
 
@@ -150,7 +151,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     from ..data.loader import PackedData
     from .loading import load_for_eval
 
-    loaded = load_for_eval(snapshot, use_ema=use_ema)
+    loaded = load_for_eval(snapshot, use_ema=use_ema, with_tokenizer=False)  # scores token ids
     data = PackedData(data_dir)
     if data.vocab_size > loaded.config.model.vocab_size:
         raise ConfigError(f"data {data_dir} has vocab {data.vocab_size} but snapshot {snapshot} "
@@ -179,7 +180,5 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     log.info("H_eff sweep of %s: %s (deeper_better=%s)", snapshot,
              {h: round(v, 4) for h, v in losses.items()}, result["deeper_better"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
+    write_text_atomic(out, json.dumps(result, indent=2) + "\n")
     return result

@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from .stats import BOOTSTRAP_ITERS, BOOTSTRAP_SEED, document_bootstrap, paired_column_diffs
+from .stats import (
+    BOOTSTRAP_ITERS,
+    BOOTSTRAP_SEED,
+    bootstrap_stderr,
+    document_bootstrap,
+    paired_column_diffs,
+)
 
 
 @dataclass
@@ -85,7 +91,7 @@ def _stats_block(docs: DocumentLosses, base: int, iters: int, seed: int) -> dict
     """stderr per H_eff and paired differences against H_eff ``base`` of one set of documents."""
     hs = docs.h_effs
     reps = document_bootstrap(docs.loss_sums, docs.tokens, iters, seed)  # [iters, H]
-    se = np.nanstd(reps, axis=0, ddof=1) if len(reps) > 1 else np.zeros(len(hs))
+    se = bootstrap_stderr(reps)
     point = np.array([docs.means()[h] for h in hs])
     diffs = paired_column_diffs(reps, point, hs.index(base))
     return {

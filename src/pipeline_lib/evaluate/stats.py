@@ -6,7 +6,7 @@
   of the SAME examples (e.g. correctness at H_eff=4 and at H_eff=1); pairing removes the
   between-example variance that two independent intervals would count twice.
 - :func:`mcnemar_exact`: exact two-sided McNemar p-value of two paired 0/1 scorings.
-- :func:`document_bootstrap`, :func:`token_mean_stderr`, :func:`paired_token_mean_diff`:
+- :func:`document_bootstrap`, :func:`bootstrap_stderr`, :func:`paired_column_diffs`:
   token-weighted mean losses (Σ loss / Σ tokens) resampled by DOCUMENT, since tokens of one
   document are not independent draws; paired across H_eff by reusing the same resamples.
 
@@ -162,21 +162,9 @@ def document_bootstrap(loss_sums: np.ndarray, tokens: np.ndarray, iters: int = B
     return np.concatenate(reps, axis=0)
 
 
-def token_mean_stderr(loss_sums: np.ndarray, tokens: np.ndarray, iters: int = BOOTSTRAP_ITERS,
-                      seed: int = BOOTSTRAP_SEED) -> np.ndarray:
-    """Per-document bootstrap standard error of each column's token-weighted mean."""
-    reps = document_bootstrap(loss_sums, tokens, iters, seed)
+def bootstrap_stderr(reps: np.ndarray) -> np.ndarray:
+    """Standard error [k] of each column of bootstrap replicates [iters, k] (0 with one)."""
     return np.nanstd(reps, axis=0, ddof=1) if len(reps) > 1 else np.zeros(reps.shape[1])
-
-
-def paired_token_mean_diff(loss_sums_a: np.ndarray, loss_sums_b: np.ndarray, tokens: np.ndarray,
-                           iters: int = BOOTSTRAP_ITERS, seed: int = BOOTSTRAP_SEED) -> Difference:
-    """mean_a − mean_b of two token-weighted losses over the same documents, 95% interval."""
-    toks = np.asarray(tokens, dtype=np.float64)
-    reps = document_bootstrap(np.stack([loss_sums_a, loss_sums_b], axis=1), toks, iters, seed)
-    diff = float(np.sum(loss_sums_a) / toks.sum() - np.sum(loss_sums_b) / toks.sum())
-    lo, hi = np.nanquantile(reps[:, 0] - reps[:, 1], [0.025, 0.975])
-    return Difference(diff, float(lo), float(hi))
 
 
 def paired_column_diffs(reps: np.ndarray, point: np.ndarray, base: int) -> list[Difference]:

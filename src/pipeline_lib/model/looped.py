@@ -75,7 +75,7 @@ class LoopedLM(nn.Module):
         scale = torch.tensor(float(cfg.injection_scale))
         if cfg.injection == "add" and cfg.learn_injection_scale:
             self.injection_scale = nn.Parameter(scale)  # λ, its own parameter group
-        else:  # fixed (or scheduled through set_injection_scale); config-determined, not saved
+        else:  # fixed: config-determined, not saved
             self.register_buffer("injection_scale", scale, persistent=False)
         rows = step_embedding_rows(cfg)
         self.step_emb = nn.Embedding(rows, d) if rows else None
@@ -106,24 +106,6 @@ class LoopedLM(nn.Module):
     def head_weight(self) -> Tensor:
         """Output projection [V, D] (the token embedding when tied)."""
         return self.tok_emb.weight if self.head is None else self.head.weight
-
-    @torch.no_grad()
-    def set_injection_scale(self, value: float) -> None:
-        """Set λ (for a schedule); with a learnable λ this overwrites the parameter's value."""
-        self.injection_scale.fill_(float(value))
-
-    def param_groups_by_role(self) -> dict[str, list[nn.Parameter]]:
-        """Parameters by optimizer role: ``decay`` (matrices), ``no_decay`` (embeddings,
-        norms) and ``injection`` (a learnable λ, for its own learning rate)."""
-        groups: dict[str, list[nn.Parameter]] = {"decay": [], "no_decay": [], "injection": []}
-        for name, p in self.named_parameters():
-            if name == "injection_scale":
-                groups["injection"].append(p)
-            elif p.dim() < 2 or name.startswith(("tok_emb.", "step_emb.")):
-                groups["no_decay"].append(p)
-            else:
-                groups["decay"].append(p)
-        return groups
 
     # ------------------------------------------------------------------ batch → context
 
@@ -310,13 +292,6 @@ class LoopedLM(nn.Module):
         """(name, layer) of every MoE FFN, e.g. ("core.0", …)."""
         return [(name.removesuffix(".ffn"), m) for name, m in self.named_modules()
                 if isinstance(m, MoEFFN)]
-
-    def set_expert_impl(self, impl: str) -> None:
-        """``auto``, ``grouped`` (torch._grouped_mm) or ``loop`` for every MoE layer."""
-        if impl not in ("auto", "grouped", "loop"):
-            raise ValueError(f"expert impl must be auto, grouped or loop, not {impl!r}")
-        for _, layer in self.moe_layers():
-            layer.expert_impl = impl
 
     def _drop_aux_terms(self) -> None:
         for _, layer in self.moe_layers():

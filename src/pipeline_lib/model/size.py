@@ -10,7 +10,7 @@ model and the count cannot disagree, and holds the checks for impossible configs
 
 from __future__ import annotations
 
-from ..config import ModelConfig
+from ..config import ModelConfig, check_model_shape
 from ..errors import ConfigError
 
 
@@ -58,19 +58,6 @@ def check_model_config(cfg: ModelConfig) -> None:
         if getattr(cfg, key) not in allowed:
             raise ConfigError(f"model.{key} = {getattr(cfg, key)!r} is not allowed; use one of "
                               f"{list(allowed)}")
-
-
-def check_model_shape(cfg: ModelConfig) -> None:
-    """Cross-field rules of the architecture (also run by ``config.validate_config``)."""
-    if cfg.d_model % cfg.n_heads:
-        raise ConfigError(f"model.d_model = {cfg.d_model} is not divisible by model.n_heads = "
-                          f"{cfg.n_heads}; pick n_heads that divides d_model")
-    if (cfg.d_model // cfg.n_heads) % 2:
-        raise ConfigError(f"model.d_model / model.n_heads = {cfg.d_model // cfg.n_heads} must be "
-                          "even for RoPE; change d_model or n_heads")
-    if cfg.moe_experts and not 1 <= cfg.moe_top_k <= cfg.moe_experts:
-        raise ConfigError(f"model.moe_top_k = {cfg.moe_top_k} must be between 1 and "
-                          f"model.moe_experts = {cfg.moe_experts}; lower top_k or add experts")
 
 
 def block_param_count(cfg: ModelConfig) -> int:

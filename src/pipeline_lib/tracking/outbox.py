@@ -28,10 +28,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..fsio import write_text_atomic
+from ..run_layout import RunLayout
+
 log = logging.getLogger(__name__)
 
-OUTBOX_NAME = "tracking_outbox.jsonl"
-SYNC_STATE_NAME = "tracking_outbox.sync.json"
 LOCAL_PREFIX = "local:"
 
 
@@ -43,7 +44,7 @@ class Outbox:
     """Append and read the outbox of one run directory."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / OUTBOX_NAME
+        self.path = RunLayout.at(run_dir).outbox
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one record durably (flock, single write, fsync)."""
@@ -102,7 +103,7 @@ class SyncState:
     """Replay progress of one outbox, per store URI: lines done and local → real ids."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / SYNC_STATE_NAME
+        self.path = RunLayout.at(run_dir).outbox_sync_state
         self._data: dict[str, dict[str, Any]] = {}
         if self.path.is_file():
             try:
@@ -125,16 +126,7 @@ class SyncState:
         store = self._store(uri)
         store["lines_done"] = lines_done
         store["ids"] = dict(ids)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self._data, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
-
-
-def resolve_local_id(run_dir: Path, uri: str, run_id: str) -> str | None:
-    """The real id a local id became in store ``uri`` (None if not replayed there yet)."""
-    if not is_local_id(run_id):
-        return run_id
-    return SyncState(run_dir).ids(uri).get(run_id)
+        write_text_atomic(self.path, json.dumps(self._data, indent=1, sort_keys=True))
 
 
 def pending_lines(run_dir: Path, uri: str) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import platform
 import subprocess
 from importlib import metadata
@@ -33,19 +32,17 @@ from ..config import (
     save_config,
     to_dict,
 )
+from ..fsio import write_text_atomic
+from ..run_layout import RunLayout
 from .sink import Sink, get_sink
 from .store import file_lock, resolve_uri
 
 log = logging.getLogger(__name__)
 
-TRACKING_JSON = "tracking.json"
-LOCK_NAME = ".tracking.lock"
-CONFIG_DIR = "tracking_files"  # resolved configs logged as parent artifacts
-
 
 def read_tracking_info(run_dir: Path) -> dict[str, Any] | None:
     """The run directory's tracking.json, or None if absent or unreadable."""
-    path = Path(run_dir) / TRACKING_JSON
+    path = RunLayout.at(run_dir).tracking_json
     if not path.is_file():
         return None
     try:
@@ -57,14 +54,9 @@ def read_tracking_info(run_dir: Path) -> dict[str, Any] | None:
 
 def write_tracking_info(run_dir: Path, info: dict[str, Any]) -> None:
     """Write tracking.json atomically, and only if its content differs."""
-    path = Path(run_dir) / TRACKING_JSON
-    text = json.dumps(info, indent=2, sort_keys=True) + "\n"
-    if path.is_file() and path.read_text() == text:
-        return
+    path = RunLayout.at(run_dir).tracking_json
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(info, indent=2, sort_keys=True) + "\n", if_changed=True)
 
 
 def git_state(root: Path = PROJECT_ROOT) -> tuple[str, str]:
@@ -126,7 +118,7 @@ def init_parent_run(cfg: Config, run: str, run_dir: Path, data_id: str | None) -
         write_tracking_info(run_dir, info)
         return info
     uri = resolve_uri(cfg)
-    with file_lock(run_dir / LOCK_NAME):
+    with file_lock(RunLayout.at(run_dir).tracking_lock):
         info = _find_or_create(cfg, run, run_dir, data_id, get_sink(uri, run_dir))
         write_tracking_info(run_dir, info)
     return info
@@ -140,7 +132,8 @@ def _find_or_create(cfg: Config, run: str, run_dir: Path, data_id: str | None,
     earlier = known.get("parent_run_id") if known.get("tracking_uri") == sink.uri else None
     parent = sink.create_parent(name, run, provenance_tags(cfg, run, data_id), earlier)
     sink.log_params(parent, flatten(to_dict(cfg)))
-    config_file = run_dir / CONFIG_DIR / f"config_{config_hash(cfg)}.yaml"
+    # each resolved config, logged as a parent-run artifact
+    config_file = RunLayout.at(run_dir).tracking_files / f"config_{config_hash(cfg)}.yaml"
     if not config_file.is_file():
         config_file.parent.mkdir(parents=True, exist_ok=True)
         save_config(cfg, config_file)
@@ -163,7 +156,7 @@ def parent_for_stage(cfg: Config, run_dir: Path, sink: Sink,
     run = Path(run_dir).name
     if run in cfg.runs:
         cfg = config_for_run(cfg, run)
-    with file_lock(Path(run_dir) / LOCK_NAME):
+    with file_lock(RunLayout.at(run_dir).tracking_lock):
         info = read_tracking_info(run_dir)  # another process may have written it meanwhile
         if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.uri:
             return sink.resolve(info["parent_run_id"])

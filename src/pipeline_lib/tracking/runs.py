@@ -19,7 +19,6 @@ from .store import call
 ROLE_TAG = "loopline.role"
 RUN_TAG = "loopline.run"
 KEY_TAG = "loopline.key"
-STAGE_TAG = "loopline.stage"
 PARENT_TAG = "mlflow.parentRunId"
 
 

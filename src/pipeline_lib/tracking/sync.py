@@ -14,21 +14,20 @@ warning, so one bad record cannot block every later stage's automatic replay.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import TrackingError
+from ..run_layout import OUTBOX_FILE, ResultsLayout, RunLayout
 from .commit import commit_points, latest_steps, log_params_once, set_tags
-from .outbox import OUTBOX_NAME, Outbox, SyncState, is_local_id
+from .outbox import Outbox, SyncState, is_local_id
 from .runs import find_or_create_child, find_or_create_parent, set_status
 from .store import StoreUnavailable, call, ensure_store, file_lock, get_client, probe
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 50  # records between progress writes (replay is idempotent anyway)
-SYNC_LOCK_NAME = "tracking_outbox.sync.lock"
 
 
 @dataclass
@@ -112,7 +111,7 @@ def sync_outbox(run_dir: Path, uri: str) -> SyncReport:
     outbox = Outbox(run_dir)
     if not outbox.path.is_file():
         return report
-    with file_lock(run_dir / SYNC_LOCK_NAME):
+    with file_lock(RunLayout.at(run_dir).outbox_sync_lock):
         state = SyncState(run_dir)  # read under the lock: another sync may have advanced it
         start = state.lines_done(uri)
         if outbox.count() <= start:
@@ -152,9 +151,4 @@ def outbox_dirs(results_dir: Path) -> list[Path]:
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         return []
-    return sorted(p.parent for p in results_dir.glob(f"*/{OUTBOX_NAME}"))
-
-
-def sync_all(run_dirs: Iterable[Path], uri: str) -> dict[Path, SyncReport]:
-    """Replay several outboxes; stops at the first unreachable store (StoreUnavailable)."""
-    return {Path(d): sync_outbox(Path(d), uri) for d in run_dirs}
+    return ResultsLayout(results_dir).run_dirs_with(OUTBOX_FILE)

@@ -3,7 +3,8 @@
 Data order is global (DESIGN § Data formats): optimizer step ``s`` consumes rows
 ``[s·G, (s+1)·G)`` of the epoch stream, whatever the world size. Within a step, rank ``r``
 takes the contiguous block ``[r·R, (r+1)·R)`` (``R = micro × accum`` rows per rank) and its
-micro-batch ``m`` the rows ``[r·R + m·micro, r·R + (m+1)·micro)``. A resumed run on another
+micro-batch ``m`` the rows ``[r·R + m·micro, r·R + (m+1)·micro)`` (cut by
+:meth:`~pipeline_lib.data.loader.PackedData.batches_for_step`). A resumed run on another
 world size therefore reads the same rows; only the reduction order of gradients changes.
 Torch-free.
 """
@@ -34,22 +35,6 @@ class BatchPlan:
         """Input tokens per optimizer step over all ranks (padding included)."""
         return self.global_batch_rows * seq_len
 
-    def rank_rows(self, rank: int) -> tuple[int, int]:
-        """``[start, stop)`` of rank ``rank``'s rows within the step's global batch."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} outside world size {self.world_size}")
-        return rank * self.rows_per_rank, (rank + 1) * self.rows_per_rank
-
-    def micro_rows(self, rank: int, micro: int) -> tuple[int, int]:
-        """``[start, stop)`` of micro-batch ``micro`` of rank ``rank`` within the global batch."""
-        if not 0 <= micro < self.accum_steps:
-            raise ValueError(f"micro-batch {micro} outside accumulation steps {self.accum_steps}")
-        start = self.rank_rows(rank)[0] + micro * self.micro_batch_rows
-        return start, start + self.micro_batch_rows
-
-    def step_rows(self, step: int) -> tuple[int, int]:
-        """``[start, stop)`` of optimizer step ``step`` in the global row stream."""
-        return step * self.global_batch_rows, (step + 1) * self.global_batch_rows
 
 
 def _multiples_near(value: int, unit: int) -> str:

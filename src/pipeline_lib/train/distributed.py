@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..device import device_for_rank, dist_backend, resolve_device
+from ..device import device_for_rank, dist_backend, flagged_ranks, resolve_device
 from ..errors import ConfigError, TrainingError
 
 log = logging.getLogger(__name__)
@@ -220,9 +220,7 @@ class RankGroup:
 
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on at least one."""
-        buf = torch.tensor([int(flag)], dtype=torch.int64, device=self.device)
-        dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-        return bool(buf.item())
+        return bool(flagged_ranks(flag, self.device))
 
     def barrier(self) -> None:
         dist.barrier()

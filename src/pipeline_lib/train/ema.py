@@ -68,11 +68,6 @@ class WeightsEMA:
                                       "EMA")
             self.shadow[canon].copy_(state[canon])
 
-    @torch.no_grad()
-    def copy_to(self, model: nn.Module) -> None:
-        """Overwrite the model's weights with the average (e.g. before evaluation)."""
-        model.load_state_dict(self.state_dict())
-
 
 def _by_kind(names: list[str], tensors: dict[str, torch.Tensor]) -> list[list[str]]:
     """``names`` split into lists of one tensor type each (order kept), empty ones dropped."""

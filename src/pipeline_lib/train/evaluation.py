@@ -25,26 +25,9 @@ import torch
 
 from ..data.loader import IGNORE_INDEX
 from ..data.tokenizer import EOS_TOKEN, load_tokenizer
+from ..model.generate import greedy_decode
 
 log = logging.getLogger(__name__)
-
-
-@torch.no_grad()
-def greedy_continuation(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                        loops: int, context_len: int, eos_id: int | None,
-                        device: torch.device) -> tuple[list[int], str]:
-    """Argmax continuation of ``prompt_ids``: (new ids, stop reason "eos" | "length")."""
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # [1, P]
-    new: list[int] = []
-    for _ in range(max_new_tokens):
-        window = ids[:, -context_len:]  # [1, ≤ context_len]
-        logits = model.logits_at(window, loops)[:, -1]  # [1, V]
-        nxt = int(logits.argmax(dim=-1))
-        if eos_id is not None and nxt == eos_id:
-            return new, "eos"
-        new.append(nxt)
-        ids = torch.cat([ids, torch.tensor([[nxt]], device=device)], dim=1)
-    return new, "length"
 
 
 @torch.no_grad()
@@ -70,17 +53,24 @@ def validation_loss(model: Any, data: Any, num_rows: int, batch_rows: int, *, lo
     return total / count if count else math.nan
 
 
+@torch.no_grad()
 def generate_samples(model: Any, data_dir: Path, prompts: Sequence[str], max_new_tokens: int, *,
                      step: int, loops: int, context_len: int,
                      device: torch.device) -> list[dict[str, Any]]:
     """One record per prompt: ``{"step", "loops", "prompt", "completion", "stop"}``.
 
-    The model is put in eval mode for the duration and returned to its previous mode.
+    The model is put in eval mode for the duration and returned to its previous mode. Each
+    prompt is decoded on its own (a batch of one: rows of unequal length need no padding).
     """
     if not prompts or max_new_tokens <= 0:
         return []
     tok = load_tokenizer(data_dir)
     eos = tok.token_to_id(EOS_TOKEN)
+
+    def next_ids(_: list[int], rows: list[list[int]]) -> list[int]:
+        logits = model.logits_at(torch.tensor(rows, device=device), loops)[:, -1]  # [B, V]
+        return logits.argmax(dim=-1).tolist()
+
     was_training = model.training
     model.eval()
     records = []
@@ -89,8 +79,8 @@ def generate_samples(model: Any, data_dir: Path, prompts: Sequence[str], max_new
             prompt_ids = tok.encode(prompt, add_special_tokens=False).ids
             if not prompt_ids:
                 prompt_ids = [eos] if eos is not None else [0]
-            new, stop = greedy_continuation(model, prompt_ids, max_new_tokens, loops=loops,
-                                            context_len=context_len, eos_id=eos, device=device)
+            [(new, stop)] = greedy_decode(next_ids, [prompt_ids], [max_new_tokens], eos_id=eos,
+                                          context_len=context_len)
             records.append({"step": step, "loops": loops, "prompt": prompt,
                             "completion": tok.decode(new, skip_special_tokens=True),
                             "completion_ids": new, "stop": stop})

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ..config import Config
+from ..config import Config, save_config
 from ..errors import ConfigError, PipelineError, TrainingError
 
 log = logging.getLogger(__name__)
@@ -114,12 +114,10 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
 
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
                              warm_start=warm_start)
-    from .segment import config_yaml
-
     tmp = Path(tempfile.mkdtemp(prefix="loopline-train-"))
     try:
         config_path = tmp / "config.yaml"
-        config_path.write_text(config_yaml(cfg))
+        save_config(cfg, config_path)
         cmd = torchrun_command(cfg, _train_args(config_path, data_dir, resume_from, until_step,
                                                 out, run_dir, attempt, warm_start),
                                job_id=Path(out).name)

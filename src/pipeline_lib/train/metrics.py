@@ -25,9 +25,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..fsio import write_text_atomic
+from ..run_layout import RunLayout
+
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = "metrics.jsonl"  # the snapshot's copies of the segment's lines
 SPIKE_FILE = "spike_events.jsonl"
 KEEP_EVENTS = frozenset({"abort", "rollback"})
 NON_SCALAR = frozenset({"step", "cursor", "segment_losses"})
@@ -56,9 +59,7 @@ def cut_jsonl(path: Path, resume_step: int, keep_events: frozenset[str] = frozen
             continue
         kept.append(raw if raw.endswith("\n") else raw + "\n")
     if dropped:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(kept))
         log.info("%s: dropped %d lines past step %d (an earlier attempt's tail)", path,
                  dropped, resume_step)
     return dropped
@@ -87,9 +88,9 @@ class TrainLog:
         self._metrics_fh = self._events_fh = None
         if not enabled:
             return
-        train_dir = run_dir / "train"
-        train_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics_path, self.events_path = train_dir / METRICS_FILE, train_dir / SPIKE_FILE
+        layout = RunLayout.at(run_dir)
+        self.metrics_path, self.events_path = layout.metrics, layout.spike_log
+        layout.train_dir.mkdir(parents=True, exist_ok=True)
         cut_jsonl(self.metrics_path, resume_step)
         cut_jsonl(self.events_path, resume_step, KEEP_EVENTS)
         self._metrics_fh = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
@@ -97,7 +98,7 @@ class TrainLog:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
+            self._tb = SummaryWriter(log_dir=str(layout.tensorboard),
                                      purge_step=resume_step + 1)
 
     def step(self, record: Mapping[str, Any]) -> None:

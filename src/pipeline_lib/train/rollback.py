@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from ..data.loader import DataCursor
 from ..errors import DataError
+from ..fsio import write_text_atomic
+from ..run_layout import RunLayout
 
 log = logging.getLogger(__name__)
 
-ROLLBACK_FILE = "rollback.json"
-
 
 def rollback_path(run_dir: Path) -> Path:
-    return run_dir / "train" / ROLLBACK_FILE
+    return RunLayout.at(run_dir).rollback_record
 
 
 def make_record(*, input_snapshot: Path | None, input_step: int, abort_step: int,
@@ -52,12 +51,7 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> Path:
     """Write ``rollback.json`` atomically (it must survive the job's failure)."""
     path = rollback_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(record, indent=1) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(record, indent=1) + "\n", fsync=True)
     return path
 
 

@@ -20,18 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checkpoint import (
-    Snapshot,
-    capture_rng_state,
-    check_resume_compatible,
-    config_from_yaml,
-    load_snapshot,
-    restore_rng_state,
-)
-from ..config import Config, to_dict
+from ..checkpoint.compat import check_resume_compatible, config_from_yaml
+from ..checkpoint.contents import Snapshot
+from ..checkpoint.rng import capture_rng_state, restore_rng_state
+from ..checkpoint.snapshot import load_snapshot
+from ..config import Config, config_yaml
 from ..data.loader import DataCursor, PackedData
 from ..errors import CheckpointError, ConfigError, DataError
-from ..model import LoopedLM
+from ..model.looped import LoopedLM
 from .distributed import RankGroup
 from .ema import WeightsEMA
 from .optim import load_optimizer_state, refresh_group_hparams
@@ -149,13 +145,6 @@ def resolve_config(cfg: Config, data: PackedData) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
 
 
-def config_yaml(cfg: Config) -> str:
-    """The resolved config as YAML text (what the snapshot's ``config.yaml`` holds)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
-
-
 def moe_biases(model: torch.nn.Module) -> dict[str, list[float]]:
     return {name: [float(b) for b in layer.balance_bias] for name, layer in model.moe_layers()}
 
@@ -229,7 +218,7 @@ def _restore_rest(snap: Snapshot, path: Path, guard: SpikeGuard) -> TrainerState
 def snapshot_contents(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                       trainer_state: dict[str, Any], rng_state: dict[str, Any], cfg: Config,
                       ema: WeightsEMA | None, files: dict[str, str]) -> dict[str, Any]:
-    """Keyword arguments of :func:`~pipeline_lib.checkpoint.write_snapshot`."""
+    """Keyword arguments of :func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`."""
     return {
         "model_state": model.state_dict(),
         "optimizer_state": optimizer.state_dict(),
@@ -241,5 +230,5 @@ def snapshot_contents(*, model: torch.nn.Module, optimizer: torch.optim.Optimize
     }
 
 
-__all__ = ["TrainerState", "build_model", "capture_rng_state", "config_yaml", "moe_biases",
+__all__ = ["TrainerState", "build_model", "capture_rng_state", "moe_biases",
            "resolve_config", "restore_snapshot", "set_determinism", "snapshot_contents"]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import Snapshot
+from ..checkpoint.contents import Snapshot
 from ..checkpoint.sharded import (
     flatten_optimizer_state,
     load_dcp,

@@ -31,12 +31,17 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..checkpoint import capture_rng_state, update_best_snapshot, write_snapshot
+from ..checkpoint.best import update_best_snapshot
+from ..checkpoint.rng import capture_rng_state
 from ..checkpoint.sharded import write_sharded_snapshot
-from ..config import Config, flatten, to_dict
+from ..checkpoint.snapshot import write_snapshot
+from ..config import Config, config_yaml, flatten, to_dict
 from ..data.loader import DataCursor, PackedData
+from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import ConfigError, TrainingError
-from ..model import LoopedLM, sample_loop_count
+from ..model.loop_sampling import sample_loop_count
+from ..model.looped import LoopedLM
+from ..run_layout import RunLayout, run_dir_of, snapshots_dir_of
 from ..snapshots_policy import total_steps as planned_total_steps
 from . import rollback
 from .batch_plan import BatchPlan, make_batch_plan
@@ -51,7 +56,6 @@ from .schedule import LRSchedule
 from .segment import (
     TrainerState,
     build_model,
-    config_yaml,
     moe_biases,
     resolve_config,
     restore_snapshot,
@@ -63,18 +67,6 @@ from .spike_guard import SpikeGuard
 from .step import StepResult, StepRunner
 
 log = logging.getLogger(__name__)
-
-
-def snapshots_root(out: Path) -> Path:
-    """``results/{run}/snapshots`` for ``…/snapshots[/segments]/step_…``; else ``out``'s parent."""
-    out = Path(out)
-    return next((p for p in out.parents[:2] if p.name == "snapshots"), out.parent)
-
-
-def default_run_dir(out: Path) -> Path:
-    """``results/{run}`` for ``results/{run}/snapshots[/segments]/step_…``; else ``out``'s parent."""
-    root = snapshots_root(out)
-    return root.parent if root.name == "snapshots" else root
 
 
 @dataclass
@@ -138,7 +130,7 @@ class Trainer:
     def warm_start(self, snapshot: Path) -> None:
         """Deliberate weights-only start: copy ``snapshot``'s weights, keep everything else
         fresh (optimizer, spike guard, RNG, data cursor, step 0)."""
-        from ..checkpoint import load_weights_only
+        from ..checkpoint.compat import load_weights_only
 
         info = load_weights_only(snapshot, self.model)  # cuts full weights into shards
         if self.ema is not None:
@@ -310,7 +302,9 @@ class Trainer:
         trainer_state = self.state.to_json(guard=self.guard, ema=self.ema, cfg=self.cfg,
                                            total_steps=self.total_steps,
                                            moe_biases=moe_biases(self.model))
-        files = {**train_log.snapshot_files(), "samples.jsonl": samples_jsonl(samples)}
+        files = {**train_log.snapshot_files(), "samples.jsonl": samples_jsonl(samples),
+                 # a snapshot is self-contained: evaluation needs no data pack to tokenize
+                 TOKENIZER_FILE: (self.data.data_dir / TOKENIZER_FILE).read_bytes()}
         assert self.rng_state is not None, "train() captures the RNG state"
         if self.group is None:
             write_snapshot(out, **snapshot_contents(
@@ -325,7 +319,7 @@ class Trainer:
         if self.cfg.snapshots.keep_best and self.state.val_loss is not None and self.rank == 0:
             # one snapshots/best for kept and temporary (snapshots/segments/) segments alike;
             # the first segment since scratch replaces a best left by an earlier training
-            update_best_snapshot(snapshots_root(out), out, self.state.val_loss,
+            update_best_snapshot(snapshots_dir_of(out), out, self.state.val_loss,
                                  new_history=len(self.state.segments) == 1)
         if self.group is not None:
             self.group.barrier()  # nobody moves on before the best copy is settled
@@ -348,14 +342,15 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
                   world_size: int = 1, rank: int = 0, warm_start: Path | None = None) -> Path:
     """Train from ``resume_from`` (None: from scratch) to ``until_step``; snapshot to ``out``.
 
-    Run-level logs go to ``run_dir`` (default :func:`default_run_dir`). ``attempt`` > 1
-    marks a retry: a rollback record left by an aborted attempt from the same input is
-    applied. ``warm_start`` (only without ``resume_from``) copies another snapshot's weights
-    and nothing else, for a deliberate restart under a changed config. Returns ``out``.
+    Run-level logs go to ``run_dir`` (default: ``out``'s run directory, see
+    :func:`~pipeline_lib.run_layout.run_dir_of`). ``attempt`` > 1 marks a retry: a rollback
+    record left by an aborted attempt from the same input is applied. ``warm_start`` (only
+    without ``resume_from``) copies another snapshot's weights and nothing else, for a
+    deliberate restart under a changed config. Returns ``out``.
     """
     wall_start = time.perf_counter()
     out, data_dir = Path(out), Path(data_dir)
-    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(out)
+    run_dir = Path(run_dir) if run_dir is not None else run_dir_of(out)
     resume_from = None if resume_from is None else Path(resume_from)
     trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank)
     trainer.restore(resume_from, run_dir=run_dir, attempt=attempt)
@@ -402,8 +397,9 @@ def _log_artifacts(stage: Any, out: Path, run_dir: Path) -> None:
     """Resolved config, this segment's samples, the TensorBoard events (after the commit)."""
     stage.log_artifact(out / "config.yaml", "train")
     stage.log_artifact(out / "samples.jsonl", f"train/samples/{out.name}")
-    if (run_dir / "tensorboard").is_dir():
-        stage.log_artifacts(run_dir / "tensorboard", "tensorboard")
+    tensorboard = RunLayout.at(run_dir).tensorboard
+    if tensorboard.is_dir():
+        stage.log_artifacts(tensorboard, "tensorboard")
 
 
 def _start_tracking(trainer: Trainer, run_dir: Path) -> Any:

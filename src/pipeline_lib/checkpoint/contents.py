@@ -1,0 +1,158 @@
+"""What a snapshot directory holds, for both writers (:mod:`.snapshot`, :mod:`.sharded`).
+
+The file names of both kinds of snapshot, how to tell them apart by their manifest, the
+loaded :class:`Snapshot` record, the checks on what a caller asks to store, and the hidden
+temporary sibling a write builds in. Both writers and both readers import this module and
+it imports neither of them, so the two never import each other. Torch-free at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CheckpointError
+from .fsutil import clean_stale_siblings, tmp_sibling
+from .manifest import MANIFEST_NAME, verify_snapshot
+
+if TYPE_CHECKING:
+    import torch
+
+# one process (see the table in :mod:`.snapshot`)
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_TENSORS = "optimizer.safetensors"
+OPTIMIZER_JSON = "optimizer.json"
+RNG_TENSORS = "rng.safetensors"
+RNG_JSON = "rng.json"
+TRAINER_STATE = "trainer_state.json"
+CONFIG_FILE = "config.yaml"
+# N ranks (see the table in :mod:`.sharded`)
+DCP_SUFFIX = "_dcp"
+MODEL_DCP = "model_dcp"
+OPTIMIZER_DCP = "optimizer_dcp"
+RESERVED_NAMES = frozenset({MODEL_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, RNG_TENSORS, RNG_JSON,
+                            TRAINER_STATE, CONFIG_FILE, MANIFEST_NAME, MODEL_DCP,
+                            OPTIMIZER_DCP})
+_RANK_RNG_NAME = re.compile(r"^rng_rank\d+\.")
+_EXTRA_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def rng_names(rank: int) -> tuple[str, str]:
+    """File names of rank ``rank``'s RNG state (tensors, JSON) in a sharded snapshot."""
+    return f"rng_rank{rank}.safetensors", f"rng_rank{rank}.json"
+
+
+def dcp_dirs(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """``{set name: directory}`` of the DCP directories a manifest lists (``model``, …)."""
+    out: dict[str, str] = {}
+    for name in manifest["files"]:
+        top = name.split("/", 1)[0]
+        if "/" in name and top.endswith(DCP_SUFFIX):
+            out[top.removesuffix(DCP_SUFFIX)] = top
+    return out
+
+
+def is_sharded(manifest: Mapping[str, Any]) -> bool:
+    """Whether a snapshot (by its manifest) holds its weights as DCP shards."""
+    return "model" in dcp_dirs(manifest)
+
+
+@dataclass
+class Snapshot:
+    """A verified snapshot in memory, ready to hand to ``load_state_dict`` calls."""
+
+    path: Path
+    manifest: dict[str, Any]
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any]
+    trainer_state: dict[str, Any]
+    rng_state: dict[str, Any]
+    config_yaml: str
+    extra_tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    extra_files: dict[str, bytes] = field(default_factory=dict)
+    # sharded snapshots loaded with consolidate=False: {set name: DCP directory}; the
+    # tensors of those sets are then left out (model_state and optimizer tensors empty)
+    dcp: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def sharded(self) -> bool:
+        """Written by a multi-process run (weights and optimizer in DCP directories)."""
+        return is_sharded(self.manifest)
+
+    @property
+    def step(self) -> int | None:
+        """``trainer_state["step"]`` when the trainer recorded it."""
+        step = self.trainer_state.get("step")
+        return int(step) if step is not None else None
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON ({exc}); the snapshot is corrupted, "
+                              "rerun the segment that writes it") from None
+
+
+def _check_json(obj: Any, where: str, path: str = "") -> None:
+    """Plain JSON only: str keys; dicts, lists, tuples (read back as lists) and scalars."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _check_json(v, where, f"{path}/{i}")
+        return
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise CheckpointError(f"{where}: key {k!r} at '{path or '/'}' is not a str; "
+                                      "JSON keys must be strings")
+            _check_json(v, where, f"{path}/{k}")
+        return
+    raise CheckpointError(f"{where}: value at '{path or '/'}' is a {type(obj).__name__}; "
+                          "trainer state must be plain JSON (tensors go into extra_tensors)")
+
+
+def _check_extra_names(names: list[str]) -> None:
+    for name in names:
+        if not _EXTRA_NAME.match(name) or name in RESERVED_NAMES or _RANK_RNG_NAME.match(name):
+            raise CheckpointError(f"extra snapshot file name '{name}' is reserved or not a plain "
+                                  "file name; use letters, digits, '_', '-', '.' and no slashes")
+    if len(set(names)) != len(names):
+        raise CheckpointError(f"extra snapshot file names collide: {sorted(names)}; rename one")
+
+
+def check_snapshot_contents(trainer_state: Mapping[str, Any], extra_names: list[str],
+                            extra_files: Mapping[str, Any]) -> None:
+    """Plain-JSON trainer state; extra names that are plain, unreserved and distinct."""
+    _check_json(trainer_state, TRAINER_STATE)
+    _check_extra_names([*extra_names, *extra_files])
+
+
+def prepare_snapshot_tmp(out_dir: Path) -> Path:
+    """The fresh hidden sibling to build ``out_dir`` in, after checking that an existing
+    ``out_dir`` is a snapshot that may be replaced and removing dead writers' leftovers."""
+    if os.path.lexists(out_dir):
+        if out_dir.is_symlink() or not out_dir.is_dir():
+            raise CheckpointError(f"snapshot output {out_dir} exists and is not a directory; "
+                                  "remove it or choose another output path")
+        try:
+            verify_snapshot(out_dir, hash_files=())
+        except CheckpointError as exc:
+            raise CheckpointError(f"snapshot output {out_dir} already exists and is not a valid "
+                                  f"snapshot ({exc}); remove it by hand or choose another "
+                                  "output path") from None
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_siblings(out_dir)
+        tmp = tmp_sibling(out_dir)
+        tmp.mkdir()
+    except OSError as exc:
+        raise CheckpointError(f"cannot create snapshot {out_dir}: {exc}; check the path and "
+                              "permissions") from None
+    return tmp
