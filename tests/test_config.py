@@ -181,7 +181,7 @@ def test_save_and_reload_round_trip_and_hash(tmp_path: Path):
 
 
 def test_config_import_stays_light():
-    code = ("import sys, pipeline_lib.config, pipeline_lib.workflow_plan; "
+    code = ("import sys, pipeline_lib.config, pipeline_lib.workflow.plan; "
             "heavy = [m for m in ('torch', 'mlflow', 'lm_eval', 'pyarrow') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

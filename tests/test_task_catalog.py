@@ -11,7 +11,7 @@ import pytest
 import yaml
 from user_task_helpers import write_user_tasks
 
-from pipeline_lib import task_catalog
+from pipeline_lib import task_catalog, task_yaml
 from pipeline_lib.config import BenchConfig
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.task_catalog import (
@@ -172,6 +172,6 @@ def test_checking_stays_light(tmp_path: Path, user_dir: Path):
 
 
 def test_user_yaml_keeps_function_tags(user_dir: Path):
-    cfg = task_catalog.load_task_yaml(user_dir / "gen" / "echo.yaml")
-    assert cfg["process_docs"] == task_catalog.YamlTag("!function", "utils.keep_all")
+    cfg = task_yaml.load_task_yaml(user_dir / "gen" / "echo.yaml")
+    assert cfg["process_docs"] == task_yaml.YamlTag("!function", "utils.keep_all")
     assert yaml.safe_load((user_dir / "pointer.yaml").read_text())["task"] == "my_pointer"

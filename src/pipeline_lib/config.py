@@ -4,7 +4,8 @@ Resolution order (later wins): dataclass defaults ← ``config/config.yaml`` (th
 default) ← a user config file (may be partial) ← ``key=value`` overrides. A named variant
 from ``runs:`` is applied last by :func:`config_for_run`.
 
-Every field carries a ``help`` text (its unit, its meaning); the JSON schema in
+Every field is declared with :func:`~pipeline_lib.config_fields.config_field` (``_f``) and
+carries a ``help`` text (its unit, its meaning) and its bounds; the JSON schema in
 ``workflow/schemas/config.schema.yaml`` is generated from these dataclasses
 (:mod:`pipeline_lib.config_schema`), so schema and dataclasses cannot drift apart.
 
@@ -19,10 +20,12 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config_fields import check_field_constraints
+from .config_fields import config_field as _f
 from .errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -30,19 +33,6 @@ DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "config.yaml"
 RUN_NAME_PATTERN = r"^(?!data$|compare$)[A-Za-z_][A-Za-z0-9_]*$"
 OBJECTIVES = ["last", "deep_supervision", "answer_last", "answer_deep_supervision"]
 ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
-
-
-def _f(default: Any, help: str, **schema: Any) -> Any:
-    """A dataclass field with a help text and optional schema constraints.
-
-    ``schema`` may hold ``choices`` (allowed values), ``minimum``, ``exclusive_minimum``,
-    ``maximum`` and ``items`` (constraints for list items); they feed both the generated
-    JSON schema and :func:`validate_config`.
-    """
-    meta = {"help": help, **schema}
-    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
-        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 # --------------------------------------------------------------------------- sections
@@ -552,37 +542,6 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 # --------------------------------------------------------------------------- validation
 
 
-def _check_field_constraints(obj: Any, prefix: str) -> None:
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(value):
-            _check_field_constraints(value, f"{key}.")
-            continue
-        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
-            for i, item in enumerate(value):
-                _check_field_constraints(item, f"{key}[{i}].")
-            continue
-        _check_value(key, value, f.metadata)
-        if isinstance(value, list) and "items" in f.metadata:
-            for i, item in enumerate(value):
-                _check_value(f"{key}[{i}]", item, f.metadata["items"])
-
-
-def _check_value(key: str, value: Any, meta: Mapping[str, Any]) -> None:
-    choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        raise ConfigError(f"config key {key} = {value!r} is not allowed; use one of {choices}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        lo, lo_x, hi = meta.get("minimum"), meta.get("exclusive_minimum"), meta.get("maximum")
-        if lo is not None and value < lo:
-            raise ConfigError(f"config key {key} = {value} is below its minimum {lo}; raise it")
-        if lo_x is not None and value <= lo_x:
-            raise ConfigError(f"config key {key} = {value} must be greater than {lo_x}")
-        if hi is not None and value > hi:
-            raise ConfigError(f"config key {key} = {value} is above its maximum {hi}; lower it")
-
-
 def check_model_shape(cfg: ModelConfig) -> None:
     """Cross-field rules of the architecture (run by :func:`validate_config` and by
     ``model.size.check_model_config`` for a ``ModelConfig`` built by hand)."""
@@ -599,7 +558,7 @@ def check_model_shape(cfg: ModelConfig) -> None:
 
 def validate_config(cfg: Config) -> None:
     """Range/choice checks from field metadata, then cross-field rules. Raises ConfigError."""
-    _check_field_constraints(cfg, "")
+    check_field_constraints(cfg, "")
     check_model_shape(cfg.model)
     t, d = cfg.train, cfg.data
     per_pass = t.micro_batch_rows * t.nproc

@@ -19,7 +19,7 @@
     logs/{rule}/{run}[/segments]/step_{step:07d}.log   logs/{rule}/{run}.log   logs/{rule}.log
     logs/benchmarks/{rule}/{run}[/segments]/step_{step:07d}.tsv   (Snakemake benchmark:)
 
-The Snakefile, :class:`~pipeline_lib.workflow_plan.WorkflowPlan`, the trainer, the stages,
+The Snakefile, :class:`~pipeline_lib.workflow.plan.WorkflowPlan`, the trainer, the stages,
 tracking and the CLI ask a :class:`RunLayout` (or :class:`ResultsLayout`) for a path;
 workflow scripts receive every path from their rule. A step is an int (``step_0000250``)
 or, for a Snakemake pattern, a wildcard string used as is (``"{step}"`` → ``step_{step}``);

@@ -1,7 +1,7 @@
 """Which lm-eval task names a bench config may list, found without importing lm-eval.
 
 The Snakefile checks ``bench.tasks`` and ``bench.include_path`` before any job starts
-(:func:`check_bench_tasks`, called by :class:`pipeline_lib.workflow_plan.WorkflowPlan`), so
+(:func:`check_bench_tasks`, called by :class:`pipeline_lib.workflow.plan.WorkflowPlan`), so
 a misspelt task fails in a second rather than after training. Names come from three places:
 
 - the built-in ``loopline_*`` tasks (:data:`BUILTIN_TASK_NAMES`);
@@ -12,30 +12,37 @@ a misspelt task fails in a second rather than after training. Names come from th
   in nor the user's; cached on disk per lm-eval installation).
 
 Relative data paths in a user's YAML are resolved against the YAML's own directory, falling
-back to the working directory (where lm-eval itself would look); see :func:`resolve_data_entry`.
-This module stays light: no torch, no mlflow, no lm_eval import.
+back to the working directory (where lm-eval itself would look); see
+:func:`pipeline_lib.task_yaml.resolve_data_entry`. This module stays light: no torch, no mlflow, no lm_eval import.
 """
 
 from __future__ import annotations
 
 import functools
-import glob
 import hashlib
 import importlib.util
 import json
 import logging
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .config import BenchConfig
 from .errors import ConfigError
 from .fsio import write_text_atomic
+from .task_yaml import (
+    IGNORED_DIRS,
+    data_path_entries,
+    include_targets,
+    iter_task_yamls,
+    load_task_yaml,
+    matching_paths,
+    resolve_data_entry,
+    resolve_includes,
+    task_tags,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,127 +50,6 @@ log = logging.getLogger(__name__)
 # bench package imports lm-eval.
 BUILTIN_TASK_NAMES = ("loopline_khop", "loopline_addition", "loopline_parity")
 BUILTIN_PREFIX = "loopline_"
-IGNORED_DIRS = frozenset({"__pycache__", ".ipynb_checkpoints"})  # as lm-eval's index
-# `datasets` builders that read local files named by data_files/data_dir.
-LOCAL_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow", "pandas", "webdataset"})
-
-
-# --------------------------------------------------------------------------- YAML files
-
-
-@dataclass(frozen=True)
-class YamlTag:
-    """A tagged YAML scalar such as lm-eval's ``!function utils.process_docs``, kept verbatim."""
-
-    tag: str
-    value: Any
-
-
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """Safe loader that keeps unknown tags (``!function``) as :class:`YamlTag` values."""
-
-
-def _construct_tagged(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> YamlTag:
-    if isinstance(node, yaml.ScalarNode):
-        value: Any = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
-    return YamlTag(f"!{suffix}", value)
-
-
-_Loader.add_multi_constructor("!", _construct_tagged)
-
-
-def load_task_yaml(path: Path) -> dict[str, Any]:
-    """One task YAML as a mapping (``include:`` not resolved); ConfigError when unreadable."""
-    try:
-        with open(path, "rb") as fh:
-            data = yaml.load(fh, Loader=_Loader)  # noqa: S506 (a safe loader)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"task file {path} cannot be read as YAML "
-                          f"({str(exc).splitlines()[0]}); fix or remove it") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"task file {path} must hold a mapping (task:, dataset_path:, …); "
-                          "fix or remove it")
-    return data
-
-
-def include_targets(cfg: dict[str, Any], yaml_path: Path) -> list[Path]:
-    """Files named by a YAML's ``include:`` (relative to its directory, as lm-eval reads them)."""
-    includes = cfg.get("include")
-    if includes is None:
-        return []
-    items = includes if isinstance(includes, list) else [includes]
-    return [Path(i) if Path(str(i)).is_absolute() else yaml_path.parent / str(i) for i in items]
-
-
-def _resolved(path: Path, cache: dict[Path, dict[str, Any]], seen: frozenset[Path] = frozenset()
-              ) -> dict[str, Any]:
-    """The YAML with its includes merged in (included keys first, local keys win)."""
-    path = path.resolve()
-    if path in cache:
-        return cache[path]
-    if path in seen:
-        raise ConfigError(f"task file {path} includes itself (include cycle); fix its include:")
-    own = load_task_yaml(path)
-    merged: dict[str, Any] = {}
-    for target in include_targets(own, path):
-        if not target.is_file():
-            raise ConfigError(f"task file {path}: include {target} does not exist; fix the "
-                              "include: entry")
-        inc = dict(_resolved(target, cache, seen | {path}))
-        inc.pop("task_list", None)
-        merged.update(inc)
-    merged.update({k: v for k, v in own.items() if k != "include"})
-    cache[path] = merged
-    return merged
-
-
-# --------------------------------------------------------------------------- data paths
-
-
-def data_path_entries(cfg: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(key, path as written) of every local data path a task YAML names itself.
-
-    ``dataset_kwargs.data_files`` (str, list or split → str/list) and ``data_dir`` count when
-    ``dataset_path`` is a local builder (json, csv, parquet, …); a ``dataset_path`` that is
-    itself a local directory (``./…``, ``../…``) counts too. Hub datasets are left alone.
-    """
-    dataset_path = cfg.get("dataset_path")
-    if isinstance(dataset_path, str) and dataset_path.startswith(("./", "../", "~")):
-        yield "dataset_path", dataset_path
-    kwargs = cfg.get("dataset_kwargs")
-    if dataset_path not in LOCAL_BUILDERS or not isinstance(kwargs, dict):
-        return
-    files = kwargs.get("data_files")
-    groups = files.values() if isinstance(files, dict) else [files]
-    for group in groups:
-        for entry in group if isinstance(group, list) else [group]:
-            if isinstance(entry, str) and "://" not in entry:
-                yield "dataset_kwargs.data_files", entry
-    if isinstance(kwargs.get("data_dir"), str):
-        yield "dataset_kwargs.data_dir", kwargs["data_dir"]
-
-
-def _matches(path: Path) -> list[Path]:
-    text = str(path)
-    if glob.has_magic(text):
-        return sorted(Path(p) for p in glob.glob(text, recursive=True))
-    return [path] if path.exists() else []
-
-
-def resolve_data_entry(entry: str, yaml_path: Path) -> Path | None:
-    """Absolute path of a data entry: as written when absolute, else next to the YAML, else in
-    the working directory; None when nothing matches (a glob must match a file)."""
-    path = Path(os.path.expanduser(entry))
-    if path.is_absolute():
-        return path if _matches(path) else None
-    for base in (yaml_path.resolve().parent, Path.cwd()):
-        if _matches(base / path):
-            return (base / path).absolute()
-    return None
 
 
 # --------------------------------------------------------------------------- user tasks
@@ -184,19 +70,6 @@ class UserTasks:
         return set(self.tasks) | set(self.other_names)
 
 
-def _iter_task_yamls(root: Path) -> list[Path]:
-    """The ``*.yaml`` files lm-eval's index reads under ``root`` (not ``.yml``), less hidden
-    ones (editor and VCS folders; the bench mirror leaves them out too)."""
-    return sorted((p for p in root.glob("**/*.yaml") if p.is_file() and not any(
-        part.startswith(".") or part in IGNORED_DIRS for part in p.relative_to(root).parts)),
-        key=lambda p: p.as_posix())
-
-
-def _tags(cfg: dict[str, Any]) -> set[str]:
-    tags = cfg.get("tag")
-    return {str(t) for t in (tags if isinstance(tags, list) else [tags]) if t}
-
-
 def scan_include_path(include_path: str, key: str = "bench.include_path") -> UserTasks:
     """Parse the user's task directory; ConfigError when it is missing, holds no task YAML,
     or names a local data file that does not exist."""
@@ -207,15 +80,15 @@ def scan_include_path(include_path: str, key: str = "bench.include_path") -> Use
     cache: dict[Path, dict[str, Any]] = {}
     tasks: dict[str, Path] = {}
     others: set[str] = set()
-    for path in _iter_task_yamls(root):
-        cfg = _resolved(path, cache)
+    for path in iter_task_yamls(root):
+        cfg = resolve_includes(path, cache)
         if "group" in cfg and "class" not in cfg:
             others.add(str(cfg["group"]))
         elif isinstance(cfg.get("task"), str):
             tasks.setdefault(cfg["task"], path)
         else:
             continue  # a template: lm-eval registers neither it nor its tags
-        others |= _tags(cfg)
+        others |= task_tags(cfg)
     if not tasks and not others:
         raise ConfigError(f"{key} = {include_path!r} holds no task YAML (*.yaml "
                           "with a task: name); add your lm-eval task files there or unset it")
@@ -227,7 +100,7 @@ def scan_include_path(include_path: str, key: str = "bench.include_path") -> Use
                 raise ConfigError(f"task file {path}: {field} {entry!r} matches no file next to "
                                   f"the YAML or in the working directory {Path.cwd()}; fix the "
                                   "path")
-            data_files.update(p for p in _matches(found) if p.is_file())
+            data_files.update(p for p in matching_paths(found) if p.is_file())
             if found.is_dir():
                 data_files.update(p for p in found.rglob("*") if p.is_file())
     return UserTasks(root=root, tasks=tasks, other_names=frozenset(others - set(tasks)),
@@ -347,7 +220,7 @@ def installed_task_names() -> frozenset[str]:
 def _scan_installed(root: Path) -> frozenset[str]:
     cache: dict[Path, dict[str, Any]] = {}
     names: set[str] = set()
-    for path in _iter_task_yamls(root):
+    for path in iter_task_yamls(root):
         cfg = _quick_resolved(path, cache)
         if "group" in cfg and "class" not in cfg and isinstance(cfg["group"], str):
             names.add(cfg["group"])
@@ -355,7 +228,7 @@ def _scan_installed(root: Path) -> frozenset[str]:
             names.add(cfg["task"])
         else:
             continue
-        names |= _tags(cfg)
+        names |= task_tags(cfg)
     return frozenset(names)
 
 

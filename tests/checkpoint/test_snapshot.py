@@ -8,20 +8,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from ckpt_helpers import TinyLM, make_optimizer, make_state, snapshot_kwargs, train_steps
+from support.faults import SNAPSHOT_PAUSE_ENV
 
 from pipeline_lib.checkpoint.manifest import MANIFEST_NAME, verify_snapshot
 from pipeline_lib.checkpoint.rng import capture_rng_state, restore_rng_state
-from pipeline_lib.checkpoint.snapshot import (
-    TEST_PAUSE_ENV,
-    load_model_state,
-    load_snapshot,
-    write_snapshot,
-)
+from pipeline_lib.checkpoint.snapshot import load_model_state, load_snapshot, write_snapshot
 from pipeline_lib.errors import CheckpointError
 
 
@@ -163,8 +160,11 @@ def test_capture_restore_rng_repeats_streams():
 
 _WRITER = textwrap.dedent("""
     import sys, torch
+    sys.path.insert(0, sys.argv[2])  # tests/, for the fault-injection support
+    from support.faults import install_from_env
     from pipeline_lib.checkpoint.rng import capture_rng_state
     from pipeline_lib.checkpoint.snapshot import write_snapshot
+    install_from_env()  # LOOPLINE_TEST_SNAPSHOT_PAUSE_S: a pause after each file
     torch.manual_seed(0)
     big = {"w%d" % i: torch.randn(256, 256) for i in range(8)}
     write_snapshot(sys.argv[1], model_state=big, optimizer_state={"state": {}, "param_groups": []},
@@ -174,8 +174,9 @@ _WRITER = textwrap.dedent("""
 
 
 def _kill_mid_write(target) -> None:
-    env = {**os.environ, TEST_PAUSE_ENV: "60"}
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(target)], env=env,
+    env = {**os.environ, SNAPSHOT_PAUSE_ENV: "60"}
+    tests = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(target), str(tests)], env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stderr:  # wait until the first file is on disk and the writer sleeps

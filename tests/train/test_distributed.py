@@ -28,7 +28,6 @@ from pipeline_lib.checkpoint.snapshot import load_model_state, load_snapshot, wr
 from pipeline_lib.data.identity import data_id
 from pipeline_lib.errors import CheckpointError, TrainingError
 from pipeline_lib.evaluate.heff import run_heff
-from pipeline_lib.train.faults import FAULT_ENV
 from pipeline_lib.train.launch import run_training_job
 from pipeline_lib.train.trainer import train_segment
 
@@ -174,14 +173,14 @@ def test_a_rank_error_surfaces_as_one_line(runs: dict[str, Path]) -> None:
 
 
 def test_warm_start_and_a_nan_on_one_rank_skip_on_every_rank(
-        runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+        runs: dict[str, Path], inject_faults) -> None:
     """2 processes warm-start from the 1-process snapshot; at step 2 only rank 1's loss is
     NaN: the averaged statistics make both ranks skip (otherwise the replicas diverge and
     the agreement check fails); the run matches 1 process with a NaN at step 2."""
     pack, start, root = runs["pack"], runs["start"], runs["root"]
-    monkeypatch.setenv(FAULT_ENV, "nan_step=2")
+    inject_faults("nan_step=2")
     train_segment(CFG, pack, None, 3, snap(root / "warm1", 3), warm_start=start)
-    monkeypatch.setenv(FAULT_ENV, "nan_step=2,nan_rank=1")
+    inject_faults("nan_step=2,nan_rank=1")  # the torchrun workers install it themselves
     run_training_job(CFG2, pack, None, 3, snap(root / "warm2", 3), warm_start=start)
     one, two = by_step(root / "warm1"), by_step(root / "warm2")
     assert [two[s]["skipped"] for s in (1, 2, 3)] == [False, True, False]

@@ -1,4 +1,5 @@
-"""LOOPLINE_FAULT_INJECT: inert when unset, parsed strictly, perturbs only what it names."""
+"""The test-support fault plan (LOOPLINE_FAULT_INJECT): inert when unset, parsed strictly,
+perturbs only what it names."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.faults import FAULT_ENV, FaultPlan
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.train.faults import FAULT_ENV, FaultPlan
 
 
 def test_unset_is_inert() -> None:

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from support.faults import FAULT_ENV, FaultPlan
 
 from pipeline_lib.config import BpttConfig, ModelConfig, SpikeGuardConfig, TrainConfig
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.train.faults import FaultPlan
 from pipeline_lib.train.optim import build_optimizer
 from pipeline_lib.train.spike_guard import SpikeGuard
 from pipeline_lib.train.step import StepRunner, segment_bounds
@@ -32,9 +32,9 @@ def _batch(rows: int, seed: int) -> dict[str, torch.Tensor]:
 def _runner(model: LoopedLM, faults: str = "", **train_kw) -> StepRunner:
     train = TrainConfig(**{"grad_clip": 0.0, "lr": 1e-2, **train_kw})
     guard = SpikeGuard(SpikeGuardConfig(warmup_steps=0))
-    env = {"LOOPLINE_FAULT_INJECT": faults} if faults else {}
+    env = {FAULT_ENV: faults} if faults else {}
     return StepRunner(model, build_optimizer(model, train), train, guard,
-                      faults=FaultPlan.from_env(env), device=torch.device("cpu"))
+                      hooks=FaultPlan.from_env(env), device=torch.device("cpu"))
 
 
 def test_segment_bounds() -> None:

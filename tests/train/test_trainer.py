@@ -107,9 +107,8 @@ def test_rerun_of_a_segment_replaces_its_lines(pack: Path, tmp_path: Path) -> No
     assert (snap(run, 4) / "model.safetensors").read_bytes() == before
 
 
-def test_nan_injection_is_skipped_and_logged(pack: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LOOPLINE_FAULT_INJECT", "nan_step=3")
+def test_nan_injection_is_skipped_and_logged(pack: Path, tmp_path: Path, inject_faults) -> None:
+    inject_faults("nan_step=3")
     run = tmp_path / "run"
     out = train_segment(tiny_config(), pack, None, 5, snap(run, 5))
     lines = metrics(run)
@@ -125,9 +124,9 @@ def test_nan_injection_is_skipped_and_logged(pack: Path, tmp_path: Path,
 
 
 def test_spike_run_aborts_and_the_retry_rolls_back(pack: Path, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   inject_faults) -> None:
     # rows 32-47 are the data of steps 5 and 6 (8 rows per step): spikes there
-    monkeypatch.setenv("LOOPLINE_FAULT_INJECT", "spike_rows=32:48,spike_nats=40")
+    inject_faults("spike_rows=32:48,spike_nats=40")
     cfg = tiny_config("train.spike.abort_consecutive=2", "train.rollback_skip_steps=1",
                       "train.total_steps=9")
     run = tmp_path / "run"
@@ -244,7 +243,7 @@ def test_keep_best_tracks_temporary_and_kept_segments_in_one_place(pack: Path,
 
 @pytest.mark.slow
 def test_mlflow_metrics_once_per_step_after_a_failed_attempt(
-        pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inject_faults) -> None:
     import mlflow
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -253,7 +252,7 @@ def test_mlflow_metrics_once_per_step_after_a_failed_attempt(
                       "train.spike.abort_consecutive=2")
     run = tmp_path / "run"
     train_segment(cfg, pack, None, 3, snap(run, 3))
-    monkeypatch.setenv("LOOPLINE_FAULT_INJECT", "spike_rows=32:48")  # steps 5, 6: abort
+    inject_faults("spike_rows=32:48")  # steps 5, 6: abort
     with pytest.raises(TrainingError):
         train_segment(cfg, pack, snap(run, 3), 6, snap(run, 6))
     out = train_segment(cfg, pack, snap(run, 3), 6, snap(run, 6), attempt=2)

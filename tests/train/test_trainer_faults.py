@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
+from support.faults import FAULT_ENV, SNAPSHOT_PAUSE_ENV
 from trainer_helpers import cli, config_file, make_pack, metrics, snap, tiny_config
 
-from pipeline_lib.checkpoint.snapshot import TEST_PAUSE_ENV, load_snapshot
+from pipeline_lib.checkpoint.snapshot import load_snapshot
 from pipeline_lib.cli import main
 from pipeline_lib.errors import CheckpointError
-from pipeline_lib.train.faults import FAULT_ENV
 from pipeline_lib.train.trainer import train_segment
 
 WAIT_S = 90
@@ -61,7 +61,7 @@ def test_sigkill_mid_loop_then_rerun_is_exact(pack: Path, reference: Path, tmp_p
     cfg = config_file(tmp_path / "cfg.yaml")
     marker = tmp_path / "paused"
     proc = cli(_segment_args(cfg, pack, run, 3, 6),
-               env={FAULT_ENV: f"pause_step=5,pause_s=120,pause_file={marker}"})
+               env={FAULT_ENV: f"pause_step=5,pause_s=120,pause_file={marker}"}, faulty=True)
     _wait_for(marker.exists, proc, "the pause before step 5")
     proc.kill()
     proc.wait()
@@ -81,7 +81,7 @@ def test_sigkill_mid_snapshot_write_then_rerun_is_exact(pack: Path, reference: P
     run = tmp_path / "run"
     train_segment(tiny_config(), pack, None, 3, snap(run, 3))
     cfg = config_file(tmp_path / "cfg.yaml")
-    proc = cli(_segment_args(cfg, pack, run, 3, 6), env={TEST_PAUSE_ENV: "120"})
+    proc = cli(_segment_args(cfg, pack, run, 3, 6), env={SNAPSHOT_PAUSE_ENV: "120"}, faulty=True)
     snapshots = run / "snapshots"
 
     def half_written() -> list[Path]:
@@ -101,14 +101,13 @@ def test_sigkill_mid_snapshot_write_then_rerun_is_exact(pack: Path, reference: P
     assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4, 5, 6]
 
 
-def test_cli_abort_then_retry_with_attempt_2(pack: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch,
+def test_cli_abort_then_retry_with_attempt_2(pack: Path, tmp_path: Path, inject_faults,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     cfg = config_file(tmp_path / "cfg.yaml", "train.spike.abort_consecutive=2")
     args = ["train", "--config", str(cfg), "--data", str(pack), "--resume-from", "none",
             "--until-step", "6", "--out", str(snap(run, 6))]
-    monkeypatch.setenv(FAULT_ENV, "spike_rows=24:40")  # steps 4 and 5
+    inject_faults("spike_rows=24:40")  # steps 4 and 5
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "error: spike guard aborted at step 5" in err and "scratch" in err

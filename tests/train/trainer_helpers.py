@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file
+from support.faults import FAULTY_TRAIN
 
 from pipeline_lib.config import Config, DataConfig, SourceConfig, load_config
 from pipeline_lib.data.pack import pack_corpus
@@ -65,10 +66,13 @@ def weights(snapshot: Path, name: str = "model.safetensors") -> dict:
     return load_file(str(snapshot / name))
 
 
-def cli(args: list[str], env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
-    """``python -m pipeline_lib train …`` in a subprocess with one thread."""
+def cli(args: list[str], env: dict[str, str] | None = None, *, faulty: bool = False,
+        **popen: Any) -> subprocess.Popen:
+    """``python -m pipeline_lib train …`` in a subprocess with one thread; ``faulty``: through
+    ``tests/support/faulty_train.py``, which installs the faults ``env`` names first."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT / "src"),
                 **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "pipeline_lib", "train", *args],
+    entry = [str(FAULTY_TRAIN)] if faulty else ["-m", "pipeline_lib"]
+    return subprocess.Popen([sys.executable, *entry, "train", *args],
                             env=full_env, cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **popen)

@@ -1,6 +1,6 @@
 # Plan of the run tree and input functions. Imports stay torch-free: this runs on every call.
 from pipeline_lib.run_layout import job_benchmark, job_log
-from pipeline_lib.workflow_plan import WorkflowPlan
+from pipeline_lib.workflow.plan import WorkflowPlan
 
 PLAN = WorkflowPlan(config)
 # Every path of a run comes from pipeline_lib.run_layout: RUN holds them as patterns

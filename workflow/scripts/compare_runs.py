@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from pipeline_lib.compare import compare_runs
-from pipeline_lib.workflow_io import script_logging
+from pipeline_lib.workflow.io import script_logging
 
 snakemake = globals()["snakemake"]
 

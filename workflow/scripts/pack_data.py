@@ -4,7 +4,7 @@ from pathlib import Path
 
 from pipeline_lib.config import DataConfig, config_from_dict
 from pipeline_lib.data.pack import pack_corpus
-from pipeline_lib.workflow_io import script_logging
+from pipeline_lib.workflow.io import script_logging
 
 snakemake = globals()["snakemake"]
 

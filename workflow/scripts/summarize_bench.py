@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from pipeline_lib.stages import summarize_bench_stage
-from pipeline_lib.workflow_io import run_config, script_logging
+from pipeline_lib.workflow.io import run_config, script_logging
+from pipeline_lib.workflow.stages import summarize_bench_stage
 
 snakemake = globals()["snakemake"]
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from pipeline_lib.stages import init_tracking
-from pipeline_lib.workflow_io import run_config, script_logging
+from pipeline_lib.workflow.io import run_config, script_logging
+from pipeline_lib.workflow.stages import init_tracking
 
 snakemake = globals()["snakemake"]
 

@@ -4,7 +4,7 @@ in this process or as a torchrun job of train.nproc processes."""
 from pathlib import Path
 
 from pipeline_lib.train.launch import run_training_job
-from pipeline_lib.workflow_io import run_config, script_logging
+from pipeline_lib.workflow.io import run_config, script_logging
 
 snakemake = globals()["snakemake"]
 

@@ -3,6 +3,8 @@
 Importing this package registers the ``loopline`` model with lm-eval (``--model loopline``).
 
 - :mod:`.lm_wrapper`: ``LooplineLM``, the lm-eval ``LM`` over a snapshot at a chosen H_eff.
+- :mod:`.model_args`: its ``--model_args``, checked before anything loads.
+- :mod:`.lm_requests`: lm-eval requests → scoring windows, generation stops and budget.
 - :mod:`.loading`: snapshot → model, config and tokenizer.
 - :mod:`.tasks`: built-in ``loopline_*`` task files (YAML + JSONL) from the reasoning generators.
 - :mod:`.runner`: ``run_benchmarks`` (every task at every H_eff → one JSON per snapshot).

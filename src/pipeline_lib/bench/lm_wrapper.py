@@ -39,100 +39,24 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from ..errors import ConfigError, DeviceError
+from ..errors import ConfigError
 from ..model.generate import greedy_decode
+from .lm_requests import Window, cut_at_stops, generation_settings, score_windows
+from .model_args import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_GEN_TOKS,
+    MODEL_ARGS,
+    as_bool,
+    as_int,
+    batch_size_arg,
+    check_h_eff,
+    is_adaptive,
+    model_device,
+    parse_adaptive_h_eff,
+    tokenizer_arg,
+)
 
 log = logging.getLogger(__name__)
-
-MODEL_ARGS = ("snapshot", "h_eff", "batch_size", "device", "use_ema", "tokenizer", "max_gen_toks",
-              "max_batch_size", "adaptive_criterion")
-DEFAULT_BATCH_SIZE = 16
-DEFAULT_MAX_GEN_TOKS = 256
-
-# (input ids [≤ seq_len], targets: the last len(targets) positions predict them)
-Window = tuple[list[int], list[int]]
-
-
-def score_windows(context: Sequence[int], continuation: Sequence[int], seq_len: int) -> list[Window]:
-    """Windows of at most ``seq_len`` inputs that together score every continuation token once.
-
-    Targets are cut into consecutive chunks of ``seq_len`` tokens; each chunk is predicted
-    from the (up to) ``seq_len`` tokens ending just before its last token, so the last chunk,
-    and the only one in the usual short-continuation case, gets as much left context as fits.
-    """
-    assert context, "the context needs at least one token (EOS for an empty context)"
-    tokens = list(context) + list(continuation)
-    first = len(context)
-    windows: list[Window] = []
-    for a in range(first, len(tokens), seq_len):
-        b = min(a + seq_len, len(tokens))
-        start = max(0, b - 1 - seq_len)
-        windows.append((tokens[start:b - 1], tokens[a:b]))
-    return windows
-
-
-def _as_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str, float)):
-        raise ConfigError(f"loopline model_args {name}={value!r} is not an integer; "
-                          f"pass {name}=N with N >= {minimum}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise ConfigError(f"loopline model_args {name}={value!r} is not an integer; "
-                          f"pass {name}=N with N >= {minimum}") from None
-    if number != value and not isinstance(value, str) or number < minimum:
-        raise ConfigError(f"loopline model_args {name}={value!r} must be an integer >= {minimum}")
-    return number
-
-
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
-        return value.lower() in ("true", "1")
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise ConfigError(f"loopline model_args {name}={value!r} is not a boolean; use true or false")
-
-
-def _is_adaptive(value: Any) -> bool:
-    return isinstance(value, str) and value.strip().lower().startswith("adaptive")
-
-
-def _parse_adaptive(value: str) -> tuple[float, int | None]:
-    from ..evaluate.adaptive import parse_adaptive
-
-    try:
-        return parse_adaptive(value.strip(), "h_eff")
-    except ConfigError as exc:
-        raise ConfigError(f"loopline model_args {exc}") from None
-
-
-def _check_h_eff(value: Any) -> Any:
-    """``value`` when it is a loop count ≥ 1 or a well-formed ``adaptive:…``; else the error."""
-    if _is_adaptive(value):
-        _parse_adaptive(value)
-        return value
-    return _as_int("h_eff", value, 1)
-
-
-def _resolve_device(device: Any) -> torch.device:
-    """``auto``/``cpu``/``cuda``/``npu`` as ``experiment.device`` means; also ``cuda:N``."""
-    from ..device import DEVICE_CHOICES, resolve_device
-
-    name = "auto" if device in (None, "") else str(device)
-    if name in DEVICE_CHOICES:
-        return resolve_device(name)
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"loopline model_args device={device!r} is not a torch device; "
-                          f"use one of {list(DEVICE_CHOICES)} or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(f"loopline model_args device={device!r} asks for CUDA, which this "
-                          "machine does not have; use device=cpu")
-    return dev
-
 
 @register_model("loopline")
 class LooplineLM(TemplateLM):
@@ -168,34 +92,25 @@ class LooplineLM(TemplateLM):
             raise ConfigError(f"loopline model_args adaptive_criterion={adaptive_criterion!r} "
                               f"is not one of {list(CRITERIA)}; pick one")
         self.adaptive_criterion = adaptive_criterion
-        requested_h_eff = None if h_eff is None else _check_h_eff(h_eff)  # fail before loading
-        self._device = _resolve_device(device)
-        self.batch_size = self._batch_size(batch_size)
-        self.max_gen_toks = _as_int("max_gen_toks", max_gen_toks, 1)
+        requested_h_eff = None if h_eff is None else check_h_eff(h_eff)  # fail before loading
+        self._device = model_device(device)
+        self.batch_size = batch_size_arg(batch_size)
+        self.max_gen_toks = as_int("max_gen_toks", max_gen_toks, 1)
         self.snapshot: Path | None = None
         self.step: int | None = None
         self.config: Any = None
         if model is None:
-            if snapshot in (None, ""):
-                raise ConfigError("loopline model_args need snapshot=DIR (a snapshot directory "
-                                  "with MANIFEST.json), e.g. snapshot=results/base/snapshots/final")
-            from ..evaluate.loading import load_for_eval as load_for_bench
-
-            loaded = load_for_bench(Path(str(snapshot)), use_ema=_as_bool("use_ema", use_ema),
-                                    tokenizer=tokenizer)
-            model, tok, self.config = loaded.model, loaded.tokenizer, loaded.config
-            self.snapshot, self.step = loaded.path, loaded.step
-            seq_len = seq_len or loaded.seq_len
-            default_h_eff = loaded.config.model.loops
+            model, tok, seq_len, default_h_eff = self._load_snapshot(
+                snapshot, use_ema, tokenizer, seq_len)
         else:
             if snapshot not in (None, ""):
                 raise ConfigError("loopline: pass either snapshot=DIR or a model object, not both")
-            tok = self._tokenizer_object(tokenizer)
+            tok = tokenizer_arg(tokenizer)
             if seq_len is None:
                 raise ConfigError("loopline: a model object needs seq_len= (its context length)")
             default_h_eff = getattr(getattr(model, "cfg", None), "loops", None)
         self.tokenizer = tok
-        self.seq_len = _as_int("seq_len", seq_len, 1)
+        self.seq_len = as_int("seq_len", seq_len, 1)
         self.model = model.to(self._device).eval()
         self._default_loops = default_h_eff
         self._adaptive: tuple[float, int] | None = None
@@ -229,25 +144,20 @@ class LooplineLM(TemplateLM):
 
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
-    @staticmethod
-    def _batch_size(value: Any) -> int:
-        if value is None:
-            return DEFAULT_BATCH_SIZE
-        if isinstance(value, str) and value.startswith("auto"):
-            log.info("loopline: batch_size=%s is not searched; using %d", value, DEFAULT_BATCH_SIZE)
-            return DEFAULT_BATCH_SIZE
-        return _as_int("batch_size", value, 1)
+    def _load_snapshot(self, snapshot: str | Path | None, use_ema: bool | str, tokenizer: Any,
+                       seq_len: int | None) -> tuple[torch.nn.Module, Any, int, int]:
+        """Model, tokenizer, context length and training loop count of ``snapshot=DIR``;
+        records the snapshot's path, step and config on ``self``."""
+        if snapshot in (None, ""):
+            raise ConfigError("loopline model_args need snapshot=DIR (a snapshot directory "
+                              "with MANIFEST.json), e.g. snapshot=results/base/snapshots/final")
+        from ..evaluate.loading import load_for_eval as load_for_bench
 
-    @staticmethod
-    def _tokenizer_object(tokenizer: Any) -> Any:
-        if tokenizer is None:
-            raise ConfigError("loopline: a model object needs tokenizer= (a tokenizers.Tokenizer "
-                              "or the path of a tokenizer.json)")
-        if isinstance(tokenizer, (str, Path)):
-            from ..data.tokenizer import load_tokenizer
-
-            return load_tokenizer(tokenizer)
-        return tokenizer
+        loaded = load_for_bench(Path(str(snapshot)), use_ema=as_bool("use_ema", use_ema),
+                                tokenizer=tokenizer)
+        self.config, self.snapshot, self.step = loaded.config, loaded.path, loaded.step
+        return (loaded.model, loaded.tokenizer, seq_len or loaded.seq_len,
+                loaded.config.model.loops)
 
     @property
     def h_eff(self) -> int | str:
@@ -260,8 +170,8 @@ class LooplineLM(TemplateLM):
     def h_eff(self, value: Any) -> None:
         if value is None:
             raise ConfigError("loopline model_args need h_eff=N (test-time loops, N >= 1)")
-        if _is_adaptive(value):
-            threshold, max_loops = _parse_adaptive(value)
+        if is_adaptive(value):
+            threshold, max_loops = parse_adaptive_h_eff(value)
             max_loops = max_loops or self._default_loops
             if max_loops is None:
                 raise ConfigError(f"loopline model_args h_eff={value!r}: this model has no "
@@ -269,7 +179,7 @@ class LooplineLM(TemplateLM):
                                   "h_eff=adaptive:THRESHOLD:MAX")
             self._adaptive, self._h_eff = (threshold, int(max_loops)), int(max_loops)
         else:
-            self._adaptive, self._h_eff = None, _as_int("h_eff", value, 1)
+            self._adaptive, self._h_eff = None, as_int("h_eff", value, 1)
 
     @property
     def adaptive(self) -> tuple[float, int, str] | None:
@@ -424,24 +334,11 @@ class LooplineLM(TemplateLM):
         return totals
 
     def _stops(self, gen_kwargs: dict[str, Any]) -> tuple[list[str], int]:
-        until = gen_kwargs.get("until") or []
-        if isinstance(until, str):
-            until = [until]
-        if not isinstance(until, list) or not all(isinstance(s, str) for s in until):
-            raise ConfigError(f"generation_kwargs until={until!r} must be a string or a list of "
-                              "strings")
-        if (gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature") or 0.0) > 0) \
-                and "sample" not in self._warned:
+        stops, max_gen, sampling = generation_settings(gen_kwargs, self.max_gen_toks)
+        if sampling and "sample" not in self._warned:
             self._warned.add("sample")
             log.warning("loopline decodes greedily; do_sample/temperature are ignored")
-        max_gen = _as_int("max_gen_toks", gen_kwargs.get("max_gen_toks", self.max_gen_toks), 0)
-        return [s for s in until if s], max_gen
-
-    @staticmethod
-    def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
-        """``text`` up to the earliest stop string, and whether one was found."""
-        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-        return (text[:cut], True) if cut >= 0 else (text, False)
+        return stops, max_gen
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         prompts = [self.tok_encode(ctx) or [self._eos] for ctx, _ in (r.args for r in requests)]
@@ -475,7 +372,7 @@ class LooplineLM(TemplateLM):
             return [int(logp[b, len(row) - 1].argmax()) for b, row in enumerate(rows)]
 
         def stopped(i: int, new_ids: list[int]) -> bool:
-            texts[i], found = self._cut(self.tok_decode(new_ids), settings[i][0])
+            texts[i], found = cut_at_stops(self.tok_decode(new_ids), settings[i][0])
             return found
 
         greedy_decode(next_ids, prompts, [max_gen for _, max_gen in settings],

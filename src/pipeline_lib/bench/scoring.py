@@ -276,13 +276,72 @@ def _level_label(info: Mapping[str, Any], level: int) -> str:
     return f"{level} (n={'/'.join(str(n) for n in sorted(ns))})" if ns else str(level)
 
 
+def _plot_heatmap(ax: Any, task: str, latest: Mapping[str, Any], first_col: bool) -> Any:
+    """One task's accuracy heatmap (difficulty × H_eff) at the latest step; returns the image."""
+    import numpy as np
+
+    info = latest["tasks"][task]
+    train_max = latest.get("train_max_difficulty")
+    levels, h_effs, grid = _heatmap_grid(info)
+    data = np.array(grid, dtype=float)
+    image = ax.imshow(data, vmin=0.0, vmax=1.0, cmap="viridis", origin="lower", aspect="auto")
+    for i in range(len(levels)):
+        for j in range(len(h_effs)):
+            if np.isfinite(data[i, j]):
+                ax.text(j, i, _cell_label(info, h_effs[j], levels[i]), ha="center",
+                        va="center", fontsize=6.5, linespacing=1.1,
+                        color="black" if data[i, j] > 0.6 else "white")
+    ax.set_xticks(range(len(h_effs)), [str(h) for h in h_effs])
+    ax.set_yticks(range(len(levels)), [_level_label(info, lv) for lv in levels], fontsize=7)
+    ax.set_xlabel("H_eff (test-time loops)")
+    if first_col:
+        ax.set_ylabel("difficulty level")
+    if train_max is not None and levels and levels[0] <= train_max < levels[-1]:
+        edge = levels.index(train_max) + 0.5
+        ax.axhline(edge, color="white", linestyle="--", linewidth=1.2)
+    chance = info.get("chance")
+    suffix = f", chance {chance:.2f}" if chance is not None else ""
+    ax.set_title(f"{task}\n{info['metric']} at step {latest.get('step')}{suffix}", fontsize=9)
+    return image
+
+
+def _plot_other_tasks(ax: Any, latest: Mapping[str, Any], others: list[str]) -> None:
+    """Bars of the overall scores of tasks without levels (any lm-eval task)."""
+    labels, values = [], []
+    for task in others:
+        for h, scores in sorted(latest["tasks"][task]["h_eff"].items(), key=lambda x: int(x[0])):
+            for metric, value in scores["overall"].items():
+                if not metric.endswith("_stderr"):
+                    labels.append(f"{task}\n{metric} H={h}")
+                    values.append(value)
+    ax.barh(range(len(values)), values)
+    ax.set_yticks(range(len(values)), labels, fontsize=6)
+    ax.set_title("other lm-eval tasks", fontsize=9)
+
+
+def _plot_trend(ax: Any, task: str, reports: list[Mapping[str, Any]], first_col: bool) -> None:
+    """One task's overall score against the step, one line per H_eff."""
+    latest = reports[-1]
+    metric = latest["tasks"][task]["metric"]
+    for h in latest["h_eff"]:
+        pts = [(r.get("step"), r["tasks"][task]["h_eff"][str(h)]["overall"].get(metric))
+               for r in reports if task in r["tasks"] and str(h) in r["tasks"][task]["h_eff"]]
+        pts = [(s, v) for s, v in pts if v is not None]
+        ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", label=f"H_eff={h}")
+    ax.set_xlabel("step")
+    if first_col:
+        ax.set_ylabel("accuracy, all levels")
+    ax.set_title(f"{task}: {metric} vs step", fontsize=9)
+    ax.set_ylim(-0.03, 1.03)
+    ax.legend(fontsize=7)
+
+
 def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
     """The summary figure: accuracy heatmap (difficulty × H_eff) per levelled task."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     latest = reports[-1]
     tasks = [t for t, info in latest["tasks"].items() if info.get("metric") and
@@ -303,56 +362,15 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
     train_max = latest.get("train_max_difficulty")
     image = None
     for col, (ax, task) in enumerate(zip(axes[0], tasks, strict=False)):
-        info = latest["tasks"][task]
-        levels, h_effs, grid = _heatmap_grid(info)
-        data = np.array(grid, dtype=float)
-        image = ax.imshow(data, vmin=0.0, vmax=1.0, cmap="viridis", origin="lower", aspect="auto")
-        for i in range(len(levels)):
-            for j in range(len(h_effs)):
-                if np.isfinite(data[i, j]):
-                    ax.text(j, i, _cell_label(info, h_effs[j], levels[i]), ha="center",
-                            va="center", fontsize=6.5, linespacing=1.1,
-                            color="black" if data[i, j] > 0.6 else "white")
-        ax.set_xticks(range(len(h_effs)), [str(h) for h in h_effs])
-        ax.set_yticks(range(len(levels)), [_level_label(info, lv) for lv in levels], fontsize=7)
-        ax.set_xlabel("H_eff (test-time loops)")
-        if col == 0:
-            ax.set_ylabel("difficulty level")
-        if train_max is not None and levels and levels[0] <= train_max < levels[-1]:
-            edge = levels.index(train_max) + 0.5
-            ax.axhline(edge, color="white", linestyle="--", linewidth=1.2)
-        chance = info.get("chance")
-        suffix = f", chance {chance:.2f}" if chance is not None else ""
-        ax.set_title(f"{task}\n{info['metric']} at step {latest.get('step')}{suffix}", fontsize=9)
+        image = _plot_heatmap(ax, task, latest, col == 0)
     if others:
-        ax = axes[0][len(tasks)]
-        labels, values = [], []
-        for task in others:
-            for h, scores in sorted(latest["tasks"][task]["h_eff"].items(), key=lambda x: int(x[0])):
-                for metric, value in scores["overall"].items():
-                    if not metric.endswith("_stderr"):
-                        labels.append(f"{task}\n{metric} H={h}")
-                        values.append(value)
-        ax.barh(range(len(values)), values)
-        ax.set_yticks(range(len(values)), labels, fontsize=6)
-        ax.set_title("other lm-eval tasks", fontsize=9)
+        _plot_other_tasks(axes[0][len(tasks)], latest, others)
     if with_trend:
         for col, (ax, task) in enumerate(zip(axes[1], panels, strict=False)):
-            if task not in tasks:
+            if task in tasks:
+                _plot_trend(ax, task, reports, col == 0)
+            else:
                 ax.axis("off")
-                continue
-            metric = latest["tasks"][task]["metric"]
-            for h in latest["h_eff"]:
-                pts = [(r.get("step"), r["tasks"][task]["h_eff"][str(h)]["overall"].get(metric))
-                       for r in reports if task in r["tasks"] and str(h) in r["tasks"][task]["h_eff"]]
-                pts = [(s, v) for s, v in pts if v is not None]
-                ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", label=f"H_eff={h}")
-            ax.set_xlabel("step")
-            if col == 0:
-                ax.set_ylabel("accuracy, all levels")
-            ax.set_title(f"{task}: {metric} vs step", fontsize=9)
-            ax.set_ylim(-0.03, 1.03)
-            ax.legend(fontsize=7)
     if image is not None:
         fig.colorbar(image, ax=list(axes[0][: len(tasks)]), shrink=0.8, label="accuracy")
     caption = "accuracy by difficulty × H_eff, [95% Wilson interval]; n per level on the axis"

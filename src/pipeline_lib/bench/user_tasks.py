@@ -5,7 +5,7 @@ written, so a relative path is looked up in the *working directory*, not next to
 :func:`prepare_user_tasks` therefore mirrors the user's folder into the bench job's task
 directory: every task YAML (and every file it includes) is rewritten with its local data
 paths made absolute (resolved against the YAML's own folder first, then the working
-directory, see :func:`pipeline_lib.task_catalog.resolve_data_entry`); every other file
+directory, see :func:`pipeline_lib.task_yaml.resolve_data_entry`); every other file
 (``utils.py`` for ``!function``, prompts, data) is linked, so ``!function`` and relative
 ``include:`` keep working. The user's folder is never written to.
 """
@@ -20,15 +20,14 @@ from typing import Any
 
 import yaml
 
-from ..task_catalog import (
+from ..task_catalog import UserTasks, scan_include_path
+from ..task_yaml import (
     IGNORED_DIRS,
-    UserTasks,
     YamlTag,
     data_path_entries,
     include_targets,
     load_task_yaml,
     resolve_data_entry,
-    scan_include_path,
 )
 
 log = logging.getLogger(__name__)

@@ -217,16 +217,7 @@ def write_sharded_snapshot(
     extra_sharded = dict(extra_sharded or {})
     extra_files = dict(extra_files or {})
     started = time.perf_counter()
-    problem, tmp_text = "", ""
-    if rank == 0:
-        try:
-            check_snapshot_contents(trainer_state, [f"{n}{DCP_SUFFIX}" for n in extra_sharded],
-                                    extra_files)
-            tmp_text = str(prepare_snapshot_tmp(out_dir))
-        except CheckpointError as exc:
-            problem = str(exc)
-    _agree(problem, device)
-    tmp = Path(_broadcast_text(tmp_text, device))
+    tmp = _agreed_tmp(out_dir, rank, device, trainer_state, extra_sharded, extra_files)
     problem = ""
     try:
         save_dcp(model_state, tmp / MODEL_DCP)
@@ -253,6 +244,23 @@ def write_sharded_snapshot(
             problem = f"cannot write snapshot {out_dir}: {exc}; check free space and permissions"
     _agree(problem, device)
     return out_dir
+
+
+def _agreed_tmp(out_dir: Path, rank: int, device: torch.device,
+                trainer_state: Mapping[str, Any], extra_sharded: Mapping[str, Any],
+                extra_files: Mapping[str, bytes | str]) -> Path:
+    """Collective: rank 0 checks the contents and prepares the temporary snapshot directory;
+    every rank gets its path, or all raise CheckpointError."""
+    problem, tmp_text = "", ""
+    if rank == 0:
+        try:
+            check_snapshot_contents(trainer_state, [f"{n}{DCP_SUFFIX}" for n in extra_sharded],
+                                    extra_files)
+            tmp_text = str(prepare_snapshot_tmp(out_dir))
+        except CheckpointError as exc:
+            problem = str(exc)
+    _agree(problem, device)
+    return Path(_broadcast_text(tmp_text, device))
 
 
 def _finish_on_rank0(tmp: Path, out_dir: Path, optimizer_doc: Mapping[str, Any],

@@ -24,15 +24,14 @@ extra safetensors files, and ``rng_rank{r}.*`` per rank in place of ``rng.*``.
 Everything is written into a hidden temporary sibling (each file fsynced, then the
 directory), then renamed onto the final name; see :mod:`.fsutil`. Loading verifies the
 manifest first. Tensors live only in safetensors, everything else in JSON: no pickle.
-
-Test hook: when the environment variable ``LOOPLINE_TEST_SNAPSHOT_PAUSE_S`` is set, the
-writer sleeps that many seconds after each file, so fault tests can SIGKILL it mid-write.
+After the weights, the optimizer state, the config and each extra file, the writer calls
+:func:`.write_hooks.file_written`: a seam where fault tests pause it to SIGKILL it
+mid-write (production installs no hook).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -64,19 +63,11 @@ from .manifest import (
 )
 from .sharded import load_sharded_snapshot, read_dcp
 from .tensorio import dumps_json, join_tree, read_safetensors, split_tree, write_safetensors
+from .write_hooks import file_written
 
 log = logging.getLogger(__name__)
 
-TEST_PAUSE_ENV = "LOOPLINE_TEST_SNAPSHOT_PAUSE_S"
 __all__ = ["Snapshot", "load_model_state", "load_snapshot", "write_snapshot"]
-
-
-def _pause(after: str) -> None:
-    """Fault-test hook: sleep after each file when ``LOOPLINE_TEST_SNAPSHOT_PAUSE_S`` is set."""
-    delay = os.environ.get(TEST_PAUSE_ENV)
-    if delay:
-        log.warning("test hook: pausing %s s after writing %s", delay, after)
-        time.sleep(float(delay))
 
 
 def write_snapshot(
@@ -109,26 +100,26 @@ def write_snapshot(
     started = time.perf_counter()
     with staged_snapshot(tmp, out_dir, f"write snapshot {out_dir}") as records:
         records[MODEL_FILE] = write_safetensors(tmp / MODEL_FILE, model_state, role="model")
-        _pause(MODEL_FILE)
+        file_written(tmp / MODEL_FILE)
         records[OPTIMIZER_TENSORS] = write_safetensors(tmp / OPTIMIZER_TENSORS, opt_tensors,
                                                        role="optimizer_tensors")
         records[OPTIMIZER_JSON] = write_bytes_file(tmp / OPTIMIZER_JSON, dumps_json(opt_doc),
                                                    "optimizer_json")
-        _pause(OPTIMIZER_JSON)
+        file_written(tmp / OPTIMIZER_JSON)
         records[RNG_TENSORS] = write_safetensors(tmp / RNG_TENSORS, rng_tensors, role="rng_tensors")
         records[RNG_JSON] = write_bytes_file(tmp / RNG_JSON, dumps_json(rng_doc), "rng_json")
         records[TRAINER_STATE] = write_bytes_file(
             tmp / TRAINER_STATE, dumps_json(trainer_state), "trainer_state")
         records[CONFIG_FILE] = write_bytes_file(tmp / CONFIG_FILE, config_yaml.encode(), "config")
-        _pause(CONFIG_FILE)
+        file_written(tmp / CONFIG_FILE)
         for name, tensors in sorted(extra_tensors.items()):
             fname = f"{name}.safetensors"
             records[fname] = write_safetensors(tmp / fname, tensors, role="extra_tensors")
-            _pause(fname)
+            file_written(tmp / fname)
         for name, data in sorted(extra_files.items()):
             blob = data.encode() if isinstance(data, str) else bytes(data)
             records[name] = write_bytes_file(tmp / name, blob, "extra_file")
-            _pause(name)
+            file_written(tmp / name)
     total = sum(r["size"] for r in records.values())
     log.info("wrote snapshot %s (%.1f MB in %.2f s)", out_dir, total / 1e6,
              time.perf_counter() - started)

@@ -1,5 +1,5 @@
 """``bench``: score one snapshot on the downstream tasks at every H_eff (the rule
-``bench_downstream`` calls the same :func:`pipeline_lib.stages.bench_stage`, tracking
+``bench_downstream`` calls the same :func:`pipeline_lib.workflow.stages.bench_stage`, tracking
 included)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..evaluate.heff import parse_h_eff
     from ..run_layout import run_dir_of
-    from ..stages import bench_stage
+    from ..workflow.stages import bench_stage
 
     cfg = config_from_args(args, snapshot=args.snapshot)
     bench = cfg.bench

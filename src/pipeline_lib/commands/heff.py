@@ -1,5 +1,5 @@
 """`heff`: validation loss of one snapshot at several test-time loop counts, one pass (the
-rule ``eval_heff`` calls the same :func:`pipeline_lib.stages.heff_stage`, tracking included)."""
+rule ``eval_heff`` calls the same :func:`pipeline_lib.workflow.stages.heff_stage`, tracking included)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..evaluate.heff import parse_h_eff
     from ..run_layout import run_dir_of
-    from ..stages import heff_stage
+    from ..workflow.stages import heff_stage
 
     cfg = config_from_args(args, snapshot=args.snapshot)
     if args.h_eff:

@@ -225,34 +225,38 @@ def _curriculum_report(fraction: float, row_level: np.ndarray) -> dict[str, Any]
     }
 
 
-def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
-    row_len = data.seq_len + 1
-    if data.tokenizer.type == "bpe":  # a first streaming pass trains the tokenizer
-        train_stats = [SourceStats() for _ in data.sources]
-        texts = (d.text + d.answer for _, d in _all_documents(data, train_stats))
-        tokenizer = build_tokenizer(data.tokenizer, tqdm(texts, desc="training BPE",
-                                                         unit="doc", disable=None))
-    else:
-        tokenizer = build_tokenizer(data.tokenizer, ())
-    vocab_size = tokenizer.get_vocab_size()
-    dtype = _token_dtype(data, vocab_size)
-    tokenizer.save(str(tmp / "tokenizer.json"))
-    eos = eos_id(tokenizer)
+def _build_tokenizer(data: DataConfig) -> Any:
+    """The pack's tokenizer; a BPE one is trained by a first streaming pass over the corpus."""
+    if data.tokenizer.type != "bpe":
+        return build_tokenizer(data.tokenizer, ())
+    train_stats = [SourceStats() for _ in data.sources]
+    texts = (d.text + d.answer for _, d in _all_documents(data, train_stats))
+    return build_tokenizer(data.tokenizer, tqdm(texts, desc="training BPE", unit="doc",
+                                                disable=None))
+
+
+def _write_documents(data: DataConfig, tmp: Path, tokenizer: Any, eos: int, dtype: np.dtype,
+                     hashes: dict[str, str]
+                     ) -> tuple[_Tokenized, list[SourceStats], np.ndarray]:
+    """``tokens.bin``, ``docs.npy``, ``answer_spans.npy`` and ``levels.npy`` (hashes recorded):
+    the tokenized corpus, each source's statistics and each document's first token."""
     enc = TokenEncoder(tokenizer, byte_level=data.tokenizer.type == "byte")
     stats = [SourceStats() for _ in data.sources]
     tok = _tokenize(data, enc, eos, dtype, tmp / "tokens.bin", stats)
-    num_docs = len(tok.doc_len)
     doc_start = np.cumsum(tok.doc_len) - tok.doc_len
-    hashes = {"tokens.bin": tok.tokens_sha256}
+    hashes["tokens.bin"] = tok.tokens_sha256
     _save(tmp, "docs.npy", np.stack([doc_start, tok.doc_len], axis=1), hashes)
     _save(tmp, "answer_spans.npy", tok.answer_spans, hashes)
     _save(tmp, "levels.npy", tok.doc_level, hashes)
+    return tok, stats, doc_start
 
-    train_idx, val_idx = _split(data, num_docs)
-    train_docs = _repeat_by_weight(data, train_idx, tok.doc_source)
-    if train_docs.size == 0:
-        raise DataError("no training documents are left after the validation split and source "
-                        "weights; lower data.val_fraction or raise data.sources[*].weight")
+
+def _pack_epochs(data: DataConfig, tmp: Path, doc_start: np.ndarray, tok: _Tokenized,
+                 train_docs: np.ndarray, hashes: dict[str, str]
+                 ) -> tuple[int, float, dict[str, Any] | None]:
+    """Every epoch's training rows into ``train/epoch_{e}``: (rows per epoch, fill ratio of
+    the last epoch, epoch 0's curriculum report or None)."""
+    row_len = data.seq_len + 1
     rows_per_epoch, fill, curriculum = 0, 0.0, None
     for epoch in tqdm(range(data.epochs), desc="packing", unit="epoch", disable=None):
         rng = np.random.default_rng([data.seed, _EPOCH, epoch])
@@ -268,6 +272,26 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
         assert epoch == 0 or packed.num_rows == rows_per_epoch
         rows_per_epoch, fill = packed.num_rows, fill_ratio(packed, row_len)
         _save_rows(tmp, f"train/epoch_{epoch}", packed, hashes)
+    return rows_per_epoch, fill, curriculum
+
+
+def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
+    row_len = data.seq_len + 1
+    tokenizer = _build_tokenizer(data)
+    vocab_size = tokenizer.get_vocab_size()
+    dtype = _token_dtype(data, vocab_size)
+    tokenizer.save(str(tmp / "tokenizer.json"))
+    eos = eos_id(tokenizer)
+    hashes: dict[str, str] = {}
+    tok, stats, doc_start = _write_documents(data, tmp, tokenizer, eos, dtype, hashes)
+    num_docs = len(tok.doc_len)
+
+    train_idx, val_idx = _split(data, num_docs)
+    train_docs = _repeat_by_weight(data, train_idx, tok.doc_source)
+    if train_docs.size == 0:
+        raise DataError("no training documents are left after the validation split and source "
+                        "weights; lower data.val_fraction or raise data.sources[*].weight")
+    rows_per_epoch, fill, curriculum = _pack_epochs(data, tmp, doc_start, tok, train_docs, hashes)
     val = pack_documents(doc_start[val_idx], tok.doc_len[val_idx], row_len,
                          np.random.default_rng([data.seed, _VAL]))
     _save_rows(tmp, "val", val, hashes)

@@ -23,6 +23,7 @@ the largest level allowed rises over a fraction of the epoch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,29 +101,7 @@ def _bfd_sorted(lengths: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarr
             room_count[room_after] += len(rows)
 
     for s in np.flatnonzero(counts)[::-1].tolist():
-        need = int(counts[s])
-        rooms = np.flatnonzero(room_count[s:row_len]) + s  # rooms that fit s, ascending
-        if rooms.size:
-            per_row = rooms // s
-            cum = np.cumsum(room_count[rooms] * per_row)
-            drained = int(np.searchsorted(cum, need))  # rooms[:drained] are used up entirely
-            for c, q in zip(rooms[:drained].tolist(), per_row[:drained].tolist(), strict=True):
-                for rows in room_rows[c]:
-                    place(rows, q, c % s)
-                room_rows[c] = []
-                room_count[c] = 0
-            need -= int(cum[drained - 1]) if drained else 0
-            if drained < rooms.size and need:  # the last room used takes the rest
-                c, q = int(rooms[drained]), int(per_row[drained])
-                full, rest = divmod(need, q)
-                bucket = np.concatenate(room_rows[c])
-                used = full + (rest > 0)
-                room_rows[c] = [bucket[used:]] if used < len(bucket) else []
-                room_count[c] -= used
-                place(bucket[:full], q, c % s)
-                if rest:
-                    place(bucket[full:used], rest, c - rest * s)
-                need = 0
+        need = _fill_open_rows(s, int(counts[s]), row_len, room_count, room_rows, place)
         if need:  # no open row fits: open new ones
             q = row_len // s
             full, rest = divmod(need, q)
@@ -137,6 +116,37 @@ def _bfd_sorted(lengths: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarr
     row_of_sorted = np.repeat(np.concatenate(placed_rows), reps)
     assert len(row_of_sorted) == len(lengths)
     return order, row_of_sorted
+
+
+def _fill_open_rows(s: int, need: int, row_len: int, room_count: np.ndarray,
+                    room_rows: list[list[np.ndarray]],
+                    place: Callable[[np.ndarray, int, int], None]) -> int:
+    """Best fit of ``need`` pieces of length ``s`` into the open rows, tightest room first
+    (as many per row as fit); returns how many pieces found no open row."""
+    rooms = np.flatnonzero(room_count[s:row_len]) + s  # rooms that fit s, ascending
+    if not rooms.size:
+        return need
+    per_row = rooms // s
+    cum = np.cumsum(room_count[rooms] * per_row)
+    drained = int(np.searchsorted(cum, need))  # rooms[:drained] are used up entirely
+    for c, q in zip(rooms[:drained].tolist(), per_row[:drained].tolist(), strict=True):
+        for rows in room_rows[c]:
+            place(rows, q, c % s)
+        room_rows[c] = []
+        room_count[c] = 0
+    need -= int(cum[drained - 1]) if drained else 0
+    if drained < rooms.size and need:  # the last room used takes the rest
+        c, q = int(rooms[drained]), int(per_row[drained])
+        full, rest = divmod(need, q)
+        bucket = np.concatenate(room_rows[c])
+        used = full + (rest > 0)
+        room_rows[c] = [bucket[used:]] if used < len(bucket) else []
+        room_count[c] -= used
+        place(bucket[:full], q, c % s)
+        if rest:
+            place(bucket[full:used], rest, c - rest * s)
+        need = 0
+    return need
 
 
 def _gather_rows(piece_start: np.ndarray, piece_len: np.ndarray, row: np.ndarray,

@@ -23,6 +23,8 @@ from ..data.loader import DataCursor
 from ..errors import DataError
 from ..fsio import write_text_atomic
 from ..run_layout import RunLayout
+from .segment import TrainerState
+from .spike_guard import SpikeGuard
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,22 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(record, indent=1) + "\n", fsync=True)
     return path
+
+
+def jump(record: dict[str, Any], state: TrainerState, guard: SpikeGuard, step: int) -> None:
+    """Apply ``record`` at its first bad step ``step``: the data cursor jumps past the window
+    that caused the abort plus ``skip_steps`` steps (the step counter goes on); the jump is
+    recorded in ``state.rollbacks`` and as a ``rollback`` event of the spike guard."""
+    if state.cursor.to_json() != record["window_cursor"][0]:
+        log.warning("rollback: cursor %s at step %d, the record expected %s; jumping anyway",
+                    state.cursor.to_json(), step, record["window_cursor"][0])
+    target = DataCursor.from_json(record["resume_cursor"])
+    state.rollbacks.append({**record, "step": step, "cursor_before": state.cursor.to_json()})
+    guard.record("rollback", step, attempt=record["applied_attempt"],
+                 from_cursor=state.cursor.to_json(), to_cursor=target.to_json(),
+                 abort_step=record["abort_step"], skip_steps=record["skip_steps"])
+    state.cursor = target
+    guard.consecutive = 0  # the data that caused the run of skips is behind us
 
 
 def _same_snapshot(recorded: str | None, given: Path | None) -> bool:

@@ -41,7 +41,7 @@ from ..config import TrainConfig
 from .diagnostics import ActivationProbe, gradient_metrics, model_scalars
 from .distributed import RankGroup
 from .ema import WeightsEMA
-from .faults import FaultPlan
+from .hooks import StepHooks
 from .spike_guard import SpikeGuard
 
 Batch = dict[str, Tensor]
@@ -76,10 +76,10 @@ class StepRunner:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, train: TrainConfig,
                  guard: SpikeGuard, *, ema: WeightsEMA | None = None,
-                 faults: FaultPlan | None = None, device: torch.device,
+                 hooks: StepHooks | None = None, device: torch.device,
                  forward: Any = None, group: RankGroup | None = None) -> None:
         self.model, self.optimizer, self.train, self.guard = model, optimizer, train, guard
-        self.ema, self.faults, self.device = ema, faults or FaultPlan(), device
+        self.ema, self.hooks, self.device = ema, hooks or StepHooks(), device
         self.group = group  # several ranks: statistics are reduced before the guard judges
         self.forward = model if forward is None else forward  # compiled with train.compile
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -125,8 +125,8 @@ class StepRunner:
             diagnose: bool = False) -> StepResult:
         """Global step ``step`` (1-based) over this rank's micro-batches with ``loops`` loops.
 
-        ``flat_row`` (where the step's data starts in the row stream) only feeds the
-        fault-injection hook. Raises TrainingError when the guard aborts.
+        ``flat_row`` (where the step's data starts in the row stream) only feeds
+        :meth:`StepHooks.loss`. Raises TrainingError when the guard aborts.
         """
         t = self.train
         accum = len(micro_batches)
@@ -141,23 +141,9 @@ class StepRunner:
         weighted, weight = 0.0, 0
         for j, (start, end) in enumerate(bounds):
             counts = list(range(start + 1, end + 1)) if self.deep else [end]
-            self.optimizer.zero_grad(set_to_none=True)
-            seg_loss = torch.zeros((), device=self.device)
-            seg_aux = torch.zeros((), device=self.device)
-            for m, batch in enumerate(batches):
-                with probe.attached() if probe is not None else nullcontext():
-                    # a fresh embedding per segment: the previous segment's graph is freed
-                    out = self.forward(batch, counts, t.answer_weight, no_grad_loops=no_grad,
-                                       start=start, state=states[m],
-                                       answer_only=self.answer_only)
-                    loss = self.faults.perturb_loss(self._objective(out.losses, counts),
-                                                    step, flat_row)
-                    aux = self.model.take_aux_loss()
-                ((loss + aux) / accum).backward()
-                if len(bounds) > 1:
-                    states[m] = out.state.detach()
-                seg_loss += loss.detach()
-                seg_aux += aux.detach()
+            seg_loss, seg_aux = self._backward(batches, counts, start, no_grad, states,
+                                               probe, step=step, flat_row=flat_row,
+                                               keep_state=len(bounds) > 1)
             if probe is not None:
                 result.diagnostics = gradient_metrics(self.model)  # before clipping
             value, result.aux_loss = float(seg_loss) / accum, float(seg_aux) / accum
@@ -183,9 +169,35 @@ class StepRunner:
         result.loss = weighted / weight if weight else math.nan
         self.guard.end_step(step)
         if probe is not None:
-            activations = probe.metrics()
-            if self.group is not None:
-                activations = self.group.mean_dict(activations)
-            result.diagnostics.update(activations)
-            result.diagnostics.update(model_scalars(self.model))
+            self._add_activations(result, probe)
         return result
+
+    def _backward(self, batches: Sequence[Batch], counts: list[int], start: int, no_grad: int,
+                  states: list[Tensor | None], probe: ActivationProbe | None, *, step: int,
+                  flat_row: int, keep_state: bool) -> tuple[Tensor, Tensor]:
+        """Forward and backward of every micro-batch for one loop-segment (gradients
+        accumulated with weight 1/accum); returns the summed (loss, aux loss)."""
+        t, accum = self.train, len(batches)
+        self.optimizer.zero_grad(set_to_none=True)
+        seg_loss = torch.zeros((), device=self.device)
+        seg_aux = torch.zeros((), device=self.device)
+        for m, batch in enumerate(batches):
+            with probe.attached() if probe is not None else nullcontext():
+                # a fresh embedding per segment: the previous segment's graph is freed
+                out = self.forward(batch, counts, t.answer_weight, no_grad_loops=no_grad,
+                                   start=start, state=states[m], answer_only=self.answer_only)
+                loss = self.hooks.loss(self._objective(out.losses, counts), step, flat_row)
+                aux = self.model.take_aux_loss()
+            ((loss + aux) / accum).backward()
+            if keep_state:
+                states[m] = out.state.detach()
+            seg_loss += loss.detach()
+            seg_aux += aux.detach()
+        return seg_loss, seg_aux
+
+    def _add_activations(self, result: StepResult, probe: ActivationProbe) -> None:
+        activations = probe.metrics()
+        if self.group is not None:
+            activations = self.group.mean_dict(activations)
+        result.diagnostics.update(activations)
+        result.diagnostics.update(model_scalars(self.model))

@@ -35,13 +35,13 @@ from ..checkpoint.best import update_best_snapshot
 from ..checkpoint.rng import capture_rng_state
 from ..checkpoint.sharded import write_sharded_snapshot
 from ..checkpoint.snapshot import write_snapshot
-from ..config import Config, config_yaml, flatten, to_dict
+from ..config import Config, config_yaml
 from ..data.loader import DataCursor, PackedData
 from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import ConfigError, TrainingError
 from ..model.loop_sampling import sample_loop_count
 from ..model.looped import LoopedLM
-from ..run_layout import RunLayout, run_dir_of, snapshots_dir_of
+from ..run_layout import run_dir_of, snapshots_dir_of
 from ..snapshots_policy import total_steps as planned_total_steps
 from . import rollback
 from .batch_plan import BatchPlan, make_batch_plan
@@ -49,9 +49,10 @@ from .diagnostics import due
 from .distributed import RankGroup, process_device, reshard, shard_model
 from .ema import WeightsEMA
 from .evaluation import generate_samples, samples_jsonl, validation_loss
-from .faults import FaultPlan
+from .hooks import StepHooks, installed_step_hooks
 from .metrics import TrainLog
 from .optim import build_optimizer
+from .run_tracking import log_artifacts, start_tracking
 from .schedule import LRSchedule
 from .segment import (
     TrainerState,
@@ -84,7 +85,7 @@ class Trainer:
     runner: StepRunner
     plan: BatchPlan
     total_steps: int
-    faults: FaultPlan
+    hooks: StepHooks  # no-ops unless installed from outside (fault tests)
     state: TrainerState
     world_size: int = 1
     rank: int = 0
@@ -116,13 +117,13 @@ class Trainer:
         optimizer = build_optimizer(model, cfg.train)
         guard = SpikeGuard(cfg.train.spike)
         ema = WeightsEMA(model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
-        faults = FaultPlan.from_env()
+        hooks = installed_step_hooks()
         forward = torch.compile(model) if cfg.train.compile else None
-        runner = StepRunner(model, optimizer, cfg.train, guard, ema=ema, faults=faults,
+        runner = StepRunner(model, optimizer, cfg.train, guard, ema=ema, hooks=hooks,
                             device=device, forward=forward, group=group)
         return cls(cfg=cfg, data=data, device=device, model=model, optimizer=optimizer,
                    schedule=LRSchedule.from_config(cfg.train, total), guard=guard, ema=ema,
-                   runner=runner, plan=plan, total_steps=total, faults=faults,
+                   runner=runner, plan=plan, total_steps=total, hooks=hooks,
                    state=TrainerState(), world_size=world_size, rank=rank, group=group)
 
     # ------------------------------------------------------------------ restore
@@ -164,17 +165,7 @@ class Trainer:
         if self.rollback is None or step != self.rollback["window_steps"][0]:
             return
         record, self.rollback = self.rollback, None
-        if self.state.cursor.to_json() != record["window_cursor"][0]:
-            log.warning("rollback: cursor %s at step %d, the record expected %s; jumping anyway",
-                        self.state.cursor.to_json(), step, record["window_cursor"][0])
-        jump = DataCursor.from_json(record["resume_cursor"])
-        self.state.rollbacks.append({**record, "step": step,
-                                     "cursor_before": self.state.cursor.to_json()})
-        self.guard.record("rollback", step, attempt=record["applied_attempt"],
-                          from_cursor=self.state.cursor.to_json(), to_cursor=jump.to_json(),
-                          abort_step=record["abort_step"], skip_steps=record["skip_steps"])
-        self.state.cursor = jump
-        self.guard.consecutive = 0  # the data that caused the run of skips is behind us
+        rollback.jump(record, self.state, self.guard, step)
         self.rollback_applied = True
 
     # ------------------------------------------------------------------ the loop
@@ -189,7 +180,7 @@ class Trainer:
         try:
             while self.state.step < until_step:
                 step = self.state.step + 1
-                self.faults.maybe_pause(step)
+                self.hooks.before_step(step)
                 record = self.train_step(step, run_dir=run_dir, attempt=attempt)
                 if step == until_step or due(step, self.cfg.train.eval_interval):
                     record["val_loss"] = self._timed_validate()
@@ -361,7 +352,8 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
         trainer.warm_start(Path(warm_start))
     _check_steps(until_step, trainer, resume_from)
     start_step = trainer.state.step
-    stage = _start_tracking(trainer, run_dir) if rank == 0 else None
+    stage = (start_tracking(trainer.cfg, trainer.state, run_dir,
+                            trainer.data.metadata.get("data_id")) if rank == 0 else None)
     try:
         train_log = TrainLog(run_dir, start_step, stage=stage, enabled=rank == 0)
         trainer.guard.event_sink = train_log.event
@@ -377,7 +369,7 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
             trainer.save(out, train_log, segment)
             train_log.commit(until_step)
             if stage is not None:
-                _log_artifacts(stage, out, run_dir)
+                log_artifacts(stage, out, run_dir)
         finally:
             train_log.close()
     except BaseException as exc:
@@ -391,24 +383,3 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     log.info("segment %d→%d done in %.1f s (%.1f s in steps): %s", start_step, until_step,
              time.perf_counter() - wall_start, trainer.step_time_s, out)
     return out
-
-
-def _log_artifacts(stage: Any, out: Path, run_dir: Path) -> None:
-    """Resolved config, this segment's samples, the TensorBoard events (after the commit)."""
-    stage.log_artifact(out / "config.yaml", "train")
-    stage.log_artifact(out / "samples.jsonl", f"train/samples/{out.name}")
-    tensorboard = RunLayout.at(run_dir).tensorboard
-    if tensorboard.is_dir():
-        stage.log_artifacts(tensorboard, "tensorboard")
-
-
-def _start_tracking(trainer: Trainer, run_dir: Path) -> Any:
-    """The MLflow ``train`` child run (continued across segments); params on its first use."""
-    from ..tracking import start_stage
-
-    first = trainer.state.tracking_run_id is None
-    stage = start_stage(trainer.cfg, run_dir, "train", run_id=trainer.state.tracking_run_id,
-                        params=flatten(to_dict(trainer.cfg)) if first else None,
-                        data_id=trainer.data.metadata.get("data_id"))
-    trainer.state.tracking_run_id = stage.run_id
-    return stage

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from pipeline_lib.config import load_config, to_dict
-from pipeline_lib.workflow_plan import BYTE_VOCAB_SIZE, WorkflowPlan
+from pipeline_lib.workflow.plan import BYTE_VOCAB_SIZE, WorkflowPlan
 
 
 def _plan(*overrides: str) -> WorkflowPlan:

@@ -1,7 +1,13 @@
-"""Fault injection for tests: NaN losses, loss spikes, a pause to SIGKILL a segment in.
+"""Fault injection for tests: NaN losses, loss spikes, pauses to SIGKILL a segment in.
 
-Set ``LOOPLINE_FAULT_INJECT`` to comma-separated ``key=value`` items; unset (the normal
-case) every method here is inert and costs one attribute check per step:
+Production code carries none of this. The trainer exposes :class:`StepHooks`
+(:mod:`pipeline_lib.train.hooks`) and the snapshot writer a file hook
+(:mod:`pipeline_lib.checkpoint.write_hooks`); a :class:`FaultPlan` is installed there from
+outside: in-process by the ``inject_faults`` fixture (``tests/train/conftest.py``), in a
+subprocess by the entry ``tests/support/faulty_train.py``, which reads two test-only
+environment variables (production modules never read them):
+
+``LOOPLINE_FAULT_INJECT``: comma-separated ``key=value`` items:
 
 - ``nan_step=S``: the loss of global step S (1-based, as in metrics.jsonl) is multiplied
   by NaN (NaN loss and NaN gradients); with ``nan_rank=R`` only on rank R of a
@@ -14,8 +20,8 @@ case) every method here is inert and costs one attribute check per step:
   touch PATH (so a test knows the moment) and sleep T seconds, a window to SIGKILL the
   process in the middle of the step loop.
 
-The snapshot writer has its own pause hook (``LOOPLINE_TEST_SNAPSHOT_PAUSE_S``, see
-:mod:`pipeline_lib.checkpoint.snapshot`) for kills in the middle of a snapshot write.
+``LOOPLINE_TEST_SNAPSHOT_PAUSE_S=T``: the snapshot writer sleeps T seconds after each file
+it reports, a window to SIGKILL it in the middle of a snapshot write.
 """
 
 from __future__ import annotations
@@ -24,22 +30,28 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from pipeline_lib.checkpoint.write_hooks import add_file_hook
+from pipeline_lib.errors import ConfigError
+from pipeline_lib.train.hooks import StepHooks, install_step_hooks
 
 log = logging.getLogger(__name__)
 
 FAULT_ENV = "LOOPLINE_FAULT_INJECT"
+SNAPSHOT_PAUSE_ENV = "LOOPLINE_TEST_SNAPSHOT_PAUSE_S"
+FAULTY_TRAIN = Path(__file__).with_name("faulty_train.py")
 _KEYS = {"nan_step", "nan_rank", "spike_rows", "spike_nats", "pause_step", "pause_s",
          "pause_file"}
 
 
 @dataclass(frozen=True)
-class FaultPlan:
-    """Parsed ``LOOPLINE_FAULT_INJECT``; the default instance injects nothing."""
+class FaultPlan(StepHooks):
+    """Parsed ``LOOPLINE_FAULT_INJECT``, usable as the trainer's step hooks; the default
+    instance injects nothing."""
 
     nan_step: int | None = None
     spike_rows: tuple[int, int] | None = None
@@ -56,7 +68,7 @@ class FaultPlan:
                 or self.pause_step is not None)
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> FaultPlan:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> FaultPlan:
         environ = os.environ if environ is None else environ
         text = environ.get(FAULT_ENV, "").strip()
         if not text:
@@ -111,3 +123,45 @@ class FaultPlan:
             self.pause_file.parent.mkdir(parents=True, exist_ok=True)
             self.pause_file.write_text(f"{step}\n")
         time.sleep(self.pause_s)
+
+    # StepHooks
+    def loss(self, loss: Any, step: int, flat_row: int) -> Any:
+        return self.perturb_loss(loss, step, flat_row)
+
+    def before_step(self, step: int) -> None:
+        self.maybe_pause(step)
+
+
+def snapshot_pause(seconds: float) -> Callable[[Path], None]:
+    """A snapshot-writer file hook that sleeps ``seconds`` after each file it hears of."""
+
+    def pause(path: Path) -> None:
+        log.warning("test hook: pausing %s s after writing %s", seconds, path.name)
+        time.sleep(seconds)
+
+    return pause
+
+
+def install_from_env(environ: Mapping[str, str] | None = None) -> None:
+    """Install what ``LOOPLINE_FAULT_INJECT`` and ``LOOPLINE_TEST_SNAPSHOT_PAUSE_S`` ask for
+    in this process (for the lifetime of the process: the entry of a subprocess)."""
+    environ = os.environ if environ is None else environ
+    plan = FaultPlan.from_env(environ)
+    if plan.active:
+        install_step_hooks(plan)
+    if environ.get(SNAPSHOT_PAUSE_ENV):
+        add_file_hook(snapshot_pause(float(environ[SNAPSHOT_PAUSE_ENV])))
+
+
+def faulty_torchrun_command(original: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    """Wrap :func:`pipeline_lib.train.launch.torchrun_command` so that the workers run
+    ``faulty_train.py`` (which installs the faults named in their environment) instead of
+    ``-m pipeline_lib``."""
+
+    def command(*args: Any, **kwargs: Any) -> list[str]:
+        cmd = original(*args, **kwargs)
+        i = cmd.index("pipeline_lib")
+        assert cmd[i - 1] == "-m", cmd
+        return [*cmd[:i - 1], str(FAULTY_TRAIN), *cmd[i + 1:]]
+
+    return command

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import PipelineError
+from ..errors import PipelineError
 
 
 def limit_threads(threads: int) -> None:
@@ -58,6 +58,6 @@ def script_logging(log_path: str | Path, threads: int | None = None,
 
 def run_config(snakemake: Any):
     """The resolved config of the rule's ``params.run`` variant (total_steps filled in)."""
-    from .workflow_plan import WorkflowPlan
+    from .plan import WorkflowPlan
 
     return WorkflowPlan(snakemake.config).runs[snakemake.params.run].config

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import Config
-from .run_layout import RunLayout, job_benchmarks
+from ..config import Config
+from ..run_layout import RunLayout, job_benchmarks
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def prepare_tracking_store(cfg: Config, marker: Path) -> None:
     Writes ``marker`` (JSON: uri, experiment id or the reason it is unreachable); an
     unreachable store is not an error: stages then write their outboxes.
     """
-    from .tracking import StoreUnavailable, ensure_store, resolve_uri
+    from ..tracking import StoreUnavailable, ensure_store, resolve_uri
 
     info: dict[str, Any] = {"enabled": cfg.tracking.enabled, "experiment": cfg.experiment.name}
     if cfg.tracking.enabled:
@@ -50,7 +50,7 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
     Writes ``{run_dir}/tracking.json``. The pack is shared by every variant with the same
     data config, so each variant gets its own ``pack`` child with the pack's metadata.
     """
-    from .tracking import init_parent_run, start_stage
+    from ..tracking import init_parent_run, start_stage
 
     meta_path = Path(data_dir) / "metadata.json"
     meta = json.loads(meta_path.read_text())
@@ -68,9 +68,9 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
 def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
                out: Path) -> dict[str, Any]:
     """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``."""
-    from .evaluate.adaptive import AdaptiveSpec
-    from .evaluate.heff import parse_h_eff, run_heff
-    from .tracking import start_stage
+    from ..evaluate.adaptive import AdaptiveSpec
+    from ..evaluate.heff import parse_h_eff, run_heff
+    from ..tracking import start_stage
 
     h_effs = parse_h_eff(cfg.eval.h_eff)
     result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
@@ -98,14 +98,14 @@ def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[
     """Parquet table + figure over every kept snapshot's sweep (and of their adaptive-exit
     sections, when those paths are given), logged as ``eval_summary``. Returns the rows
     written per table; ``title`` (default: named after ``run``) heads both figures."""
-    from .evaluate.heff_summary import summarize_heff
-    from .tracking import start_stage
+    from ..evaluate.heff_summary import summarize_heff
+    from ..tracking import start_stage
 
     rows = {Path(table): len(summarize_heff(list(inputs), Path(table), Path(plot), title=(
         f"{run}: validation loss vs H_eff" if title is None else title)))}
     extra: list[Path] = []
     if adaptive_table is not None and adaptive_plot is not None:
-        from .evaluate.adaptive_summary import summarize_adaptive
+        from ..evaluate.adaptive_summary import summarize_adaptive
 
         extra = [Path(adaptive_table), Path(adaptive_plot)]
         rows[extra[0]] = len(summarize_adaptive(list(inputs), *extra, title=(
@@ -125,9 +125,9 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
                 tasks_dir: Path) -> dict[str, Any]:
     """Downstream benchmarks of one snapshot at every ``bench.h_eff``, as child run
     ``bench/step_…`` with metrics ``bench/{task}/{metric}_h{h}`` at the snapshot's step."""
-    from .bench import run_benchmarks
-    from .bench.scoring import bench_records
-    from .tracking import start_stage
+    from ..bench import run_benchmarks
+    from ..bench.scoring import bench_records
+    from ..tracking import start_stage
 
     result = run_benchmarks(Path(snapshot), cfg.bench, Path(tasks_dir), Path(out),
                             device=cfg.experiment.device)
@@ -148,8 +148,8 @@ def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence
                           table: Path, plot: Path) -> dict[Path, int]:
     """Long table + accuracy heatmaps over the benchmarked snapshots (``bench_summary``).
     Returns the rows written per table."""
-    from .bench import summarize_bench
-    from .tracking import start_stage
+    from ..bench import summarize_bench
+    from ..tracking import start_stage
 
     rows = {Path(table): len(summarize_bench([Path(p) for p in inputs], Path(table), Path(plot)))}
     with start_stage(cfg, run_dir, "bench_summary") as stage:

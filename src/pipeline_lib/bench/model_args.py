@@ -1,0 +1,112 @@
+"""``--model_args`` of the ``loopline`` lm-eval model, checked before anything loads.
+
+lm-eval hands every value over as a string (``h_eff=4``, ``use_ema=true``); in process they
+may come as Python objects. Each parser accepts both and raises a :class:`ConfigError` that
+names the key, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, DeviceError
+
+log = logging.getLogger(__name__)
+
+MODEL_ARGS = ("snapshot", "h_eff", "batch_size", "device", "use_ema", "tokenizer", "max_gen_toks",
+              "max_batch_size", "adaptive_criterion")
+DEFAULT_BATCH_SIZE = 16
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+def as_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` (an int, or its text) as an integer ≥ ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, str, float)):
+        raise ConfigError(f"loopline model_args {name}={value!r} is not an integer; "
+                          f"pass {name}=N with N >= {minimum}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"loopline model_args {name}={value!r} is not an integer; "
+                          f"pass {name}=N with N >= {minimum}") from None
+    if number != value and not isinstance(value, str) or number < minimum:
+        raise ConfigError(f"loopline model_args {name}={value!r} must be an integer >= {minimum}")
+    return number
+
+
+def as_bool(name: str, value: Any) -> bool:
+    """``value`` (a bool, 0/1, or true/false/1/0 as text) as a bool."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"loopline model_args {name}={value!r} is not a boolean; use true or false")
+
+
+def is_adaptive(value: Any) -> bool:
+    """Whether an ``h_eff`` value asks for adaptive exits (``adaptive:…``)."""
+    return isinstance(value, str) and value.strip().lower().startswith("adaptive")
+
+
+def parse_adaptive_h_eff(value: str) -> tuple[float, int | None]:
+    """(threshold, max loops or None) of ``h_eff=adaptive:THRESHOLD[:MAX]``."""
+    from ..evaluate.adaptive import parse_adaptive
+
+    try:
+        return parse_adaptive(value.strip(), "h_eff")
+    except ConfigError as exc:
+        raise ConfigError(f"loopline model_args {exc}") from None
+
+
+def check_h_eff(value: Any) -> Any:
+    """``value`` when it is a loop count ≥ 1 or a well-formed ``adaptive:…``; else the error."""
+    if is_adaptive(value):
+        parse_adaptive_h_eff(value)
+        return value
+    return as_int("h_eff", value, 1)
+
+
+def model_device(device: Any) -> torch.device:
+    """``auto``/``cpu``/``cuda``/``npu`` as ``experiment.device`` means; also ``cuda:N``."""
+    from ..device import DEVICE_CHOICES, resolve_device
+
+    name = "auto" if device in (None, "") else str(device)
+    if name in DEVICE_CHOICES:
+        return resolve_device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"loopline model_args device={device!r} is not a torch device; "
+                          f"use one of {list(DEVICE_CHOICES)} or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"loopline model_args device={device!r} asks for CUDA, which this "
+                          "machine does not have; use device=cpu")
+    return dev
+
+
+def batch_size_arg(value: Any) -> int:
+    """Requests per model batch; ``auto…`` (lm-eval's batch-size search) is not searched."""
+    if value is None:
+        return DEFAULT_BATCH_SIZE
+    if isinstance(value, str) and value.startswith("auto"):
+        log.info("loopline: batch_size=%s is not searched; using %d", value, DEFAULT_BATCH_SIZE)
+        return DEFAULT_BATCH_SIZE
+    return as_int("batch_size", value, 1)
+
+
+def tokenizer_arg(tokenizer: Any) -> Any:
+    """The tokenizer of an in-process model: a ``tokenizers.Tokenizer`` or a tokenizer.json path."""
+    if tokenizer is None:
+        raise ConfigError("loopline: a model object needs tokenizer= (a tokenizers.Tokenizer "
+                          "or the path of a tokenizer.json)")
+    if isinstance(tokenizer, (str, Path)):
+        from ..data.tokenizer import load_tokenizer
+
+        return load_tokenizer(tokenizer)
+    return tokenizer
