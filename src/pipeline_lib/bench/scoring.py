@@ -373,10 +373,10 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
                 ax.axis("off")
     if image is not None:
         fig.colorbar(image, ax=list(axes[0][: len(tasks)]), shrink=0.8, label="accuracy")
-    caption = "accuracy by difficulty × H_eff, [95% Wilson interval]; n per level on the axis"
-    if train_max is not None:
-        caption += f"; dashed line: top of the training range (level {train_max})"
-    fig.suptitle(caption, fontsize=10)
+    caption = "accuracy by difficulty × H_eff [95% Wilson interval]; n per level on the axis"
+    if train_max is not None:  # on its own line: one line would not fit a single panel
+        caption += f"\ndashed line: top of the training range (level {train_max})"
+    fig.suptitle(caption, fontsize=9)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
