@@ -190,9 +190,10 @@ class _Scorer:
         return score.clamp_min_(0.0), ce  # rounding can dip below 0; 0 never exits early
 
 
-def _cross_entropy_rows(model: torch.nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
-    """Per-row cross-entropy [a] of hidden rows [a, D], computed as the H_eff sweep does
-    (same chunks, logsumexp − target logit), so the fixed column matches it bit for bit."""
+def cross_entropy_rows(model: torch.nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
+    """Per-row cross-entropy [a] of readout hidden rows [a, D] (logsumexp − target logit,
+    in row chunks: [a, V] logits never exist at once). The H_eff sweep uses it too, so the
+    adaptive sweep's fixed column matches the sweep bit for bit."""
     weight = model.head_weight
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     for c in _chunks(hidden.shape[0], weight.shape[0]):
@@ -244,7 +245,7 @@ def adaptive_batch(model: torch.nn.Module, batch: Any, spec: AdaptiveSpec
         if not bool(still.all()):
             active = active[still]
             scorer.keep(still)
-    ce_h = _cross_entropy_rows(model, _hidden_rows(model, state, ctx, rows), targets[rows])
+    ce_h = cross_entropy_rows(model, _hidden_rows(model, state, ctx, rows), targets[rows])
     thr = torch.tensor(spec.thresholds, dtype=torch.float32, device=dev)[:, None, None]
     hit = torch.cat([scores[None] < thr, torch.ones(len(spec.thresholds), 1, n,
                                                    dtype=torch.bool, device=dev)], dim=1)

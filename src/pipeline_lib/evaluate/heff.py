@@ -20,17 +20,15 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
-from .adaptive import AdaptiveSpec, adaptive_sweep, document_keys
+from .adaptive import AdaptiveSpec, adaptive_sweep, cross_entropy_rows, document_keys
 from .heff_stats import DocumentAccumulator, DocumentLosses, loss_statistics
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
-_CHUNK_ELEMENTS = 1 << 22  # logits elements per readout chunk (16 MiB in fp32)
 
 
 def answer_targets_only(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -50,24 +48,6 @@ def parse_h_eff(text: str | Sequence[int]) -> list[int]:
     if not values or values[0] < 1:
         raise ConfigError(f"--h-eff {text!r} needs loop counts of at least 1, e.g. 1,2,4,8")
     return values
-
-
-def _token_losses(model: torch.nn.Module, state: torch.Tensor, ctx: Any, valid: torch.Tensor,
-                  targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy [N] (fp32) of the scored tokens, read out from ``state``.
-
-    The same readout as ``readout_logits`` (final norm, head), computed only at scored
-    positions and in chunks of tokens, so [B·L, V] logits never exist at once.
-    """
-    hidden = model.readout_hidden(state, ctx)[valid]  # [N, D]
-    weight = model.head_weight  # [V, D]
-    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-    chunk = max(1, _CHUNK_ELEMENTS // weight.shape[0])
-    for i in range(0, hidden.shape[0], chunk):
-        logits = F.linear(hidden[i:i + chunk], weight).float()  # [C, V]
-        target_logit = logits.gather(1, targets[i:i + chunk, None]).squeeze(1)
-        out[i:i + chunk] = torch.logsumexp(logits, dim=1) - target_logit
-    return out
 
 
 @torch.no_grad()
@@ -96,7 +76,8 @@ def sweep_documents(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
             state, t, per_h = None, 0, []
             for h in hs:
                 state = model.forward_loops(ctx, t, h, state)
-                per_h.append(_token_losses(model, state, ctx, valid, targets[valid]))
+                hidden = model.readout_hidden(state, ctx)[valid]  # [N, D]: scored tokens only
+                per_h.append(cross_entropy_rows(model, hidden, targets[valid]))
                 t = h
             acc.add(keys, torch.stack(per_h, dim=1).double().cpu().numpy())
             tokens += n
