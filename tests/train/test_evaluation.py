@@ -35,6 +35,16 @@ def test_validation_loss_is_the_token_weighted_mean(data: PackedData, model: Loo
     assert validation_loss(model, data, 10, 4, loops=2, device=CPU) == loss
 
 
+def test_answer_objective_validates_on_answer_tokens(data: PackedData, model: LoopedLM) -> None:
+    """answer_* runs are validated on the tokens they train on (as the H_eff sweep scores them)."""
+    loss = validation_loss(model, data, 10, 4, loops=2, device=CPU, answer_only=True)
+    whole = next(data.val_batches(10, 10))
+    with torch.no_grad():
+        expected = float(model.losses(whole, [2], answer_only=True)[2])
+    assert loss == pytest.approx(expected, rel=1e-6)
+    assert loss != pytest.approx(validation_loss(model, data, 10, 4, loops=2, device=CPU))
+
+
 def test_greedy_samples_are_deterministic(data: PackedData, model: LoopedLM) -> None:
     rng_before = torch.get_rng_state()
     a = generate_samples(model, data.data_dir, ["a=1;", "x"], 5, step=7, loops=2,

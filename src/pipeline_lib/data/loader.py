@@ -139,6 +139,13 @@ def assemble_rows(tokens: np.ndarray, split: PackedSplit, rows: np.ndarray, row_
     return out
 
 
+def answer_targets_only(batch: Batch) -> Batch:
+    """``batch`` with every target outside ``answer_mask`` ignored: how models trained with an
+    ``answer_*`` objective are validated and swept (on the tokens they were trained on)."""
+    targets = torch.where(batch["answer_mask"], batch["targets"], IGNORE_INDEX)
+    return {**batch, "targets": targets}
+
+
 def _to_torch(arrays: dict[str, np.ndarray]) -> Batch:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
 

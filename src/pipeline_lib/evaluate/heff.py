@@ -31,12 +31,6 @@ log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
 
 
-def answer_targets_only(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``batch`` with every target outside ``answer_mask`` ignored (answer-token scoring)."""
-    targets = torch.where(batch["answer_mask"], batch["targets"], IGNORE_INDEX)
-    return {**batch, "targets": targets}
-
-
 def parse_h_eff(text: str | Sequence[int]) -> list[int]:
     """``"1,2,4,8"`` (or a list) → sorted distinct loop counts, each ≥ 1."""
     items = text.split(",") if isinstance(text, str) else list(text)
@@ -129,7 +123,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     ``adaptive``: also the per-token adaptive exit (:mod:`.adaptive`), its own pass over the
     same batches, as the ``adaptive`` section.
     """
-    from ..data.loader import PackedData
+    from ..data.loader import PackedData, answer_targets_only
     from .loading import load_for_eval
 
     loaded = load_for_eval(snapshot, use_ema=use_ema, with_tokenizer=False)  # scores token ids

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..data.loader import IGNORE_INDEX
+from ..data.loader import IGNORE_INDEX, answer_targets_only
 from ..data.tokenizer import EOS_TOKEN, load_tokenizer
 from ..model.generate import greedy_decode
 
@@ -32,9 +32,11 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def validation_loss(model: Any, data: Any, num_rows: int, batch_rows: int, *, loops: int,
-                    device: torch.device) -> float:
+                    device: torch.device, answer_only: bool = False) -> float:
     """Mean next-token loss (answer weight 1) after ``loops`` loops over the first
-    ``num_rows`` validation rows of ``data`` (a PackedData), weighted by target tokens."""
+    ``num_rows`` validation rows of ``data`` (a PackedData), weighted by target tokens;
+    ``answer_only`` (``answer_*`` objectives) scores the answer tokens alone, as the H_eff
+    sweep does."""
     was_training = model.training
     model.eval()
     total = 0.0
@@ -42,6 +44,8 @@ def validation_loss(model: Any, data: Any, num_rows: int, batch_rows: int, *, lo
     try:
         for batch in data.val_batches(num_rows, batch_rows):
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            if answer_only:
+                batch = answer_targets_only(batch)
             n = int((batch["targets"] != IGNORE_INDEX).sum())
             if n == 0:
                 continue

@@ -271,7 +271,8 @@ class Trainer:
     def validate(self) -> float:
         t = self.cfg.train
         loss = validation_loss(self.model, self.data, t.eval_rows, t.micro_batch_rows,
-                               loops=self.cfg.model.loops, device=self.device)
+                               loops=self.cfg.model.loops, device=self.device,
+                               answer_only=t.objective.startswith("answer_"))
         if self.group is not None:  # every rank evaluated the same rows with the same weights
             reshard(self.model)
         self.state.val_loss = loss
