@@ -32,14 +32,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from pipeline_lib.checkpoint.rng import capture_rng_state  # noqa: E402
-from pipeline_lib.checkpoint.sharded import write_sharded_snapshot  # noqa: E402
-from pipeline_lib.checkpoint.snapshot import write_snapshot  # noqa: E402
+from pipeline_lib.checkpoint import state_io  # noqa: E402
 from pipeline_lib.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.train.launch import run_training_job  # noqa: E402
-from pipeline_lib.train.segment import moe_biases, snapshot_contents  # noqa: E402
-from pipeline_lib.train.sharded_state import sharded_parts  # noqa: E402
 from pipeline_lib.train.trainer import Trainer  # noqa: E402
 
 DATA = DataConfig(sources=[SourceConfig(type="stdlib", max_docs=40),
@@ -72,23 +68,14 @@ def save_times(trainer: Trainer, out_root: Path, repeats: int) -> list[float]:
     import torch.distributed as dist
 
     t = trainer
-    state = t.state.to_json(guard=t.guard, ema=t.ema, cfg=t.cfg, total_steps=t.total_steps,
-                            moe_biases=moe_biases(t.model))
+    t.rng.capture()
     times = []
     for i in range(repeats):
         out = out_root / f"save_{i}"
         if t.group is not None:
             dist.barrier()
         started = time.perf_counter()
-        if t.group is None:
-            write_snapshot(out, **snapshot_contents(
-                model=t.model, optimizer=t.optimizer, trainer_state=state,
-                rng_state=capture_rng_state(), cfg=t.cfg, ema=t.ema, files={}))
-        else:
-            write_sharded_snapshot(out, rank=t.rank, device=t.device,
-                                   **sharded_parts(t.model, t.optimizer, t.ema),
-                                   trainer_state=state, rng_state=capture_rng_state(),
-                                   config_yaml=config_yaml(t.cfg), extra_files={})
+        state_io.save(out, t.parts(), ranks=t.ranks)
         times.append(time.perf_counter() - started)
     return times
 

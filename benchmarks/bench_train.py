@@ -8,7 +8,7 @@
   fp32 matmul FLOP/s measured in this run (1024³ ``torch.mm``). Model FLOPs count the
   matmuls (3 × forward: forward + backward) and causal attention of every block
   application: prelude once, core once per loop, coda + head once per readout.
-- ``save_ratio``: throughput of ``write_snapshot`` (the d_model=512 training state) over
+- ``save_ratio``: throughput of ``state_io.save`` (the d_model=512 trainer's parts) over
   writing the same bytes raw to one file with fsync (each side's best of 7). Target ≥ 0.5.
 - ``segment_overhead_s``: wall time of ``python -m pipeline_lib train`` resuming a snapshot
   of the default model, minus its step-loop time (process start, imports, restore,
@@ -38,14 +38,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from pipeline_lib.checkpoint import state_io  # noqa: E402
 from pipeline_lib.checkpoint.fsutil import fsync_dir  # noqa: E402
-from pipeline_lib.checkpoint.snapshot import load_snapshot, write_snapshot  # noqa: E402
+from pipeline_lib.checkpoint.snapshot import load_snapshot  # noqa: E402
 from pipeline_lib.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
 from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402
 from pipeline_lib.model.size import resolved_ffn_hidden  # noqa: E402
-from pipeline_lib.train.trainer import train_segment  # noqa: E402
+from pipeline_lib.train.trainer import Trainer, train_segment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = DataConfig(sources=[SourceConfig(type="stdlib", max_docs=40),
@@ -137,7 +138,8 @@ def train_flops_per_token(cfg: Config, vocab: int) -> float:
 # ------------------------------------------------------------------ saving
 
 
-def save_ratio(snapshot: Path, work: Path, reps: int = 7) -> tuple[float, dict]:
+def save_ratio(cfg: Config, pack: Path, snapshot: Path, work: Path,
+               reps: int = 7) -> tuple[float, dict]:
     """Best raw time over best snapshot time, from ``reps`` back-to-back pairs (alternating
     which side goes first). Disk write-back here is bimodal: the same 77 MB write takes
     0.05 s or 0.25 s, and either side can land in the slow mode for several pairs in a row,
@@ -145,12 +147,12 @@ def save_ratio(snapshot: Path, work: Path, reps: int = 7) -> tuple[float, dict]:
     time is its cost on the disk's fast mode, stable to ±0.1 across runs. The median of the
     pair ratios is reported too. The raw reference writes the snapshot's bytes to one file
     in 1 MiB ``os.write`` calls (the fastest pattern measured here) and fsyncs file and
-    directory."""
-    snap = load_snapshot(snapshot)
-    contents = dict(model_state=snap.model_state, optimizer_state=snap.optimizer_state,
-                    trainer_state=snap.trainer_state, rng_state=snap.rng_state,
-                    config_yaml=snap.config_yaml, extra_tensors=snap.extra_tensors,
-                    extra_files=snap.extra_files)
+    directory. The snapshot side is the trainer's own save path: ``snapshot`` restored into
+    a built trainer, its parts written by ``state_io.save``."""
+    trainer = Trainer.build(cfg, pack)
+    trainer.restore(snapshot, run_dir=work, attempt=1)
+    trainer.rng.capture()
+    files = load_snapshot(snapshot).extra_files
     blob = memoryview(_snapshot_bytes(snapshot))
     snap_times, raw_times = [], []
     for i in range(reps):
@@ -158,7 +160,7 @@ def save_ratio(snapshot: Path, work: Path, reps: int = 7) -> tuple[float, dict]:
         for side in ("snapshot", "raw") if i % 2 == 0 else ("raw", "snapshot"):
             started = time.perf_counter()
             if side == "snapshot":
-                write_snapshot(out, **contents)
+                state_io.save(out, trainer.parts(), files=files)
                 snap_times.append(time.perf_counter() - started)
                 continue
             fd = os.open(raw, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -277,7 +279,7 @@ def main() -> None:
         print(f"d_model=512: {achieved / 1e9:.1f} model GFLOP/s vs matmul {peak / 1e9:.1f} "
               f"GFLOP/s", flush=True)
 
-        ratio, detail = save_ratio(big_run / f"step_{1 + big_steps:07d}", work)
+        ratio, detail = save_ratio(big, pack, big_run / f"step_{1 + big_steps:07d}", work)
         results["save_ratio"] = ratio
         results["save_detail"] = detail
         print(f"save: {detail}", flush=True)

@@ -93,3 +93,24 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         else:
             log.warning("snapshot holds RNG states of %d Ascend NPUs, which are not all "
                         "visible here: NPU RNG not restored (CPU streams are)", len(npu_states))
+
+
+class RNGStreams:
+    """Every RNG stream as one stateful part: :meth:`capture` at the moment that counts
+    (right after a segment's last step), ``state_dict()`` gives that capture,
+    ``load_state_dict()`` sets every stream back."""
+
+    def __init__(self) -> None:
+        self._captured: dict[str, Any] | None = None
+
+    def capture(self) -> None:
+        self._captured = capture_rng_state()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._captured is None:
+            raise CheckpointError("the RNG streams were not captured before the snapshot; "
+                                  "capture them right after the last step (a bug)")
+        return self._captured
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_rng_state(state)

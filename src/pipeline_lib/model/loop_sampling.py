@@ -75,3 +75,26 @@ def sample_loop_count(cfg: LoopSamplingConfig, default_loops: int, seed: int, st
             rate = rng.lognormal(mu, cfg.sigma)
             count = 1 + int(rng.poisson(rate))
     return min(max(count, cfg.min_loops), cfg.max_loops)
+
+
+class LoopSampler:
+    """The loop count of every step (:func:`sample_loop_count`) as a stateful part: its
+    rule and settings, and the count of the last step run (``trainer_state["loop_sampling"]``).
+    The draw itself has no state to carry: it is a pure function of (seed, step)."""
+
+    def __init__(self, cfg: LoopSamplingConfig, default_loops: int, seed: int):
+        self.cfg, self.default_loops, self.seed = cfg, default_loops, seed
+        self.last_loops: int | None = None
+
+    def loops(self, step: int) -> int:
+        return sample_loop_count(self.cfg, self.default_loops, self.seed, step)
+
+    def state_dict(self) -> dict[str, object]:
+        c = self.cfg
+        return {"rule": "sample_loop_count(seed, step)", "seed": self.seed, "mode": c.mode,
+                "min_loops": c.min_loops, "max_loops": c.max_loops, "ramp_steps": c.ramp_steps,
+                "last_loops": self.last_loops}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        last = state.get("last_loops")
+        self.last_loops = None if last is None else int(last)  # type: ignore[call-overload]

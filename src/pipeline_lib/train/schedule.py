@@ -76,7 +76,7 @@ class LRSchedule:
 
     @classmethod
     def from_config(cls, train: TrainConfig, total_steps: int) -> LRSchedule:
-        """From the train section; ``total_steps`` from :func:`snapshots_policy.total_steps`."""
+        """From the train section; ``total_steps`` from :func:`.budget.total_steps`."""
         if train.schedule not in SCHEDULES:
             raise ConfigError(f"train.schedule = {train.schedule!r} is unknown; use one of "
                               f"{SCHEDULES}")

@@ -31,20 +31,19 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ..checkpoint import state_io
 from ..checkpoint.best import update_best_snapshot
-from ..checkpoint.rng import capture_rng_state
-from ..checkpoint.sharded import write_sharded_snapshot
-from ..checkpoint.snapshot import write_snapshot
-from ..config import Config, config_yaml
+from ..checkpoint.rng import RNGStreams
+from ..config import Config
 from ..data.loader import DataCursor, PackedData
 from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import ConfigError, TrainingError
-from ..model.loop_sampling import sample_loop_count
+from ..model.loop_sampling import LoopSampler
 from ..model.looped import LoopedLM
 from ..run_layout import run_dir_of, snapshots_dir_of
-from ..snapshots_policy import total_steps as planned_total_steps
 from . import rollback
 from .batch_plan import BatchPlan, make_batch_plan
+from .budget import total_steps as planned_total_steps
 from .diagnostics import due
 from .distributed import RankGroup, process_device, reshard, shard_model
 from .ema import WeightsEMA
@@ -54,17 +53,9 @@ from .metrics import TrainLog
 from .optim import build_optimizer
 from .run_tracking import log_artifacts, start_tracking
 from .schedule import LRSchedule
-from .segment import (
-    TrainerState,
-    build_model,
-    moe_biases,
-    resolve_config,
-    restore_snapshot,
-    set_determinism,
-    snapshot_contents,
-)
-from .sharded_state import sharded_parts
+from .segment import TrainerState, build_model, resolve_config, set_determinism
 from .spike_guard import SpikeGuard
+from .states import ConfigPart, EMAPart, ModelPart, MoEBiases, OptimizerPart
 from .step import StepResult, StepRunner
 
 log = logging.getLogger(__name__)
@@ -82,6 +73,7 @@ class Trainer:
     schedule: LRSchedule
     guard: SpikeGuard
     ema: WeightsEMA | None
+    sampler: LoopSampler
     runner: StepRunner
     plan: BatchPlan
     total_steps: int
@@ -98,7 +90,7 @@ class Trainer:
     loop_cpu_s: float = 0.0  # the same, in process CPU time (robust on a shared machine)
     eval_time_s: float = 0.0  # validation inside the loop
     eval_cpu_s: float = 0.0
-    rng_state: dict[str, Any] | None = None  # captured right after the last step
+    rng: RNGStreams = field(default_factory=RNGStreams)  # captured right after the last step
     cursors: dict[int, DataCursor] = field(default_factory=dict)  # this segment's, by step
     group: RankGroup | None = None  # the collectives, when world_size > 1
 
@@ -121,10 +113,33 @@ class Trainer:
         forward = torch.compile(model) if cfg.train.compile else None
         runner = StepRunner(model, optimizer, cfg.train, guard, ema=ema, hooks=hooks,
                             device=device, forward=forward, group=group)
+        sampler = LoopSampler(cfg.train.loop_sampling, cfg.model.loops, cfg.experiment.seed)
         return cls(cfg=cfg, data=data, device=device, model=model, optimizer=optimizer,
                    schedule=LRSchedule.from_config(cfg.train, total), guard=guard, ema=ema,
-                   runner=runner, plan=plan, total_steps=total, hooks=hooks,
-                   state=TrainerState(), world_size=world_size, rank=rank, group=group)
+                   sampler=sampler, runner=runner, plan=plan, total_steps=total, hooks=hooks,
+                   state=TrainerState(total_steps=total), world_size=world_size, rank=rank,
+                   group=group)
+
+    def parts(self, source: Path | None = None) -> dict[str, Any]:
+        """Every stateful part of the segment, by the name the checkpoint layer stores it
+        under (see :mod:`pipeline_lib.checkpoint.state_io`); ``source``: the snapshot being
+        loaded, for error messages."""
+        sharded = self.group is not None
+        parts: dict[str, Any] = {
+            "config": ConfigPart(self.cfg, source),
+            "model": ModelPart(self.model, sharded=sharded, source=source),
+            "optimizer": OptimizerPart(self.model, self.optimizer, self.cfg, sharded=sharded,
+                                       source=source),
+            "rng": self.rng, "trainer": self.state, "spike_guard": self.guard,
+            "loop_sampling": self.sampler, "moe_biases": MoEBiases(self.model)}
+        if self.ema is not None:
+            parts["ema"] = EMAPart(self.ema)
+        return parts
+
+    @property
+    def ranks(self) -> state_io.Ranks | None:
+        return (None if self.group is None
+                else state_io.Ranks(self.rank, self.world_size, self.device))
 
     # ------------------------------------------------------------------ restore
 
@@ -146,9 +161,7 @@ class Trainer:
         self.input_snapshot = resume_from
         self.guard.last_good_snapshot = None if resume_from is None else str(resume_from)
         if resume_from is not None:
-            self.state = restore_snapshot(resume_from, self.cfg, model=self.model,
-                                          optimizer=self.optimizer, guard=self.guard,
-                                          ema=self.ema, device=self.device, group=self.group)
+            self._load(resume_from)
         self.resume_step = self.state.step
         record = (rollback.matching_record(run_dir, resume_from, self.state.step)
                   if attempt > 1 else None)
@@ -158,6 +171,17 @@ class Trainer:
                         "jump from %s to %s (abort at step %d)", attempt, self.state.step,
                         record["window_steps"][0], record["window_cursor"][0],
                         record["resume_cursor"], record["abort_step"])
+
+    def _load(self, snapshot: Path) -> None:
+        """Every part from ``snapshot`` (collective with several ranks); an EMA the snapshot
+        lacks starts from the restored weights."""
+        parts = self.parts(source=snapshot)
+        self.state.source = str(snapshot / "trainer_state.json")
+        state_io.load(snapshot, parts, ranks=self.ranks, map_location=self.device)
+        if self.ema is not None and not parts["ema"].loaded:
+            self.ema = self.runner.ema = WeightsEMA(self.model, self.cfg.train.ema_decay)
+        log.info("resumed from %s: step %d, cursor %s", snapshot, self.state.step,
+                 self.state.cursor.to_json())
 
     def _maybe_jump(self, step: int) -> None:
         """Apply a pending rollback at its first bad step: skip the data window that caused
@@ -192,7 +216,7 @@ class Trainer:
             bar.close()
             self.loop_time_s = time.perf_counter() - loop_started - self.eval_time_s
             self.loop_cpu_s = time.process_time() - cpu_started - self.eval_cpu_s
-        self.rng_state = capture_rng_state()  # before anything else can touch a stream
+        self.rng.capture()  # before anything else can touch a stream
 
     def train_step(self, step: int, *, run_dir: Path, attempt: int) -> dict[str, Any]:
         """Global step ``step``: its data, loop count and lr, the step itself; its record."""
@@ -202,8 +226,7 @@ class Trainer:
         self.cursors[step] = cursor
         micro, next_cursor = self.data.batches_for_step(
             cursor, plan.global_batch_rows, plan.micro_batch_rows, self.world_size, self.rank)
-        loops = sample_loop_count(self.cfg.train.loop_sampling, self.cfg.model.loops,
-                                  self.cfg.experiment.seed, step)
+        loops = self.sampler.loops(step)
         self.schedule.apply(self.optimizer.param_groups, step - 1)
         try:
             result = self.runner.run(
@@ -230,7 +253,7 @@ class Trainer:
         s.step, s.cursor = step, next_cursor
         s.tokens_seen += self.plan.tokens_per_step(self.data.seq_len)
         s.optimizer_steps += result.optimizer_steps
-        s.last_loops = result.loops
+        self.sampler.last_loops = result.loops
         s.lr = {g["name"]: g["lr"] for g in self.optimizer.param_groups}
 
     def _record(self, step: int, cursor: DataCursor, result: StepResult,
@@ -291,23 +314,11 @@ class Trainer:
         if self.group is not None:
             reshard(self.model)
         self.state.segments.append(segment)
-        trainer_state = self.state.to_json(guard=self.guard, ema=self.ema, cfg=self.cfg,
-                                           total_steps=self.total_steps,
-                                           moe_biases=moe_biases(self.model))
         files = {**train_log.snapshot_files(), "samples.jsonl": samples_jsonl(samples),
                  # a snapshot is self-contained: evaluation needs no data pack to tokenize
                  TOKENIZER_FILE: (self.data.data_dir / TOKENIZER_FILE).read_bytes()}
-        assert self.rng_state is not None, "train() captures the RNG state"
-        if self.group is None:
-            write_snapshot(out, **snapshot_contents(
-                model=self.model, optimizer=self.optimizer, trainer_state=trainer_state,
-                rng_state=self.rng_state, cfg=self.cfg, ema=self.ema, files=files))
-        else:  # collective: every rank writes its shards and RNG, rank 0 the rest
-            trainer_state["world_size"] = self.world_size
-            write_sharded_snapshot(out, rank=self.rank, device=self.device,
-                                   **sharded_parts(self.model, self.optimizer, self.ema),
-                                   trainer_state=trainer_state, rng_state=self.rng_state,
-                                   config_yaml=config_yaml(self.cfg), extra_files=files)
+        # collective with several ranks: each writes its shards and RNG, rank 0 the rest
+        state_io.save(out, self.parts(), files=files, ranks=self.ranks)
         if self.cfg.snapshots.keep_best and self.state.val_loss is not None and self.rank == 0:
             # one snapshots/best for kept and temporary (snapshots/segments/) segments alike;
             # the first segment since scratch replaces a best left by an earlier training

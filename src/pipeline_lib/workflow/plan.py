@@ -18,8 +18,8 @@ from typing import Any
 from ..config import Config, DataConfig, config_for_run, config_from_dict, config_hash, to_dict
 from ..data.identity import data_id as compute_data_id
 from ..run_layout import ResultsLayout, RunLayout
-from ..snapshots_policy import kept_steps, previous_end, segment_ends, total_steps
 from ..task_catalog import check_bench_tasks, user_task_inputs
+from .snapshots_policy import kept_steps, previous_end, segment_ends, total_steps
 
 DEFAULT_RUN = "default"
 BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)

@@ -1,4 +1,4 @@
-"""Snapshot policy: how many steps, where segments end, which segment snapshots are kept.
+"""Snapshot policy: where segments end, which segment snapshots are kept.
 
 Everything here is known before training starts and is computed from the config alone, so
 the Snakefile can declare the kept snapshots as outputs and the others as ``temp()`` ones
@@ -11,35 +11,10 @@ call, dry runs included.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
-from .config import ModelConfig, SnapshotsConfig, TrainConfig
-from .errors import ConfigError
-from .run_layout import step_dir_name as step_dir_name  # where a step's snapshot lives
-
-
-def total_steps(train: TrainConfig, model: ModelConfig, seq_len: int, vocab_size: int) -> int:
-    """Optimizer steps of the run: ``train.total_steps``, or from the token budget when it is 0.
-
-    Token budget: ``tokens = param_count × train.token_budget_multiplier`` and
-    ``steps = ceil(tokens / (seq_len × train.global_batch_rows))`` (at least 1).
-    ``vocab_size`` (the tokenizer's) is used when ``model.vocab_size`` is 0.
-    """
-    if train.total_steps > 0:
-        return train.total_steps
-    from .model.size import param_count  # torch-free arithmetic on the config
-
-    vocab = model.vocab_size or vocab_size
-    if vocab < 1:
-        raise ConfigError("model.vocab_size is 0 and no tokenizer vocab size was given; the "
-                          "token budget (train.total_steps = 0) needs it: pack the data first "
-                          "or set train.total_steps")
-    if seq_len < 1:
-        raise ConfigError(f"data.seq_len = {seq_len} must be at least 1 for the token budget")
-    params = param_count(dataclasses.replace(model, vocab_size=vocab))
-    tokens = params * train.token_budget_multiplier
-    return max(1, math.ceil(tokens / (seq_len * train.global_batch_rows)))
+from ..config import SnapshotsConfig
+from ..errors import ConfigError
+from ..run_layout import step_dir_name as step_dir_name  # where a step's snapshot lives
+from ..train.budget import total_steps as total_steps  # the run's steps (token budget)
 
 
 def segment_ends(total_steps: int, steps_per_segment: int) -> list[int]:
