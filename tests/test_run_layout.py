@@ -20,7 +20,7 @@ def test_run_paths() -> None:
     run = RunLayout(Path("results"), "loop4")
     assert run.run_dir == Path("results/loop4")
     assert run.snapshot(250) == Path("results/loop4/snapshots/step_0000250")
-    assert run.snapshot(250, kept=False) == Path("results/loop4/snapshots/segments/step_0000250")
+    assert run.snapshot(250, kept=False) == Path("results/loop4/snapshots/transient/step_0000250")
     assert (run.best, run.index, run.final) == (
         Path("results/loop4/snapshots/best"), Path("results/loop4/snapshots/index.json"),
         Path("results/loop4/snapshots/final"))
@@ -64,12 +64,12 @@ def test_wildcard_patterns() -> None:
     """A string step or run is a Snakemake wildcard and is used verbatim."""
     run = RunLayout(Path("results"), "{run}")
     assert step_dir_name(250) == "step_0000250" and step_dir_name("{step}") == "step_{step}"
-    assert str(run.snapshot("{step}", kept=False)) == "results/{run}/snapshots/segments/step_{step}"
+    assert str(run.snapshot("{step}", kept=False)) == "results/{run}/snapshots/transient/step_{step}"
     assert str(run.heff_result("{step}")) == "results/{run}/eval/heff/step_{step}.json"
     assert str(run.log("train_segment", "{step}")) == "logs/train_segment/{run}/step_{step}.log"
     assert str(run.log("snapshot_index")) == "logs/snapshot_index/{run}.log"
     assert str(run.benchmark("train_segment", "{step}", kept=False)) == (
-        "logs/benchmarks/train_segment/{run}/segments/step_{step}.tsv")
+        "logs/benchmarks/train_segment/{run}/transient/step_{step}.tsv")
     assert job_log("compare_runs") == Path("logs/compare_runs.log")
     assert job_benchmark("pack_data", "{data_id}") == Path("logs/benchmarks/pack_data/{data_id}.tsv")
 
@@ -94,9 +94,9 @@ def test_job_benchmarks_found_under_logs(tmp_path: Path, monkeypatch) -> None:
 
 def test_run_dir_of_a_snapshot() -> None:
     assert run_dir_of(Path("results/r/snapshots/step_0000100")) == Path("results/r")
-    assert run_dir_of(Path("results/r/snapshots/segments/step_0000100")) == Path("results/r")
+    assert run_dir_of(Path("results/r/snapshots/transient/step_0000100")) == Path("results/r")
     assert run_dir_of(Path("x/out")) == Path("x")
-    assert snapshots_dir_of(Path("results/r/snapshots/segments/step_0000100")) == Path(
+    assert snapshots_dir_of(Path("results/r/snapshots/transient/step_0000100")) == Path(
         "results/r/snapshots")
     assert snapshots_dir_of(Path("x/out")) == Path("x")
 

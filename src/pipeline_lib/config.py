@@ -192,10 +192,10 @@ class LoopSamplingConfig:
 class BpttConfig:
     """Backpropagation through loops."""
 
-    mode: str = _f("full", "full, truncated (last k loops carry gradients) or segmented "
+    mode: str = _f("full", "full, truncated (last k loops carry gradients) or unrolled "
                    "(every k loops: loss, backward, optimizer step, detach).",
-                   choices=["full", "truncated", "segmented"])
-    k: int = _f(2, "Loops with gradients (truncated) or loops per segment (segmented).", minimum=1)
+                   choices=["full", "truncated", "unrolled"])
+    k: int = _f(2, "Loops with gradients (truncated) or loops per unroll (unrolled).", minimum=1)
 
 
 @dataclass

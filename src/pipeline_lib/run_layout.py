@@ -10,14 +10,14 @@
       {run}/
         tracking.json  tracking_files/  tracking_outbox.jsonl  tracking_outbox.sync.json
         snapshots/step_{step:07d}/           # kept snapshots
-        snapshots/segments/step_{step:07d}/  # temporary ones (Snakemake temp())
+        snapshots/transient/step_{step:07d}/  # temporary ones (Snakemake temp())
         snapshots/index.json  snapshots/final  snapshots/best/
         train/metrics.jsonl  train/spike_events.jsonl  train/rollback.json  tensorboard/
         eval/heff/step_{step:07d}.json  eval/heff{,_adaptive}.{parquet,png}
         bench/step_{step:07d}.json  bench/tasks_step_{step:07d}/  bench/summary.parquet
         bench/accuracy_vs_heff.png
-    logs/{rule}/{run}[/segments]/step_{step:07d}.log   logs/{rule}/{run}.log   logs/{rule}.log
-    logs/benchmarks/{rule}/{run}[/segments]/step_{step:07d}.tsv   (Snakemake benchmark:)
+    logs/{rule}/{run}[/transient]/step_{step:07d}.log   logs/{rule}/{run}.log   logs/{rule}.log
+    logs/benchmarks/{rule}/{run}[/transient]/step_{step:07d}.tsv   (Snakemake benchmark:)
 
 The Snakefile, :class:`~pipeline_lib.workflow.plan.WorkflowPlan`, the trainer, the stages,
 tracking and the CLI ask a :class:`RunLayout` (or :class:`ResultsLayout`) for a path;
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SNAPSHOTS_DIR = "snapshots"
-TEMP_SNAPSHOTS_DIR = "segments"  # temporary snapshots, under snapshots/
+TEMP_SNAPSHOTS_DIR = "transient"  # temporary snapshots, under snapshots/
 BEST_DIR = "best"  # = checkpoint.best.BEST_DIR (a test checks they agree)
 INDEX_FILE = "index.json"  # = checkpoint.index.INDEX_NAME
 FINAL_LINK = "final"  # = checkpoint.index.FINAL_LINK, beside the index
@@ -136,7 +136,7 @@ class RunLayout:
         return self.snapshots_dir / TEMP_SNAPSHOTS_DIR
 
     def snapshot(self, step: int | str, *, kept: bool = True) -> Path:
-        """Kept snapshots at ``snapshots/step_…``, temporary ones under ``snapshots/segments/``."""
+        """Kept snapshots at ``snapshots/step_…``, temporary ones under ``snapshots/transient/``."""
         return (self.snapshots_dir if kept else self.temp_snapshots_dir) / step_dir_name(step)
 
     @property
@@ -251,7 +251,7 @@ class RunLayout:
         return "/".join([self.run, *([] if kept else [TEMP_SNAPSHOTS_DIR]), step_dir_name(step)])
 
     def log(self, rule: str, step: int | str | None = None, *, kept: bool = True) -> Path:
-        """``logs/{rule}/{run}.log``, or per step ``logs/{rule}/{run}[/segments]/step_….log``."""
+        """``logs/{rule}/{run}.log``, or per step ``logs/{rule}/{run}[/transient]/step_….log``."""
         return job_log(rule, self._job_name(step, kept))
 
     def benchmark(self, rule: str, step: int | str | None = None, *, kept: bool = True) -> Path:
@@ -265,7 +265,7 @@ class RunLayout:
 
 def snapshots_dir_of(snapshot: str | Path) -> Path:
     """The snapshots directory ``snapshot`` belongs to: ``{run}/snapshots`` for
-    ``{run}/snapshots[/segments]/step_…``, else the snapshot's parent (a loose snapshot)."""
+    ``{run}/snapshots[/transient]/step_…``, else the snapshot's parent (a loose snapshot)."""
     parent = Path(snapshot).parent
     if parent.name == TEMP_SNAPSHOTS_DIR and parent.parent.name == SNAPSHOTS_DIR:
         return parent.parent
@@ -273,7 +273,7 @@ def snapshots_dir_of(snapshot: str | Path) -> Path:
 
 
 def run_dir_of(snapshot: str | Path) -> Path:
-    """The run directory of ``snapshot``: ``{run}`` for ``{run}/snapshots[/segments]/step_…``,
+    """The run directory of ``snapshot``: ``{run}`` for ``{run}/snapshots[/transient]/step_…``,
     else the snapshot's parent (a loose snapshot keeps its run-level files beside it)."""
     root = snapshots_dir_of(snapshot)
     return root.parent if root.name == SNAPSHOTS_DIR else root

@@ -157,7 +157,7 @@ def test_token_losses_equal_the_model_loss(tiny_run):
     batch = next(PackedData(data_dir).val_batches(4, 4))
     docs = sweep_documents(model, [batch], [1, 3], max_tokens=1)
     with torch.no_grad():
-        reference = model.losses(batch, loops=[1, 3])
+        reference = model.losses(batch, readouts=[1, 3])
     for h, value in docs.means().items():
         assert value == pytest.approx(float(reference[h]), rel=1e-5)
 
@@ -208,7 +208,7 @@ def test_answer_objective_is_scored_on_answer_tokens_only(tiny_run, tmp_path: Pa
         for batch in data.val_batches(data.val_rows, 4):
             n = int((batch["answer_mask"] & (batch["targets"] != -100)).sum())
             if n:
-                losses = model.losses(batch, loops=[1, 2], answer_only=True)
+                losses = model.losses(batch, readouts=[1, 2], answer_only=True)
                 total += n
                 for h in (1, 2):
                     weighted[h] += float(losses[h]) * n

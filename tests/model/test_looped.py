@@ -1,4 +1,4 @@
-"""LoopedLM: one-pass multi-depth readout, document masking, segmented/truncated backprop."""
+"""LoopedLM: one-pass multi-depth readout, document masking, unrolled/truncated backprop."""
 
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ def test_bad_loop_lists_raise(make_config, make_batch):
     model = _model(make_config)
     batch = make_batch([[8]])
     for loops in ([], [0, 2]):
-        with pytest.raises(ValueError, match="loops must be"):
+        with pytest.raises(ValueError, match="readouts must be"):
             model.losses(batch, loops)
     with pytest.raises(ValueError, match="h_eff"):
         model.logits_at(batch, 0)

@@ -33,7 +33,7 @@ from pipeline_lib.train.trainer import train_segment
 
 pytestmark = pytest.mark.slow
 
-# MoE, sampled loop counts, segmented backprop, EMA and a replicated scalar λ: every part
+# MoE, sampled loop counts, unrolled backprop, EMA and a replicated scalar λ: every part
 # of the state that has to cross between world sizes.
 CFG = tiny_config(*RICH)
 CFG2 = replace(CFG, train=replace(CFG.train, nproc=2))
@@ -74,7 +74,7 @@ def test_two_processes_read_the_same_rows_and_match_one(runs: dict[str, Path]) -
         assert two[step]["loops"] == one[step]["loops"]
         assert two[step]["tokens_seen"] == one[step]["tokens_seen"] == step * 8 * 32
         close(two[step], one[step])
-        assert len(two[step]["segment_losses"]) == len(one[step]["segment_losses"])
+        assert len(two[step]["unroll_losses"]) == len(one[step]["unroll_losses"])
     for step in (4, 6):  # validation of the same weights on every rank
         assert two[step]["val_loss"] == pytest.approx(one[step]["val_loss"], rel=1e-5)
     # the MoE loads are averaged over ranks: fractions of one expert set summing to 1
@@ -87,7 +87,7 @@ def test_two_processes_read_the_same_rows_and_match_one(runs: dict[str, Path]) -
 def test_two_to_two_resume_is_bit_identical(runs: dict[str, Path]) -> None:
     split, whole = by_step(runs["two_b"]), by_step(runs["two_c"])
     for step in (5, 6):
-        for key in ("loss", "grad_norm", "aux_loss", "cursor", "loops", "segment_losses"):
+        for key in ("loss", "grad_norm", "aux_loss", "cursor", "loops", "unroll_losses"):
             assert split[step][key] == whole[step][key], (step, key)
     a, b = load_snapshot(snap(runs["two_b"], 6)), load_snapshot(snap(runs["two_c"], 6))
     for which in ("model_state",):

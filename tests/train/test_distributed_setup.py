@@ -9,7 +9,7 @@ from torch import nn
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.train.distributed import (
     is_distributed,
-    is_sharded,
+    is_dtensor,
     launched_by_torchrun,
     process_device,
 )
@@ -31,7 +31,7 @@ def test_several_ranks_need_a_process_group() -> None:
 
 def test_plain_tensors_are_not_sharded_and_the_ema_still_averages_them() -> None:
     model = nn.Linear(3, 2)
-    assert not is_sharded(model.weight)
+    assert not is_dtensor(model.weight)
     ema = WeightsEMA(model, 0.5)
     with torch.no_grad():
         model.weight.add_(2.0)

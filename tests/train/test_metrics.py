@@ -33,7 +33,7 @@ def test_cut_keeps_abort_and_rollback_events(tmp_path: Path) -> None:
 
 def test_scalar_metrics_skip_non_numbers() -> None:
     record = {"step": 3, "loss": 2.0, "skipped": True, "cursor": [0, 8], "skip_reason": "x",
-              "segment_losses": [1.0], "val_loss": None, "loops": 4}
+              "unroll_losses": [1.0], "val_loss": None, "loops": 4}
     assert scalar_metrics(record) == {"loss": 2.0, "skipped": 1.0, "loops": 4.0}
 
 

@@ -1,4 +1,4 @@
-"""StepRunner: objectives, accumulation, truncated/segmented backprop, skips."""
+"""StepRunner: objectives, accumulation, truncated/unrolled backprop, skips."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeline_lib.config import BpttConfig, ModelConfig, SpikeGuardConfig, Train
 from pipeline_lib.model.looped import LoopedLM
 from pipeline_lib.train.optim import build_optimizer
 from pipeline_lib.train.spike_guard import SpikeGuard
-from pipeline_lib.train.step import StepRunner, segment_bounds
+from pipeline_lib.train.step import StepRunner, unroll_bounds
 
 VOCAB = 40
 
@@ -37,11 +37,11 @@ def _runner(model: LoopedLM, faults: str = "", **train_kw) -> StepRunner:
                       hooks=FaultPlan.from_env(env), device=torch.device("cpu"))
 
 
-def test_segment_bounds() -> None:
-    assert segment_bounds(5, "full", 2) == [(0, 5)]
-    assert segment_bounds(5, "truncated", 2) == [(0, 5)]
-    assert segment_bounds(5, "segmented", 2) == [(0, 2), (2, 4), (4, 5)]
-    assert segment_bounds(2, "segmented", 4) == [(0, 2)]
+def test_unroll_bounds() -> None:
+    assert unroll_bounds(5, "full", 2) == [(0, 5)]
+    assert unroll_bounds(5, "truncated", 2) == [(0, 5)]
+    assert unroll_bounds(5, "unrolled", 2) == [(0, 2), (2, 4), (4, 5)]
+    assert unroll_bounds(2, "unrolled", 4) == [(0, 2)]
 
 
 def test_objectives_match_the_model_losses() -> None:
@@ -107,16 +107,16 @@ def test_truncated_with_k_at_least_loops_equals_full() -> None:
 def test_segmented_steps_per_segment_and_a_spike_drops_the_rest() -> None:
     batch = _batch(2, 4)
     model = _model(moe_experts=4, moe_top_k=2)
-    runner = _runner(model, bptt=BpttConfig(mode="segmented", k=2))
+    runner = _runner(model, bptt=BpttConfig(mode="unrolled", k=2))
     result = runner.run(1, [batch], 5, flat_row=0)
-    assert result.optimizer_steps == 3 and len(result.segment_losses) == 3
+    assert result.optimizer_steps == 3 and len(result.unroll_losses) == 3
     # segment "1" gets a baseline it will exceed: segments 0 is applied, 1 spikes, 2 dropped
     state = runner.guard.state_dict()
     state["baselines"]["1"] = {"ema": 0.01, "prev": 0.01, "count": 5}
     runner.guard.load_state_dict(state)
     result = runner.run(2, [batch], 5, flat_row=0)
     assert result.skipped and result.reason == "loss_spike"
-    assert result.optimizer_steps == 1 and len(result.segment_losses) == 2
+    assert result.optimizer_steps == 1 and len(result.unroll_losses) == 2
     assert all(int(layer.load_counts.sum()) == 0 for _, layer in model.moe_layers())
 
 

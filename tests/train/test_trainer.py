@@ -59,7 +59,7 @@ def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant
         assert m1[0]["loops"] <= 2
     if variant == "rich":
         assert len({m["loops"] for m in m1}) > 1  # loop sampling drew different counts
-        assert any(len(m["segment_losses"]) > 1 for m in m1)
+        assert any(len(m["unroll_losses"]) > 1 for m in m1)
         assert all("moe_load/core.0/e0" in m for m in m1)
     # the snapshot's own metrics.jsonl holds exactly its segment's steps
     seg = [json.loads(x) for x in (three / "metrics.jsonl").read_text().splitlines()]
@@ -222,11 +222,11 @@ def test_answer_objective_on_a_pack_without_answers_fails_before_training(
 
 def test_keep_best_tracks_temporary_and_kept_segments_in_one_place(pack: Path,
                                                                    tmp_path: Path) -> None:
-    """Temporary segments (snapshots/segments/step_…) and kept ones (snapshots/step_…)
+    """Temporary snapshots (snapshots/transient/step_…) and kept ones (snapshots/step_…)
     compete for the same snapshots/best, which outlives the temporary step directories."""
     cfg = tiny_config("snapshots.keep_best=true", "train.lr=0.3")  # too high: loss goes up
     root = tmp_path / "snapshots"
-    outs = [root / "segments" / "step_0000002", root / "segments" / "step_0000004",
+    outs = [root / "transient" / "step_0000002", root / "transient" / "step_0000004",
             root / "step_0000006"]
     previous, losses = None, {}
     for out in outs:
@@ -236,8 +236,8 @@ def test_keep_best_tracks_temporary_and_kept_segments_in_one_place(pack: Path,
     winner = min(losses, key=losses.get)
     assert winner == "step_0000002"  # a temporary segment
     assert best == {"step": int(winner[5:]), "source": winner, "val_loss": losses[winner]}
-    assert not (root / "segments" / "best").exists()
-    shutil.rmtree(root / "segments")  # Snakemake deletes the temporary segments
+    assert not (root / "transient" / "best").exists()
+    shutil.rmtree(root / "transient")  # Snakemake deletes the temporary snapshots
     verify_snapshot(root / "best")  # hard links: the files outlive their step directory
 
 

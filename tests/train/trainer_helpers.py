@@ -27,7 +27,7 @@ BASE = ["model.d_model=32", "model.n_heads=2", "model.loops=3", "data.seq_len=32
         "train.objective=deep_supervision"]  # every token scored, whatever the default
 RICH = ["model.moe_experts=4", "model.moe_top_k=2", "train.loop_sampling.mode=uniform",
         "train.loop_sampling.min_loops=1", "train.loop_sampling.max_loops=5",
-        "train.bptt.mode=segmented", "train.bptt.k=2", "train.ema_decay=0.9",
+        "train.bptt.mode=unrolled", "train.bptt.k=2", "train.ema_decay=0.9",
         "model.learn_injection_scale=true", "train.answer_weight=2.0"]
 
 

@@ -27,7 +27,7 @@ def test_kept_and_temporary_snapshot_paths():
     assert plan.runs[run].segment_ends == [10, 20, 30, 40, 50]
     assert plan.runs[run].kept_steps == [20, 40, 50]
     assert plan.snapshot_path(run, 20).endswith(f"{run}/snapshots/step_0000020")
-    assert plan.snapshot_path(run, 30).endswith(f"{run}/snapshots/segments/step_0000030")
+    assert plan.snapshot_path(run, 30).endswith(f"{run}/snapshots/transient/step_0000030")
     assert plan.previous_snapshot(run, 10) == []
     assert plan.previous_snapshot(run, 40) == [plan.snapshot_path(run, 30)]
     with pytest.raises(ValueError):

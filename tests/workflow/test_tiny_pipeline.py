@@ -34,7 +34,7 @@ def test_segments_and_rotation(tiny_pipeline: Path):
         snaps = tiny_pipeline / "results" / run / "snapshots"
         steps = sorted(int(p.name.removeprefix("step_")) for p in snaps.glob("step_*"))
         assert steps == KEPT
-        assert not list((snaps / "segments").glob("step_*")), "temporary snapshot not deleted"
+        assert not list((snaps / "transient").glob("step_*")), "temporary snapshot not deleted"
         # the variant's partial override sits on tiny.yaml, not on the schema's defaults
         trained = yaml.safe_load((snaps / "step_0000030" / "config.yaml").read_text())["model"]
         assert (trained["d_model"], trained["loops"]) == (32, int(run.removeprefix("loops")))

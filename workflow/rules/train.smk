@@ -1,5 +1,5 @@
 # One job per training segment; each resumes the previous segment's snapshot exactly.
-# Kept snapshots: snapshots/step_{step}; the others are temp() under snapshots/segments/
+# Kept snapshots: snapshots/step_{step}; the others are temp() under snapshots/transient/
 # and deleted once the next segment has consumed them.
 
 

@@ -6,7 +6,7 @@ losses at H_eff = 1, 2, 4, 8 from one pass are exactly the losses of four separa
 (the H_eff sweep and deep supervision rest on this).
 
 Entry points (shapes: B rows, L tokens, D width, V vocab):
-- ``model(batch, loops, answer_weight, no_grad_loops=, start=, state=, answer_only=)
+- ``model(batch, readouts, answer_weight, no_grad_loops=, start=, state=, answer_only=)
   -> LoopOutput`` (losses per listed loop count and the state after the last one);
   ``model.losses(...)`` returns just the dict. Under FSDP call the module (``model(...)``)
   so its hooks run. ``answer_only`` scores the answer tokens (``answer_mask``) alone.
@@ -171,8 +171,8 @@ class LoopedLM(nn.Module):
         """Run loops start+1 … end on ``state`` [B, L, D] (None at start 0: init_state).
 
         The first ``no_grad_loops`` of them run without autograd (truncated backprop).
-        A batch (instead of a context) is embedded first; segmented backprop should pass a
-        fresh context per segment, since the previous segment's graph has been freed.
+        A batch (instead of a context) is embedded first; unrolled backprop should pass a
+        fresh context per unroll, since the previous unroll's graph has been freed.
         """
         ctx = ctx_or_batch if isinstance(ctx_or_batch, LoopContext) else self.embed(ctx_or_batch)
         if not 0 <= start <= end:
@@ -237,19 +237,19 @@ class LoopedLM(nn.Module):
 
     # ------------------------------------------------------------------ full passes
 
-    def forward(self, batch: Batch | LoopContext, loops: Sequence[int],
+    def forward(self, batch: Batch | LoopContext, readouts: Sequence[int],
                 answer_weight: float = 1.0, *, no_grad_loops: int = 0, start: int = 0,
                 state: Tensor | None = None, answer_only: bool = False) -> LoopOutput:
         """Losses after each listed loop count, from one pass over the loops.
 
         Counts may exceed ``cfg.loops`` (test-time extrapolation). ``start``/``state``
-        continue from a previous segment's (detached) state, so counts must exceed
+        continue from a previous unroll's (detached) state, so counts must exceed
         ``start``; ``no_grad_loops`` loops after ``start`` run without gradients.
         """
-        wanted = sorted(set(int(h) for h in loops))
+        wanted = sorted(set(int(h) for h in readouts))
         if not wanted or wanted[0] <= start:
-            raise ValueError(f"loops must be a non-empty list of counts > start={start}, "
-                             f"got {list(loops)}")
+            raise ValueError(f"readouts must be a non-empty list of counts > start={start}, "
+                             f"got {list(readouts)}")
         ctx = batch if isinstance(batch, LoopContext) else self.embed(batch)
         out: dict[int, Tensor] = {}
         t = start
@@ -259,22 +259,22 @@ class LoopedLM(nn.Module):
             out[h] = self.readout_loss(state, ctx, answer_weight, answer_only=answer_only)
             t = h
         assert state is not None
-        return LoopOutput(losses={int(h): out[int(h)] for h in loops}, state=state)
+        return LoopOutput(losses={int(h): out[int(h)] for h in readouts}, state=state)
 
-    def losses(self, batch: Batch, loops: Sequence[int], answer_weight: float = 1.0, *,
+    def losses(self, batch: Batch, readouts: Sequence[int], answer_weight: float = 1.0, *,
                no_grad_loops: int = 0, answer_only: bool = False) -> dict[int, Tensor]:
-        """``{h: loss after h loops}`` for every h in ``loops``, from one forward pass."""
-        return self(batch, loops, answer_weight, no_grad_loops=no_grad_loops,
+        """``{h: loss after h loops}`` for every h in ``readouts``, from one forward pass."""
+        return self(batch, readouts, answer_weight, no_grad_loops=no_grad_loops,
                     answer_only=answer_only).losses
 
     @torch.no_grad()
     def logits_by_loops(self, batch_or_input_ids: Batch | Tensor,
-                        loops: Sequence[int]) -> dict[int, Tensor]:
+                        readouts: Sequence[int]) -> dict[int, Tensor]:
         """``{h: logits [B, L, V]}`` after each listed loop count, one pass, no gradients."""
         ctx = self.embed(batch_or_input_ids)
         out: dict[int, Tensor] = {}
         state, t = None, 0
-        for h in sorted(set(int(h) for h in loops)):
+        for h in sorted(set(int(h) for h in readouts)):
             state = self.forward_loops(ctx, t, h, state)
             out[h] = self.readout_logits(state, ctx)
             t = h

@@ -23,6 +23,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -147,7 +148,8 @@ def reshard(model: nn.Module) -> None:
             module.reshard()
 
 
-def is_sharded(tensor: Tensor) -> bool:
+def is_dtensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a DTensor (an FSDP2 shard), not a plain tensor."""
     from torch.distributed.tensor import DTensor
 
     return isinstance(tensor, DTensor)
@@ -191,8 +193,8 @@ class RankGroup:
 
     def grad_norm(self, grads: Sequence[Tensor]) -> Tensor:
         """Global L2 norm of sharded (DTensor) and replicated gradients, same on all ranks."""
-        sharded = [g for g in grads if is_sharded(g)]
-        plain = [g for g in grads if not is_sharded(g)]
+        sharded = [g for g in grads if is_dtensor(g)]
+        plain = [g for g in grads if not is_dtensor(g)]
         sq = torch.zeros((), dtype=torch.float32, device=self.device)
         if sharded:
             norm = torch.nn.utils.get_total_norm(sharded)
@@ -203,8 +205,8 @@ class RankGroup:
 
     def clip(self, params: Sequence[nn.Parameter], max_norm: float, total: Tensor) -> None:
         """Scale every gradient by ``max_norm / total`` when above (foreach per tensor kind)."""
-        sharded = [p for p in params if p.grad is not None and is_sharded(p.grad)]
-        plain = [p for p in params if p.grad is not None and not is_sharded(p.grad)]
+        sharded = [p for p in params if p.grad is not None and is_dtensor(p.grad)]
+        plain = [p for p in params if p.grad is not None and not is_dtensor(p.grad)]
         for group in (sharded, plain):
             if group:
                 torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=None)

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"  # the snapshot's copies of the segment's lines
 SPIKE_FILE = "spike_events.jsonl"
 KEEP_EVENTS = frozenset({"abort", "rollback"})
-NON_SCALAR = frozenset({"step", "cursor", "segment_losses"})
+NON_SCALAR = frozenset({"step", "cursor", "unroll_losses"})
 
 
 def _line(record: Mapping[str, Any]) -> str:

@@ -36,7 +36,7 @@ class TrainerState:
     step: int = 0  # optimizer (global) steps done; the next step is step + 1
     tokens_seen: int = 0  # input tokens consumed, skipped steps included
     cursor: DataCursor = field(default_factory=DataCursor)  # next row of the data stream
-    optimizer_steps: int = 0  # optimizer.step() calls (segmented backprop: several per step)
+    optimizer_steps: int = 0  # optimizer.step() calls (unrolled backprop: several per step)
     tracking_run_id: str | None = None  # the MLflow child run all segments continue
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
     val_loss: float | None = None  # at this snapshot's step

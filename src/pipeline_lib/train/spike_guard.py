@@ -1,7 +1,7 @@
 """Spike guard: skip optimizer steps on non-finite or spiking losses; abort on a run of them.
 
 Semantics (the research prototype's, made exact). For each observed loss — one per global
-step, or one per loop segment in segmented backprop, each segment ``key`` with its own
+step, or one per unroll in unrolled backprop, each unroll ``key`` with its own
 baseline — the step is skipped when any of these holds:
 
 1. ``non_finite_loss`` / ``non_finite_grad``: loss or gradient norm is NaN or ±inf
@@ -15,10 +15,10 @@ baseline — the step is skipped when any of these holds:
 accepted loss; ``prev_loss`` is the key's last accepted loss. Skipped losses never update
 them, so a spike cannot drag the baseline up. Checks 2–4 start once the key has absorbed
 ``warmup_steps`` accepted losses ("while baselines settle"; a key first seen late, e.g. a
-deep loop segment under loop sampling, gets its own warmup).
+deep unroll under loop sampling, gets its own warmup).
 
 A global step counts as skipped when any of its observations was (the trainer drops the
-remaining segments of that step). :meth:`SpikeGuard.end_step` closes a step; after
+remaining unrolls of that step). :meth:`SpikeGuard.end_step` closes a step; after
 ``abort_consecutive`` consecutive skipped steps it emits an ``abort`` event and raises
 :class:`TrainingError` naming the last good snapshot. Every event is a JSON-able dict,
 handed to ``event_sink`` (the trainer appends it to ``train/spike_events.jsonl``) and

@@ -27,6 +27,7 @@ from torch import nn
 from ..checkpoint.compat import check_resume_compatible, config_from_yaml
 from ..config import Config, config_yaml
 from ..errors import CheckpointError
+from .distributed import is_dtensor
 from .ema import WeightsEMA
 from .optim import load_optimizer_state, refresh_group_hparams
 
@@ -77,7 +78,7 @@ class ModelPart:
             set_model_state_dict,
         )
 
-        full = not any(_is_dtensor(v) for v in state.values())
+        full = not any(is_dtensor(v) for v in state.values())
         try:
             set_model_state_dict(self.model, state,
                                  options=StateDictOptions(full_state_dict=full))
@@ -178,15 +179,9 @@ class MoEBiases:
                                       "resume from another one")
 
 
-def _is_dtensor(value: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(value, DTensor)
-
-
 def _distribute_like(tensor: torch.Tensor, target: Any) -> torch.Tensor:
     """A full tensor cut into ``target``'s shards when ``target`` is a DTensor."""
-    if not _is_dtensor(target) or _is_dtensor(tensor):
+    if not is_dtensor(target) or is_dtensor(tensor):
         return tensor
     from torch.distributed.tensor import distribute_tensor
 

@@ -11,12 +11,12 @@ Backprop through loops (``train.bptt``):
 
 - ``full``: one pass, gradients through every loop;
 - ``truncated``: the first n − k loops run without autograd (``no_grad_loops``);
-- ``segmented`` (K = k loops per segment): for each segment, for each micro-batch, run its
-  K loops from that micro-batch's detached state and read out (``last``: at the segment's
+- ``unrolled`` (K = k loops per unroll): for each unroll, for each micro-batch, run its
+  K loops from that micro-batch's detached state and read out (``last``: at the unroll's
   end; ``deep_supervision``: after each of its loops), backward; then clip, let the spike
-  guard judge the segment (its own baseline key), step the optimizer, update the MoE
-  biases and the EMA, and detach. A spike in one segment drops the remaining segments of
-  that global step (the prototype's rule); segments already applied stay applied.
+  guard judge the unroll (its own baseline key), step the optimizer, update the MoE
+  biases and the EMA, and detach. A spike in one unroll drops the remaining unrolls of
+  that global step (the prototype's rule); unrolls already applied stay applied.
 
 Every other step is skipped the same way: the guard sees the (mean) loss and the
 pre-clipping gradient norm; on a skip the gradients and MoE loads are thrown away. With
@@ -51,22 +51,22 @@ Batch = dict[str, Tensor]
 class StepResult:
     """What one global step did (the trainer turns it into a metrics line)."""
 
-    loss: float  # objective value (mean over micro-batches; segmented: see segment_losses)
+    loss: float  # objective value (mean over micro-batches; unrolled: see unroll_losses)
     aux_loss: float
-    grad_norm: float  # pre-clipping global norm (segmented: of the last segment run)
+    grad_norm: float  # pre-clipping global norm (unrolled: of the last unroll run)
     loops: int
     skipped: bool
     reason: str | None = None
-    segment_losses: list[float] = field(default_factory=list)
+    unroll_losses: list[float] = field(default_factory=list)
     optimizer_steps: int = 0
     moe: dict[str, float] = field(default_factory=dict)
     diagnostics: dict[str, float] = field(default_factory=dict)
 
 
-def segment_bounds(loops: int, bptt: str, k: int) -> list[tuple[int, int]]:
+def unroll_bounds(loops: int, bptt: str, k: int) -> list[tuple[int, int]]:
     """``[(start, end)]`` loop ranges with their own optimizer step: one range unless
-    segmented, then every ``k`` loops (the last range may be shorter)."""
-    if bptt != "segmented":
+    unrolled, then every ``k`` loops (the last range may be shorter)."""
+    if bptt != "unrolled":
         return [(0, loops)]
     return [(a, min(a + k, loops)) for a in range(0, loops, k)]
 
@@ -109,7 +109,7 @@ class StepRunner:
         return float(norm)
 
     def _apply(self) -> None:
-        """The optimizer step of an accepted (segment of a) step, then what follows it."""
+        """The optimizer step of an accepted (unroll of a) step, then what follows it."""
         self.optimizer.step()
         self.model.update_moe_biases()
         if self.ema is not None:
@@ -132,7 +132,7 @@ class StepRunner:
         accum = len(micro_batches)
         batches = [{k: v.to(self.device, non_blocking=True) for k, v in mb.items()}
                    for mb in micro_batches]
-        bounds = segment_bounds(loops, t.bptt.mode, t.bptt.k)
+        bounds = unroll_bounds(loops, t.bptt.mode, t.bptt.k)
         no_grad = max(0, loops - t.bptt.k) if t.bptt.mode == "truncated" else 0
         states: list[Tensor | None] = [None] * accum
         probe = ActivationProbe(self.model) if diagnose else None
@@ -152,7 +152,7 @@ class StepRunner:
                 value, result.aux_loss = self.group.mean([value, result.aux_loss])
                 result.moe = self.group.mean_dict(result.moe)
             result.grad_norm = self._grad_norm_and_clip()
-            result.segment_losses.append(value)
+            result.unroll_losses.append(value)
             # deep supervision: every readout counts once; last: the deepest readout wins
             weighted = weighted + value * len(counts) if self.deep else value
             weight = weight + len(counts) if self.deep else 1
@@ -162,7 +162,7 @@ class StepRunner:
             if decision.skip:
                 result.skipped, result.reason = True, decision.reason
                 self._discard()
-                break  # a spike drops the remaining segments of this global step
+                break  # a spike drops the remaining unrolls of this global step
             self._apply()
             result.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -175,7 +175,7 @@ class StepRunner:
     def _backward(self, batches: Sequence[Batch], counts: list[int], start: int, no_grad: int,
                   states: list[Tensor | None], probe: ActivationProbe | None, *, step: int,
                   flat_row: int, keep_state: bool) -> tuple[Tensor, Tensor]:
-        """Forward and backward of every micro-batch for one loop-segment (gradients
+        """Forward and backward of every micro-batch for one unroll (gradients
         accumulated with weight 1/accum); returns the summed (loss, aux loss)."""
         t, accum = self.train, len(batches)
         self.optimizer.zero_grad(set_to_none=True)
@@ -183,7 +183,7 @@ class StepRunner:
         seg_aux = torch.zeros((), device=self.device)
         for m, batch in enumerate(batches):
             with probe.attached() if probe is not None else nullcontext():
-                # a fresh embedding per segment: the previous segment's graph is freed
+                # a fresh embedding per unroll: the previous unroll's graph is freed
                 out = self.forward(batch, counts, t.answer_weight, no_grad_loops=no_grad,
                                    start=start, state=states[m], answer_only=self.answer_only)
                 loss = self.hooks.loss(self._objective(out.losses, counts), step, flat_row)

@@ -268,8 +268,8 @@ class Trainer:
         }
         if result.reason:
             record["skip_reason"] = result.reason
-        if len(result.segment_losses) > 1 or self.cfg.train.bptt.mode == "segmented":
-            record["segment_losses"] = result.segment_losses
+        if len(result.unroll_losses) > 1 or self.cfg.train.bptt.mode == "unrolled":
+            record["unroll_losses"] = result.unroll_losses
         record.update(result.moe)
         record.update(result.diagnostics)
         return record
@@ -320,7 +320,7 @@ class Trainer:
         # collective with several ranks: each writes its shards and RNG, rank 0 the rest
         state_io.save(out, self.parts(), files=files, ranks=self.ranks)
         if self.cfg.snapshots.keep_best and self.state.val_loss is not None and self.rank == 0:
-            # one snapshots/best for kept and temporary (snapshots/segments/) segments alike;
+            # one snapshots/best for kept and temporary (snapshots/transient/) snapshots alike;
             # the first segment since scratch replaces a best left by an earlier training
             update_best_snapshot(snapshots_dir_of(out), out, self.state.val_loss,
                                  new_history=len(self.state.segments) == 1)

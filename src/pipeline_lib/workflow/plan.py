@@ -111,7 +111,7 @@ class WorkflowPlan:
     # ------------------------------------------------------------------ snapshots
 
     def snapshot_path(self, run: str, step: int) -> str:
-        """Kept snapshots at ``snapshots/step_…``, temporary ones under ``segments/``."""
+        """Kept snapshots at ``snapshots/step_…``, temporary ones under ``transient/``."""
         plan = self.runs[run]
         if step not in plan.segment_ends:
             raise ValueError(f"step {step} is not a segment end of run {run}")
