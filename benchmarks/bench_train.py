@@ -46,7 +46,8 @@ from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402
 from pipeline_lib.model.size import resolved_ffn_hidden  # noqa: E402
-from pipeline_lib.train.trainer import Trainer, train_segment  # noqa: E402
+from pipeline_lib.train.job import train_segment  # noqa: E402
+from pipeline_lib.train.trainer import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = DataConfig(sources=[SourceConfig(type="stdlib", max_docs=40),

@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .errors import PipelineError
+from .errors import PREEMPTED_EXIT, PipelineError, Preempted
 
 # Order here is the order in `--help`.
 COMMAND_MODULES = [
@@ -62,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args._run(args) or 0)
+    except Preempted as exc:  # not a failure of the input: a retry continues
+        print(f"stopped: {exc}", file=sys.stderr)
+        return PREEMPTED_EXIT
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

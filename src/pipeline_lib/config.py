@@ -267,6 +267,8 @@ class TrainConfig:
     rollback_skip_steps: int = _f(10, "On a retry after a spike abort, skip this many steps of data.",
                                   minimum=0)
     segment_runtime_minutes: int = _f(60, "Wall-time limit of one segment job (SLURM runtime).", minimum=1)
+    stop_margin_minutes: float = _f(5.0, "Stop a segment this long before its runtime ends (a resume point "
+                                    "a retry continues from); 0 = only on SIGTERM/SIGUSR1.", minimum=0)
     sample_prompts: list[str] = _f(["def ", "a=3;b=a;print("],
                                    "Prompts for greedy samples written with each snapshot.")
     sample_tokens: int = _f(32, "Tokens generated per sample prompt.", minimum=0)

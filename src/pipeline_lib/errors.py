@@ -33,3 +33,12 @@ class TrackingError(PipelineError):
 
 class DeviceError(PipelineError):
     """The requested device or distributed backend is not available here."""
+
+
+class Preempted(PipelineError):
+    """A segment stopped early on request (SIGTERM/SIGUSR1 or its time limit) after writing
+    a resume point; a retry of the job continues from it. The CLI exits with
+    :data:`PREEMPTED_EXIT` (EX_TEMPFAIL: try again)."""
+
+
+PREEMPTED_EXIT = 75

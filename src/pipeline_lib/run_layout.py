@@ -13,6 +13,7 @@
         snapshots/transient/step_{step:07d}/  # temporary ones (Snakemake temp())
         snapshots/index.json  snapshots/final  snapshots/best/
         train/metrics.jsonl  train/spike_events.jsonl  train/rollback.json  tensorboard/
+        train/resume/step_{step:07d}/          # a stopped segment job's resume point
         eval/heff/step_{step:07d}.json  eval/heff{,_adaptive}.{parquet,png}
         bench/step_{step:07d}.json  bench/tasks_step_{step:07d}/  bench/summary.parquet
         bench/accuracy_vs_heff.png
@@ -164,6 +165,11 @@ class RunLayout:
     @property
     def spike_log(self) -> Path:
         return self.train_dir / "spike_events.jsonl"
+
+    def resume_point(self, step: int | str) -> Path:
+        """Where a stopped segment job ending at ``step`` leaves its resume point (outside
+        the job's declared outputs: only a retry of that job reads it)."""
+        return self.train_dir / "resume" / step_dir_name(step)
 
     @property
     def rollback_record(self) -> Path:

@@ -28,8 +28,8 @@ from pipeline_lib.checkpoint.snapshot import load_model_state, load_snapshot, wr
 from pipeline_lib.data.identity import data_id
 from pipeline_lib.errors import CheckpointError, TrainingError
 from pipeline_lib.evaluate.heff import run_heff
+from pipeline_lib.train.job import train_segment
 from pipeline_lib.train.launch import run_training_job
-from pipeline_lib.train.trainer import train_segment
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from trainer_helpers import RICH, events, make_pack, metrics, snap, tiny_config,
 from pipeline_lib.checkpoint.best import read_best
 from pipeline_lib.checkpoint.manifest import verify_snapshot
 from pipeline_lib.errors import CheckpointError, ConfigError, TrainingError
-from pipeline_lib.train.trainer import train_segment
+from pipeline_lib.train.job import train_segment
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from trainer_helpers import cli, config_file, make_pack, metrics, snap, tiny_con
 from pipeline_lib.checkpoint.snapshot import load_snapshot
 from pipeline_lib.cli import main
 from pipeline_lib.errors import CheckpointError
-from pipeline_lib.train.trainer import train_segment
+from pipeline_lib.train.job import train_segment
 
 WAIT_S = 90
 

@@ -18,7 +18,7 @@ rule train_segment:
         RUN.log("train_segment", STEP),
     benchmark:
         RUN.benchmark("train_segment", STEP)
-    retries: 1
+    retries: 2  # a stop (resume point) or a spike abort (rollback) is retried
     threads: PLAN.threads("train")
     resources:
         **PLAN.cluster_resources("train"),

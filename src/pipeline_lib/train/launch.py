@@ -1,7 +1,7 @@
 """Launch one training segment: in this process, or as a torchrun job of ``train.nproc``.
 
 :func:`run_training_job` is what the ``train_segment`` rule calls. With one process it runs
-:func:`~.trainer.train_segment` here. With ``train.nproc`` > 1 it writes the resolved
+:func:`~.job.train_segment` here. With ``train.nproc`` > 1 it writes the resolved
 config to a temporary YAML file and runs PyTorch's own launcher::
 
     python -m torch.distributed.run --standalone --nproc_per_node N \\
@@ -24,14 +24,18 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from ..config import Config, save_config
-from ..errors import ConfigError, PipelineError, TrainingError
+from ..errors import ConfigError, PipelineError, Preempted, TrainingError
+from ..run_layout import RunLayout, run_dir_of
 
 log = logging.getLogger(__name__)
 job_log = logging.getLogger("pipeline_lib.torchrun")
@@ -110,7 +114,7 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
                      warm_start: Path | None = None) -> Path:
     """Train one segment with ``train.nproc`` × ``train.nnodes`` processes; returns ``out``."""
     if cfg.train.nproc == 1 and cfg.train.nnodes == 1:
-        from .trainer import train_segment
+        from .job import train_segment
 
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
                              warm_start=warm_start)
@@ -128,9 +132,32 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
         shutil.rmtree(tmp, ignore_errors=True)
     if rc != 0:
         reason = failure_line(tail) or f"no error line in its output (exit status {rc})"
+        if _stopped_with_resume_point(run_dir or run_dir_of(Path(out)), resume_from,
+                                      until_step, attempt):
+            raise Preempted(reason.removeprefix("stopped: "))
         raise TrainingError(f"{cfg.train.nproc}-process training to step {until_step} failed: "
                             f"{reason}; the full output is in the job log")
     return Path(out)
+
+
+def _stopped_with_resume_point(run_dir: Path, resume_from: Path | None, until_step: int,
+                               attempt: int) -> bool:
+    from .job import usable_resume_point
+
+    point = RunLayout.at(run_dir).resume_point(until_step)
+    record = usable_resume_point(point, resume_from, until_step)
+    return record is not None and int(record.get("attempt", 0)) == attempt
+
+
+def _forward_stops(proc: subprocess.Popen) -> dict[int, Any]:
+    """Pass SIGTERM/SIGUSR1 on to the workers (they stop after a step, with a resume point)
+    instead of ending this launcher before them; returns the previous handlers."""
+    from .preempt import STOP_SIGNALS
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+            for sig in STOP_SIGNALS}
 
 
 def _stream(cmd: list[str], keep: int = 400) -> tuple[int, list[str]]:
@@ -140,6 +167,7 @@ def _stream(cmd: list[str], keep: int = 400) -> tuple[int, list[str]]:
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env, bufsize=1) as proc:
         assert proc.stdout is not None
+        previous = _forward_stops(proc)
         try:
             for line in proc.stdout:
                 job_log.info("%s", line.rstrip("\n"))
@@ -149,6 +177,9 @@ def _stream(cmd: list[str], keep: int = 400) -> tuple[int, list[str]]:
             proc.terminate()  # Ctrl-C or a kill of this job ends the workers too
             proc.wait()
             raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return proc.returncode, tail
 
 
@@ -161,7 +192,7 @@ def train_in_process(cfg: Config, data_dir: Path, resume_from: Path | None, unti
     its rank and leaves the group; otherwise it trains alone. Returns (out, rank).
     """
     from .distributed import destroy_process_group, init_process_group, launched_by_torchrun
-    from .trainer import train_segment
+    from .job import train_segment
 
     if not launched_by_torchrun():
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,

@@ -40,6 +40,10 @@ def _line(record: Mapping[str, Any]) -> str:
     return json.dumps(record, sort_keys=False, allow_nan=True) + "\n"
 
 
+def _lines(blob: bytes) -> list[str]:
+    return blob.decode().splitlines(keepends=True)
+
+
 def cut_jsonl(path: Path, resume_step: int, keep_events: frozenset[str] = frozenset()) -> int:
     """Rewrite ``path`` without lines whose ``step`` exceeds ``resume_step`` (except events
     whose ``event`` is in ``keep_events``) and without a torn last line; returns lines
@@ -127,6 +131,13 @@ class TrainLog:
         self._events_fh.write(line)
         self._events_fh.flush()
         os.fsync(self._events_fh.fileno())  # rare, and the record of why a step was skipped
+
+    def carry(self, files: Mapping[str, bytes]) -> None:
+        """Begin the snapshot's lines with a resume point's (the job's steps before it
+        stopped), so the segment's snapshot holds all of its steps."""
+        if self.enabled:
+            self.lines = _lines(files.get(METRICS_FILE, b"")) + self.lines
+            self.events = _lines(files.get(SPIKE_FILE, b"")) + self.events
 
     def snapshot_files(self) -> dict[str, str]:
         """The segment's lines, written into its snapshot."""

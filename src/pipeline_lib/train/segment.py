@@ -44,6 +44,7 @@ class TrainerState:
     lr: dict[str, float] = field(default_factory=dict)  # per group, at the last step
     segments: list[dict[str, Any]] = field(default_factory=list)  # one record per segment
     warm_start: dict[str, Any] | None = None  # weights-only start this run began from
+    preemptions: list[dict[str, Any]] = field(default_factory=list)  # stops (resume points)
     total_steps: int = 0  # the run's planned steps (a record; the plan decides)
     source: str = "trainer_state.json"  # where a loaded state came from (for errors)
 
@@ -62,6 +63,7 @@ class TrainerState:
             "best_val": self.best_val,
             "segments": self.segments,
             "warm_start": self.warm_start,
+            "preemptions": self.preemptions,
         }
 
     def load_state_dict(self, doc: dict[str, Any]) -> None:
@@ -87,7 +89,8 @@ class TrainerState:
                        val_loss=None if val is None else float(val),
                        best_val=doc.get("best_val"), lr=dict(doc.get("lr") or {}),
                        segments=list(doc.get("segments") or []),
-                       warm_start=doc.get("warm_start"), source=source)
+                       warm_start=doc.get("warm_start"),
+                       preemptions=list(doc.get("preemptions") or []), source=source)
         except (KeyError, TypeError, ValueError, DataError) as exc:
             raise CheckpointError(f"{source} is malformed ({exc!r}); the snapshot is corrupted, "
                                   "resume from another one") from None

@@ -33,14 +33,15 @@ from tqdm import tqdm
 
 from ..checkpoint import state_io
 from ..checkpoint.best import update_best_snapshot
+from ..checkpoint.contents import Snapshot
 from ..checkpoint.rng import RNGStreams
 from ..config import Config
 from ..data.loader import DataCursor, PackedData
 from ..data.tokenizer import TOKENIZER_FILE
-from ..errors import ConfigError, TrainingError
+from ..errors import TrainingError
 from ..model.loop_sampling import LoopSampler
 from ..model.looped import LoopedLM
-from ..run_layout import run_dir_of, snapshots_dir_of
+from ..run_layout import snapshots_dir_of
 from . import rollback
 from .batch_plan import BatchPlan, make_batch_plan
 from .budget import total_steps as planned_total_steps
@@ -51,7 +52,7 @@ from .evaluation import generate_samples, samples_jsonl, validation_loss
 from .hooks import StepHooks, installed_step_hooks
 from .metrics import TrainLog
 from .optim import build_optimizer
-from .run_tracking import log_artifacts, start_tracking
+from .preempt import StopRequest
 from .schedule import LRSchedule
 from .segment import TrainerState, build_model, resolve_config, set_determinism
 from .spike_guard import SpikeGuard
@@ -93,6 +94,7 @@ class Trainer:
     rng: RNGStreams = field(default_factory=RNGStreams)  # captured right after the last step
     cursors: dict[int, DataCursor] = field(default_factory=dict)  # this segment's, by step
     group: RankGroup | None = None  # the collectives, when world_size > 1
+    carried_files: dict[str, bytes] = field(default_factory=dict)  # of a resume point
 
     @classmethod
     def build(cls, cfg: Config, data_dir: Path, *, world_size: int = 1, rank: int = 0) -> Trainer:
@@ -156,13 +158,18 @@ class Trainer:
         log.warning("warm start from %s: weights only; optimizer, guard, RNG and data cursor "
                     "start fresh at step 0", snapshot)
 
-    def restore(self, resume_from: Path | None, *, run_dir: Path, attempt: int) -> None:
-        """Load ``resume_from`` (None: fresh start); on a retry apply a matching rollback."""
+    def restore(self, resume_from: Path | None, *, run_dir: Path, attempt: int,
+                resume_point: Path | None = None, input_step: int = 0) -> None:
+        """Load ``resume_from`` (None: fresh start), or the ``resume_point`` a stopped
+        attempt of this job left (``input_step``: the step of ``resume_from``); on a retry
+        apply a matching rollback."""
         self.input_snapshot = resume_from
         self.guard.last_good_snapshot = None if resume_from is None else str(resume_from)
-        if resume_from is not None:
-            self._load(resume_from)
-        self.resume_step = self.state.step
+        start = resume_point or resume_from
+        if start is not None:
+            snap = self._load(start)
+            self.carried_files = snap.extra_files if resume_point else {}
+        self.resume_step = input_step if resume_point else self.state.step
         record = (rollback.matching_record(run_dir, resume_from, self.state.step)
                   if attempt > 1 else None)
         if record is not None:
@@ -172,16 +179,17 @@ class Trainer:
                         record["window_steps"][0], record["window_cursor"][0],
                         record["resume_cursor"], record["abort_step"])
 
-    def _load(self, snapshot: Path) -> None:
+    def _load(self, snapshot: Path) -> Snapshot:
         """Every part from ``snapshot`` (collective with several ranks); an EMA the snapshot
         lacks starts from the restored weights."""
         parts = self.parts(source=snapshot)
         self.state.source = str(snapshot / "trainer_state.json")
-        state_io.load(snapshot, parts, ranks=self.ranks, map_location=self.device)
+        snap = state_io.load(snapshot, parts, ranks=self.ranks, map_location=self.device)
         if self.ema is not None and not parts["ema"].loaded:
             self.ema = self.runner.ema = WeightsEMA(self.model, self.cfg.train.ema_decay)
         log.info("resumed from %s: step %d, cursor %s", snapshot, self.state.step,
                  self.state.cursor.to_json())
+        return snap
 
     def _maybe_jump(self, step: int) -> None:
         """Apply a pending rollback at its first bad step: skip the data window that caused
@@ -194,9 +202,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def train(self, until_step: int, train_log: TrainLog, *, run_dir: Path,
-              attempt: int) -> None:
-        """Steps ``state.step + 1 … until_step``, each logged as one line."""
+    def train(self, until_step: int, train_log: TrainLog, *, run_dir: Path, attempt: int,
+              stop: StopRequest | None = None) -> str | None:
+        """Steps ``state.step + 1 … until_step``, each logged as one line; returns the
+        reason when ``stop`` asked to end early (after a whole step), else None."""
+        reason = None
         self.step_time_s = self.eval_time_s = self.eval_cpu_s = 0.0
         loop_started, cpu_started = time.perf_counter(), time.process_time()
         bar = tqdm(total=until_step - self.state.step, desc=f"train →{until_step}", unit="step",
@@ -212,11 +222,15 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
                                 refresh=False)
+                reason = stop.requested(self.group) if stop is not None else None
+                if reason is not None and step < until_step:
+                    break
         finally:
             bar.close()
             self.loop_time_s = time.perf_counter() - loop_started - self.eval_time_s
             self.loop_cpu_s = time.process_time() - cpu_started - self.eval_cpu_s
         self.rng.capture()  # before anything else can touch a stream
+        return reason if self.state.step < until_step else None
 
     def train_step(self, step: int, *, run_dir: Path, attempt: int) -> dict[str, Any]:
         """Global step ``step``: its data, loop count and lr, the step itself; its record."""
@@ -304,6 +318,12 @@ class Trainer:
             self.state.best_val = {"step": self.state.step, "val_loss": loss}
         return loss
 
+    def save_resume_point(self, path: Path, train_log: TrainLog, record: dict[str, Any]) -> None:
+        """A complete snapshot at the current step that only a retry of this job reads
+        (``record``: why and where it stopped, appended to ``state.preemptions``)."""
+        self.state.preemptions.append(record)
+        state_io.save(path, self.parts(), files=train_log.snapshot_files(), ranks=self.ranks)
+
     def save(self, out: Path, train_log: TrainLog, segment: dict[str, Any]) -> Path:
         """Samples, then the snapshot (atomic), then the best copy when asked."""
         t = self.cfg.train
@@ -327,71 +347,3 @@ class Trainer:
         if self.group is not None:
             self.group.barrier()  # nobody moves on before the best copy is settled
         return out
-
-
-def _check_steps(until_step: int, trainer: Trainer, resume_from: Path | None) -> None:
-    start = trainer.state.step
-    if until_step > trainer.total_steps:
-        raise ConfigError(f"--until-step {until_step} exceeds the run's {trainer.total_steps} "
-                          "steps (train.total_steps, or the token budget); lower it or raise "
-                          "train.total_steps")
-    if until_step <= start:
-        raise ConfigError(f"--until-step {until_step} is not past the resumed step {start} "
-                          f"({resume_from}); pass a later step or an earlier snapshot")
-
-
-def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
-                  out: Path, run_dir: Path | None = None, attempt: int = 1, *,
-                  world_size: int = 1, rank: int = 0, warm_start: Path | None = None) -> Path:
-    """Train from ``resume_from`` (None: from scratch) to ``until_step``; snapshot to ``out``.
-
-    Run-level logs go to ``run_dir`` (default: ``out``'s run directory, see
-    :func:`~pipeline_lib.run_layout.run_dir_of`). ``attempt`` > 1 marks a retry: a rollback
-    record left by an aborted attempt from the same input is applied. ``warm_start`` (only
-    without ``resume_from``) copies another snapshot's weights and nothing else, for a
-    deliberate restart under a changed config. Returns ``out``.
-    """
-    wall_start = time.perf_counter()
-    out, data_dir = Path(out), Path(data_dir)
-    run_dir = Path(run_dir) if run_dir is not None else run_dir_of(out)
-    resume_from = None if resume_from is None else Path(resume_from)
-    trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank)
-    trainer.restore(resume_from, run_dir=run_dir, attempt=attempt)
-    if warm_start is not None:
-        if resume_from is not None:
-            raise ConfigError("--warm-start and --resume-from exclude each other: resume "
-                              "continues a run exactly, a warm start begins a new one")
-        trainer.warm_start(Path(warm_start))
-    _check_steps(until_step, trainer, resume_from)
-    start_step = trainer.state.step
-    stage = (start_tracking(trainer.cfg, trainer.state, run_dir,
-                            trainer.data.metadata.get("data_id")) if rank == 0 else None)
-    try:
-        train_log = TrainLog(run_dir, start_step, stage=stage, enabled=rank == 0)
-        trainer.guard.event_sink = train_log.event
-        try:
-            trainer.train(until_step, train_log, run_dir=run_dir, attempt=attempt)
-            segment = {"start_step": start_step, "end_step": until_step, "attempt": attempt,
-                       "rollback": trainer.rollback_applied,
-                       "step_time_s": round(trainer.step_time_s, 4),
-                       "loop_time_s": round(trainer.loop_time_s, 4),
-                       "loop_cpu_s": round(trainer.loop_cpu_s, 4),
-                       "eval_time_s": round(trainer.eval_time_s, 4),
-                       "wall_before_save_s": round(time.perf_counter() - wall_start, 4)}
-            trainer.save(out, train_log, segment)
-            train_log.commit(until_step)
-            if stage is not None:
-                log_artifacts(stage, out, run_dir)
-        finally:
-            train_log.close()
-    except BaseException as exc:
-        if stage is not None:
-            stage.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
-        raise
-    if stage is not None:
-        stage.end("FINISHED")
-    if rank == 0:
-        rollback.clear_record(run_dir, resume_from, start_step)
-    log.info("segment %d→%d done in %.1f s (%.1f s in steps): %s", start_step, until_step,
-             time.perf_counter() - wall_start, trainer.step_time_s, out)
-    return out

@@ -22,6 +22,8 @@ from ..task_catalog import check_bench_tasks, user_task_inputs
 from .snapshots_policy import kept_steps, previous_end, segment_ends, total_steps
 
 DEFAULT_RUN = "default"
+# how long a segment job may run: no effect on the weights (a stop resumes exactly)
+JOB_TIME_KEYS = frozenset({"segment_runtime_minutes", "stop_margin_minutes"})
 BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)
 
 
@@ -194,9 +196,10 @@ class WorkflowPlan:
     def train_signature(self, run: str) -> str:
         """Hash of what determines the trained weights: a change retrains, eval.* does not."""
         cfg = self.runs[run].config
+        train = {k: v for k, v in to_dict(cfg.train).items() if k not in JOB_TIME_KEYS}
         relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
                     "data_id": self.runs[run].data_id, "model": to_dict(cfg.model),
-                    "train": to_dict(cfg.train), "keep_best": cfg.snapshots.keep_best}
+                    "train": train, "keep_best": cfg.snapshots.keep_best}
         return config_hash(relevant)
 
     def eval_signature(self, run: str) -> str:

@@ -1,0 +1,157 @@
+"""One segment job: restore, train to ``until_step``, save; or stop with a resume point.
+
+:func:`train_segment` is what the ``train`` command (and, through :mod:`.launch`, the
+``train_segment`` rule) runs on every rank. A SIGTERM/SIGUSR1 or the job's time limit
+(:mod:`.preempt`) ends the step loop after a whole step: the job then writes a resume point
+(``{run}/train/resume/step_{until}``), commits the metrics of the steps done and raises
+:class:`~pipeline_lib.errors.Preempted`; a retry of the job continues from there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from ..errors import ConfigError, Preempted, TrainingError
+from ..run_layout import RunLayout, run_dir_of
+from . import rollback
+from .metrics import TrainLog
+from .preempt import StopRequest
+from .run_tracking import log_artifacts, start_tracking
+from .trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def _check_steps(until_step: int, trainer: Trainer, resume_from: Path | None) -> None:
+    start = trainer.state.step
+    if until_step > trainer.total_steps:
+        raise ConfigError(f"--until-step {until_step} exceeds the run's {trainer.total_steps} "
+                          "steps (train.total_steps, or the token budget); lower it or raise "
+                          "train.total_steps")
+    if until_step <= start:
+        raise ConfigError(f"--until-step {until_step} is not past the resumed step {start} "
+                          f"({resume_from}); pass a later step or an earlier snapshot")
+
+
+def usable_resume_point(path: Path, resume_from: Path | None,
+                        until_step: int) -> dict[str, Any] | None:
+    """The stop record of the resume point at ``path`` when it was left by an attempt of
+    this very job (same input snapshot, same end step); else None (and a stale one is
+    removed)."""
+    if not path.exists():
+        return None
+    try:
+        record = json.loads((path / "trainer_state.json").read_text())["preemptions"][-1]
+        same = (record["input"] == (None if resume_from is None else str(resume_from))
+                and int(record["until_step"]) == until_step)
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        same = False
+    if same:
+        return record
+    log.warning("removing %s: it is not a resume point of this job (input %s, until step %d)",
+                path, resume_from, until_step)
+    shutil.rmtree(path, ignore_errors=True)
+    return None
+
+
+def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
+                  out: Path, run_dir: Path | None = None, attempt: int = 1, *,
+                  world_size: int = 1, rank: int = 0, warm_start: Path | None = None) -> Path:
+    """Train from ``resume_from`` (None: from scratch) to ``until_step``; snapshot to ``out``.
+
+    Run-level logs go to ``run_dir`` (default: ``out``'s run directory, see
+    :func:`~pipeline_lib.run_layout.run_dir_of`). ``attempt`` > 1 marks a retry: a rollback
+    record left by an aborted attempt from the same input is applied, and a resume point
+    left by a stopped attempt is continued from. ``warm_start`` (only without
+    ``resume_from``) copies another snapshot's weights and nothing else, for a deliberate
+    restart under a changed config. Returns ``out``.
+    """
+    wall_start = time.perf_counter()
+    out, data_dir = Path(out), Path(data_dir)
+    run_dir = Path(run_dir) if run_dir is not None else run_dir_of(out)
+    resume_from = None if resume_from is None else Path(resume_from)
+    if warm_start is not None and resume_from is not None:
+        raise ConfigError("--warm-start and --resume-from exclude each other: resume "
+                          "continues a run exactly, a warm start begins a new one")
+    point = RunLayout.at(run_dir).resume_point(until_step)
+    stopped = usable_resume_point(point, resume_from, until_step)
+    trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank)
+    trainer.restore(resume_from, run_dir=run_dir, attempt=attempt,
+                    resume_point=point if stopped else None,
+                    input_step=int(stopped["segment_start"]) if stopped else 0)
+    if warm_start is not None and stopped is None:
+        trainer.warm_start(Path(warm_start))
+    _check_steps(until_step, trainer, resume_from)
+    job_start = trainer.resume_step
+    stage = (start_tracking(trainer.cfg, trainer.state, run_dir,
+                            trainer.data.metadata.get("data_id")) if rank == 0 else None)
+    try:
+        _run(trainer, until_step, out, run_dir, attempt, stage, point=point,
+             job_start=job_start, wall_start=wall_start)
+    except BaseException as exc:
+        if stage is not None:
+            stage.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Preempted)) else "FAILED")
+        raise
+    if stage is not None:
+        stage.end("FINISHED")
+    if rank == 0:
+        rollback.clear_record(run_dir, resume_from, job_start)
+        shutil.rmtree(point, ignore_errors=True)
+    log.info("segment %d→%d done in %.1f s (%.1f s in steps): %s", job_start, until_step,
+             time.perf_counter() - wall_start, trainer.step_time_s, out)
+    return out
+
+
+def _run(trainer: Trainer, until_step: int, out: Path, run_dir: Path, attempt: int,
+         stage: Any, *, point: Path, job_start: int, wall_start: float) -> None:
+    """The step loop and the save (or the resume point when asked to stop)."""
+    train_log = TrainLog(run_dir, trainer.state.step, stage=stage, enabled=trainer.rank == 0)
+    train_log.carry(trainer.carried_files)
+    trainer.guard.event_sink = train_log.event
+    try:
+        with StopRequest(trainer.cfg.train) as stop:
+            try:
+                reason = trainer.train(until_step, train_log, run_dir=run_dir,
+                                       attempt=attempt, stop=stop)
+            except TrainingError:  # a rollback retries from the job's input, not from here
+                shutil.rmtree(point, ignore_errors=True)
+                raise
+        if reason is not None:
+            _stop(trainer, train_log, point, reason, until_step=until_step,
+                  job_start=job_start, attempt=attempt)
+        segment = {"start_step": job_start, "end_step": until_step, "attempt": attempt,
+                   "rollback": trainer.rollback_applied,
+                   "step_time_s": round(trainer.step_time_s, 4),
+                   "loop_time_s": round(trainer.loop_time_s, 4),
+                   "loop_cpu_s": round(trainer.loop_cpu_s, 4),
+                   "eval_time_s": round(trainer.eval_time_s, 4),
+                   "wall_before_save_s": round(time.perf_counter() - wall_start, 4)}
+        trainer.save(out, train_log, segment)
+        train_log.commit(until_step)
+        if stage is not None:
+            log_artifacts(stage, out, run_dir)
+    finally:
+        train_log.close()
+
+
+def _stop(trainer: Trainer, train_log: TrainLog, point: Path, reason: str, *,
+          until_step: int, job_start: int, attempt: int) -> None:
+    """Write the resume point, commit the steps done, raise :class:`Preempted`."""
+    step = trainer.state.step
+    trainer.save_resume_point(point, train_log, {
+        "step": step, "reason": reason, "attempt": attempt, "until_step": until_step,
+        "segment_start": job_start,
+        "input": None if trainer.input_snapshot is None else str(trainer.input_snapshot)})
+    train_log.commit(step)
+    raise Preempted(f"segment {job_start}→{until_step} stopped by {reason} after step {step}: "
+                    f"resume point {point} written; rerun the job (Snakemake retries it) to "
+                    "continue from there")
+
+
+__all__ = ["train_segment", "usable_resume_point"]

@@ -1,0 +1,132 @@
+"""Preemption-safe segments: SIGTERM/SIGUSR1 or the time limit stop a segment after a whole
+step with a resume point; a retry continues from it and ends bit-identical."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))  # the trainer's helpers
+from support.faults import FAULT_ENV  # noqa: E402
+from trainer_helpers import cli, config_file, make_pack, metrics, snap, tiny_config  # noqa: E402
+
+from pipeline_lib.errors import PREEMPTED_EXIT, Preempted  # noqa: E402
+from pipeline_lib.train.job import train_segment  # noqa: E402
+
+WAIT_S = 90
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pack(tmp_path_factory.mktemp("pack") / "data")
+
+
+@pytest.fixture(scope="module")
+def reference(pack: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run 0 → 3 → 6 (its run directory)."""
+    run = tmp_path_factory.mktemp("ref") / "run"
+    train_segment(tiny_config(), pack, None, 3, snap(run, 3))
+    train_segment(tiny_config(), pack, snap(run, 3), 6, snap(run, 6))
+    return run
+
+
+def resume_point(run: Path, until: int) -> Path:
+    return run / "train" / "resume" / f"step_{until:07d}"
+
+
+def _args(cfg: Path, pack: Path, run: Path, *, attempt: int = 1) -> list[str]:
+    return ["--config", str(cfg), "--data", str(pack), "--resume-from", str(snap(run, 3)),
+            "--until-step", "6", "--out", str(snap(run, 6)), "--attempt", str(attempt)]
+
+
+def _signal_during_step(proc, marker: Path, sig: signal.Signals) -> tuple[int, str]:
+    deadline = time.monotonic() + WAIT_S
+    while not marker.exists():
+        assert proc.poll() is None, f"ended before the pause: {proc.stdout.read()}"
+        assert time.monotonic() < deadline, "timed out waiting for the pause"
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=300)
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_mid_segment_then_retry_is_exact(pack: Path, reference: Path, tmp_path: Path,
+                                                sig: signal.Signals) -> None:
+    run = tmp_path / "run"
+    train_segment(tiny_config(), pack, None, 3, snap(run, 3))
+    cfg = config_file(tmp_path / "cfg.yaml")
+    stop_at = random.Random(sig).choice([4, 5])  # the signal lands during this step
+    marker = tmp_path / "paused"
+    proc = cli(_args(cfg, pack, run),
+               env={FAULT_ENV: f"pause_step={stop_at},pause_s=2,pause_file={marker}"},
+               faulty=True)
+    rc, out = _signal_during_step(proc, marker, sig)
+    assert rc == PREEMPTED_EXIT, out
+    assert (f"stopped: segment 3→6 stopped by {sig.name} after step {stop_at}: resume point "
+            f"{resume_point(run, 6)} written") in out
+    assert "Traceback" not in out
+    assert not snap(run, 6).exists()  # the job's output is not faked
+    assert [m["step"] for m in metrics(run)] == list(range(1, stop_at + 1))
+    state = json.loads((resume_point(run, 6) / "trainer_state.json").read_text())
+    assert state["step"] == stop_at and state["preemptions"][-1]["reason"] == sig.name
+
+    retry = cli(_args(cfg, pack, run, attempt=2))
+    out, _ = retry.communicate(timeout=300)
+    assert retry.returncode == 0, out
+    assert (snap(run, 6) / "model.safetensors").read_bytes() == \
+        (snap(reference, 6) / "model.safetensors").read_bytes()
+    assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4, 5, 6]  # each step once
+    assert [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(reference)]
+    own = [json.loads(x) for x in (snap(run, 6) / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in own] == [4, 5, 6]  # the segment's own steps, all of them
+    final = json.loads((snap(run, 6) / "trainer_state.json").read_text())
+    assert [p["step"] for p in final["preemptions"]] == [stop_at]
+    assert final["segments"][-1]["start_step"] == 3
+    assert not resume_point(run, 6).exists()  # removed once the segment is done
+
+
+def test_time_limit_stops_with_a_resume_point(pack: Path, reference: Path,
+                                              tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train_segment(tiny_config(), pack, None, 3, snap(run, 3))
+    # a 1-minute job with a 59.99-second margin: the deadline passes during the first step
+    hurried = tiny_config("train.segment_runtime_minutes=1", "train.stop_margin_minutes=0.9999")
+    with pytest.raises(Preempted, match=r"stopped by time limit .* after step 4"):
+        train_segment(hurried, pack, snap(run, 3), 6, snap(run, 6), attempt=1)
+    assert resume_point(run, 6).is_dir() and not snap(run, 6).exists()
+    train_segment(tiny_config(), pack, snap(run, 3), 6, snap(run, 6), attempt=2)
+    assert (snap(run, 6) / "model.safetensors").read_bytes() == \
+        (snap(reference, 6) / "model.safetensors").read_bytes()
+    assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_resume_point_of_another_job_is_not_used(pack: Path, reference: Path,
+                                                   tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    run = tmp_path / "run"
+    train_segment(tiny_config(), pack, None, 3, snap(run, 3))
+    hurried = tiny_config("train.segment_runtime_minutes=1", "train.stop_margin_minutes=0.9999")
+    with pytest.raises(Preempted):
+        train_segment(hurried, pack, snap(run, 3), 6, snap(run, 6))
+    # the same end step from another input (scratch): the leftover must not be continued
+    train_segment(tiny_config(), pack, None, 6, run / "other" / "step_0000006", run_dir=run)
+    assert "is not a resume point of this job" in caplog.text
+    assert not resume_point(run, 6).exists()
+    assert ((run / "other" / "step_0000006" / "model.safetensors").read_bytes()
+            == (snap(reference, 6) / "model.safetensors").read_bytes())
+
+
+def test_no_stop_margin_means_no_deadline(pack: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cfg = tiny_config("train.segment_runtime_minutes=1", "train.stop_margin_minutes=0")
+    train_segment(cfg, pack, None, 3, snap(run, 3))
+    assert not resume_point(run, 3).exists()
+    assert [m["step"] for m in metrics(run)] == [1, 2, 3]
