@@ -26,6 +26,7 @@ from typing import Any
 
 from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
+from .credentials import redact_config, redact_text
 from .errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -448,7 +449,8 @@ def load_config(
         try:
             dotlist = OmegaConf.from_dotlist(list(overrides))
         except Exception as exc:
-            raise ConfigError(f"cannot parse overrides {list(overrides)}: {exc}") from None
+            raise ConfigError(redact_text(f"cannot parse overrides {list(overrides)}: {exc}")
+                              ) from None
         cfg = _merge(cfg, dotlist, "command-line override")
     out = OmegaConf.to_object(cfg)
     assert isinstance(out, Config)
@@ -498,6 +500,12 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+def public_dict(cfg: Any) -> dict[str, Any]:
+    """:func:`to_dict` with the credentials of ``tracking.uri`` removed: what may be written
+    to a file, a log or MLflow (see :mod:`pipeline_lib.credentials`)."""
+    return redact_config(to_dict(cfg))
+
+
 def config_for_run(cfg: Config, run: str) -> Config:
     """The config of variant ``run``: ``runs[run]`` merged over the other sections.
 
@@ -513,15 +521,17 @@ def config_for_run(cfg: Config, run: str) -> Config:
 def config_hash(cfg: Any, length: int = 12) -> str:
     """Short stable hash of a config (or section): sorted-key JSON, sha256."""
     data = to_dict(cfg) if dataclasses.is_dataclass(cfg) else cfg
+    if isinstance(data, Mapping):
+        data = redact_config(data)  # credentials are not config: changing them changes nothing
     blob = json.dumps(data, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:length]
 
 
 def config_yaml(cfg: Config) -> str:
     """The resolved config as YAML text (plain data, loadable by :func:`load_config`; what a
-    snapshot's ``config.yaml`` holds)."""
+    snapshot's ``config.yaml`` holds); ``tracking.uri`` without credentials."""
     OmegaConf = _omegaconf()
-    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
+    return OmegaConf.to_yaml(OmegaConf.create(public_dict(cfg)))
 
 
 def save_config(cfg: Config, path: Path) -> None:

@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -16,11 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.mlflow_server import Server
 from tracking_helpers import client, free_port, make_config, steps_of
 
 from pipeline_lib.tracking import init_parent_run, start_stage, sync_outbox
-
-STARTUP_DEADLINE_S = 120  # startup takes ~10-20 s on a loaded 2-core machine
 
 
 def _get(base: str, endpoint: str, **query: str) -> dict:
@@ -34,48 +28,6 @@ def _post(base: str, path: str, body: dict) -> dict:
                                  headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
-
-
-class Server:
-    """`mlflow server --workers 1` on a fixed loopback port over one SQLite file."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.base = f"http://127.0.0.1:{free_port()}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        port = self.base.rsplit(":", 1)[1]
-        cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--workers", "1",
-               "--host", "127.0.0.1", "--port", port,
-               "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
-               "--artifacts-destination", str(self.root / "server_artifacts")]
-        log_path = self.root / "server.log"
-        with open(log_path, "a") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, cwd=self.root)
-        deadline = time.monotonic() + STARTUP_DEADLINE_S
-        while True:  # bounded wait for /health
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        """Terminate the server's process group (the CLI starts uvicorn as a child)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=20)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 # MLflow: the store is created once, then one parent run per variant (tracking.json).
+from pipeline_lib.credentials import redact_uri
 
 
 localrules:
@@ -10,7 +11,7 @@ rule tracking_store:
     output:
         marker=PLAN.layout.tracking_marker,
     params:
-        uri=PLAN.config.tracking.uri,
+        uri=redact_uri(PLAN.config.tracking.uri),  # Snakemake stores params: no password
         experiment=PLAN.config.experiment.name,
         enabled=PLAN.config.tracking.enabled,
     log:

@@ -3,6 +3,10 @@
 Without ``--run-dir``, every run directory under the results directory that holds a
 ``tracking_outbox.jsonl``. The store is ``--uri``, else MLFLOW_TRACKING_URI, else the
 config's ``tracking.uri``. Running it twice adds nothing.
+
+Only files inside each run directory are uploaded: an ``artifact`` record naming a file
+outside it is refused with an error line naming the record and the file; the other
+records are synced, and the command then fails (exit status 2) with the first refusal.
 """
 
 from __future__ import annotations
@@ -25,22 +29,31 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..credentials import redact_uri
     from ..errors import TrackingError
     from ..tracking import outbox_dirs, sync_outbox
-    from ..tracking.store import StoreUnavailable, normalize_uri, resolve_uri
+    from ..tracking.store import StoreUnavailable, resolve_uri, store_uri
 
     cfg = config_from_args(args)
-    uri = normalize_uri(args.uri) if args.uri else resolve_uri(cfg)
+    uri = store_uri(args.uri) if args.uri else resolve_uri(cfg)
     run_dirs = args.run_dir or outbox_dirs(Path(cfg.experiment.results_dir))
     if not run_dirs:
         print(f"no tracking outbox under {cfg.experiment.results_dir}; nothing to sync")
         return 0
+    refused: list[str] = []
     for run_dir in run_dirs:
         try:
             report = sync_outbox(run_dir, uri)
         except StoreUnavailable as exc:
-            raise TrackingError(f"cannot reach tracking store {uri} ({exc}); start it or pass "
-                                "--uri with a reachable store") from None
+            raise TrackingError(f"cannot reach tracking store {redact_uri(uri)} ({exc}); start "
+                                "it or pass --uri with a reachable store") from None
+        refused += report.refused
         print(f"{run_dir}: {report.records} records, {report.runs} runs, "
-              f"{report.metrics} metric points, {report.skipped} skipped")
+              f"{report.metrics} metric points, {report.skipped} skipped"
+              + (f" ({len(report.refused)} refused)" if report.refused else ""))
+    if refused:
+        more = f" and {len(refused) - 1} more (see the log)" if len(refused) > 1 else ""
+        raise TrackingError(f"{refused[0]}{more}; the other records were synced; remove such "
+                            "lines from the outbox (sync-tracking uploads only files inside "
+                            "the run directory)")
     return 0

@@ -6,16 +6,16 @@ get a local id ``local:<hex>``; records refer to runs by that id or by a real ru
 
 Record kinds (``op``): ``parent`` and ``child`` (create; with experiment name, run name,
 tags, and for a child its parent id), ``params``, ``tags``, ``metrics`` (points
-``[key, value, step, timestamp_ms]``), ``artifact`` (a local path, logged again at sync
-time) and ``status``.
+``[key, value, step, timestamp_ms]``), ``artifact`` (a path relative to the
+run directory, uploaded at sync time; older outboxes hold absolute paths) and ``status``.
 
 Appends take an exclusive ``flock`` and end in ``fsync``: parallel stages of one run may
 share the file, and a record is durable before the stage goes on. A line torn by a crash
 is closed with a newline by the next append and skipped (with a warning) by readers.
 
-``tracking_outbox.sync.json`` records, per store URI, how many lines were replayed and
-which real run id each local id became, so a half-replayed outbox resumes and later
-stages can continue a run that was created offline.
+``tracking_outbox.sync.json`` records, per store URI (without credentials), how many lines
+were replayed and which real run id each local id became, so a half-replayed outbox
+resumes and later stages can continue a run that was created offline.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..credentials import redact_uri
 from ..fsio import write_text_atomic
 from ..run_layout import RunLayout
 
@@ -113,13 +114,13 @@ class SyncState:
                             "(replay is idempotent)", self.path)
 
     def _store(self, uri: str) -> dict[str, Any]:
-        return self._data.setdefault(uri, {"lines_done": 0, "ids": {}})
+        return self._data.setdefault(_key(uri), {"lines_done": 0, "ids": {}})
 
     def lines_done(self, uri: str) -> int:
-        return int(self._data.get(uri, {}).get("lines_done", 0))
+        return int(self._data.get(_key(uri), {}).get("lines_done", 0))
 
     def ids(self, uri: str) -> dict[str, str]:
-        return dict(self._data.get(uri, {}).get("ids", {}))
+        return dict(self._data.get(_key(uri), {}).get("ids", {}))
 
     def update(self, uri: str, lines_done: int, ids: dict[str, str]) -> None:
         """Record progress atomically (write a temporary sibling, then rename)."""
@@ -127,6 +128,11 @@ class SyncState:
         store["lines_done"] = lines_done
         store["ids"] = dict(ids)
         write_text_atomic(self.path, json.dumps(self._data, indent=1, sort_keys=True))
+
+
+def _key(uri: str) -> str:
+    """A store's key in the sync state: its URI without credentials."""
+    return redact_uri(uri) or uri
 
 
 def pending_lines(run_dir: Path, uri: str) -> int:

@@ -1,7 +1,7 @@
 """The parent run of a ``{run}`` directory and its ``tracking.json``.
 
-``{results}/{run}/tracking.json`` holds ``tracking_uri``, ``experiment_id``,
-``experiment_name`` and ``parent_run_id`` (plus ``enabled``). It is written only when its
+``{results}/{run}/tracking.json`` holds ``tracking_uri`` (without credentials),
+``experiment_id``, ``experiment_name`` and ``parent_run_id`` (plus ``enabled``). It is written only when its
 content changes, because Snakemake compares modification times: rewriting an identical
 file would make every downstream job look stale.
 
@@ -29,8 +29,8 @@ from ..config import (
     config_for_run,
     config_hash,
     flatten,
+    public_dict,
     save_config,
-    to_dict,
 )
 from ..fsio import write_text_atomic
 from ..run_layout import RunLayout
@@ -129,16 +129,16 @@ def _find_or_create(cfg: Config, run: str, run_dir: Path, data_id: str | None,
     name = cfg.experiment.name
     experiment_id = sink.experiment_id(name)
     known = read_tracking_info(run_dir) or {}
-    earlier = known.get("parent_run_id") if known.get("tracking_uri") == sink.uri else None
+    earlier = known.get("parent_run_id") if known.get("tracking_uri") == sink.label else None
     parent = sink.create_parent(name, run, provenance_tags(cfg, run, data_id), earlier)
-    sink.log_params(parent, flatten(to_dict(cfg)))
+    sink.log_params(parent, flatten(public_dict(cfg)))
     # each resolved config, logged as a parent-run artifact
     config_file = RunLayout.at(run_dir).tracking_files / f"config_{config_hash(cfg)}.yaml"
     if not config_file.is_file():
         config_file.parent.mkdir(parents=True, exist_ok=True)
         save_config(cfg, config_file)
     sink.log_artifact(parent, config_file, "config")
-    return {"enabled": True, "tracking_uri": sink.uri, "experiment_id": experiment_id,
+    return {"enabled": True, "tracking_uri": sink.label, "experiment_id": experiment_id,
             "experiment_name": name, "parent_run_id": parent}
 
 
@@ -151,14 +151,14 @@ def parent_for_stage(cfg: Config, run_dir: Path, sink: Sink,
     current store, and tracking.json is written only if it did not exist.
     """
     info = read_tracking_info(run_dir)
-    if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.uri:
+    if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.label:
         return sink.resolve(info["parent_run_id"])
     run = Path(run_dir).name
     if run in cfg.runs:
         cfg = config_for_run(cfg, run)
     with file_lock(RunLayout.at(run_dir).tracking_lock):
         info = read_tracking_info(run_dir)  # another process may have written it meanwhile
-        if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.uri:
+        if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.label:
             return sink.resolve(info["parent_run_id"])
         fresh = _find_or_create(cfg, run, Path(run_dir), data_id, sink)
         if info is None:

@@ -9,17 +9,25 @@ within a process, so the outbox keeps each run's operations in order.
 
 Runs that exist only in the outbox (local ids not yet replayed) are always written to the
 outbox, even when the store answers.
+
+An artifact recorded in the outbox is named by its path relative to the run directory;
+one outside it (the data pack's metadata, Snakemake benchmark files) is first copied
+under ``tracking_files/outbox/``, because ``sync-tracking`` uploads only files inside the
+run directory it syncs (:mod:`.sync`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from ..credentials import redact_uri
+from ..run_layout import RunLayout
 from .commit import (
     Point,
     chunks,
@@ -58,6 +66,7 @@ class Sink:
 
     def __init__(self, uri: str, run_dir: Path) -> None:
         self.uri = uri
+        self.label: str = redact_uri(uri) or uri  # the URI as written and logged
         self.run_dir = Path(run_dir)
         self.outbox = Outbox(self.run_dir)
         self.client: Any = None
@@ -69,7 +78,7 @@ class Sink:
             self._go_offline(reason)
             return
         try:
-            self.client = call(get_client, uri, what=f"open {uri}")
+            self.client = call(get_client, uri, what=f"open {redact_uri(uri)}")
         except StoreUnavailable as exc:
             self._go_offline(str(exc))
             return
@@ -89,24 +98,28 @@ class Sink:
     def _go_offline(self, reason: str) -> None:
         self.offline_reason = reason
         self._ids = {}
-        if self.uri not in _WARNED:
-            _WARNED.add(self.uri)
+        if self.label not in _WARNED:
+            _WARNED.add(self.label)
             log.warning("tracking store %s unreachable (%s); continuing, operations go to %s; "
                         "replay them later with `python -m pipeline_lib sync-tracking "
-                        "--run-dir %s`", self.uri, reason, self.outbox.path, self.run_dir)
+                        "--run-dir %s`", self.label, reason, self.outbox.path, self.run_dir)
 
     def resolve(self, run_id: str) -> str:
         """A local id's real id once replayed into this store, else the id unchanged."""
         return self._ids.get(run_id, run_id) if is_local_id(run_id) else run_id
 
-    def _route(self, run_id: str | None, online_fn: Any, record: dict[str, Any]) -> Any:
-        """Run ``online_fn`` against the store, or append ``record`` to the outbox."""
+    def _route(self, run_id: str | None, online_fn: Any, record: Any) -> Any:
+        """Run ``online_fn`` against the store, or append ``record`` to the outbox
+        (a dict, or a function making it: None records nothing)."""
         if self.online and not is_local_id(run_id):
             try:
                 return online_fn()
             except StoreUnavailable as exc:
                 self._go_offline(str(exc))
-        self.outbox.append({**record, "pid": os.getpid()})
+        if callable(record):
+            record = record()
+        if record is not None:
+            self.outbox.append({**record, "pid": os.getpid()})
         return None
 
     # ------------------------------------------------------------------ runs
@@ -216,9 +229,29 @@ class Sink:
             else:
                 self.client.log_artifact(run_id, str(path), artifact_path)
 
-        self._route(run_id, lambda: call(online, what=f"log artifact {path.name}"),
-                    {"op": "artifact", "run": run_id, "path": str(path),
-                     "artifact_path": artifact_path})
+        def record() -> dict[str, Any] | None:
+            kept = self._outbox_copy(path)
+            return None if kept is None else {"op": "artifact", "run": run_id, "path": kept,
+                                              "artifact_path": artifact_path}
+
+        self._route(run_id, lambda: call(online, what=f"log artifact {path.name}"), record)
+
+    def _outbox_copy(self, path: Path) -> str | None:
+        """``path`` relative to the run directory, copied under ``tracking_files/outbox/``
+        first when it lies outside; None (with a warning) if it does not exist."""
+        if not path.exists():
+            log.warning("artifact %s does not exist; not recorded in %s", path, self.outbox.path)
+            return None
+        root = self.run_dir.resolve()
+        if path.resolve().is_relative_to(root):
+            return str(path.resolve().relative_to(root))
+        copy = RunLayout.at(self.run_dir).tracking_files / "outbox" / uuid.uuid4().hex / path.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            shutil.copytree(path, copy)
+        else:
+            shutil.copy2(path, copy)
+        return str(copy.resolve().relative_to(root))
 
     def set_status(self, run_id: str, status: str) -> None:
         stamp = now_ms()

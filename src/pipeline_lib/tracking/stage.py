@@ -154,7 +154,7 @@ def start_stage(cfg: Config, run_dir: Path | str, stage: str, *, run_id: str | N
     all_tags = {"loopline.run": run_dir.name, "loopline.stage": stage, **(tags or {})}
     child = sink.continue_run(run_id) if run_id else None
     if run_id and child is None:
-        log.warning("run %s is not in %s; starting a new %s run", run_id, sink.uri, stage)
+        log.warning("run %s is not in %s; starting a new %s run", run_id, sink.label, stage)
     if child is None:
         child = sink.create_child(cfg.experiment.name, parent, stage, all_tags)
     else:

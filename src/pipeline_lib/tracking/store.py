@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..config import Config
+from ..credentials import (
+    PASSWORD_ENV,
+    TOKEN_ENV,
+    USERNAME_ENV,
+    redact_uri,
+    split_credentials,
+)
 from ..errors import TrackingError
+from .auth import auth_header, is_server, use_uri_credentials
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,7 @@ HTTP_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
+_AUTH_CODES = {"UNAUTHENTICATED", "PERMISSION_DENIED"}  # HTTP 401, 403
 _TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED"}
 _TRANSIENT_TEXT = ("database is locked", "failed with exception", "max retries exceeded",
                    "connection refused", "unable to open database file", "timed out")
@@ -58,22 +67,35 @@ class StoreUnavailable(TrackingError):
 
 
 def resolve_uri(cfg: Config) -> str:
-    """The store URI: ``MLFLOW_TRACKING_URI`` if set, else ``tracking.uri``; normalised."""
-    return normalize_uri(os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.uri)
+    """The store URI: ``MLFLOW_TRACKING_URI`` if set, else ``tracking.uri``; see
+    :func:`store_uri`. A password in ``MLFLOW_TRACKING_URI`` is removed from it too, so
+    the processes this one starts inherit the bare URI."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    uri = store_uri(env or cfg.tracking.uri)
+    if env and is_server(uri) and redact_uri(env) != env:
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+    return uri
+
+
+def store_uri(uri: str) -> str:
+    """The URI to give MLflow: normalised, and for a server without its userinfo (moved
+    into MLflow's credential variables, see :mod:`.auth`). Write it only via ``redact_uri``."""
+    return use_uri_credentials(normalize_uri(uri))
 
 
 def normalize_uri(uri: str) -> str:
     """Absolute SQLite paths, no trailing slash on servers; refuse stores MLflow 3 refuses."""
     uri = uri.strip()
+    shown = redact_uri(uri)
     if uri.startswith("sqlite:"):
         if not uri.startswith("sqlite:///") or uri in ("sqlite:///", "sqlite:///:memory:"):
-            raise TrackingError(f"tracking.uri = {uri!r} is not a SQLite file; use "
+            raise TrackingError(f"tracking.uri = {shown!r} is not a SQLite file; use "
                                 "sqlite:///results/mlflow.db (an in-memory store is not shared)")
         return f"sqlite:///{Path(uri[len('sqlite:///'):]).absolute()}"
     if re.match(r"^https?://", uri):
         return uri.rstrip("/")
     if "://" not in uri or uri.startswith("file:"):
-        raise TrackingError(f"tracking.uri = {uri!r} is a plain file store, which MLflow 3 "
+        raise TrackingError(f"tracking.uri = {shown!r} is a plain file store, which MLflow 3 "
                             "refuses; use sqlite:///results/mlflow.db or http://host:port")
     return uri  # postgresql://, mysql://, databricks, …: passed through to MLflow
 
@@ -83,18 +105,10 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
-def is_server(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
-
-
 def probe(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """None when the store looks reachable, else a one-line reason. Fast: no MLflow calls."""
     if is_server(uri):
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=timeout_s) as resp:
-                return None if resp.status == 200 else f"/health answered HTTP {resp.status}"
-        except (urllib.error.URLError, OSError) as exc:
-            return f"{uri}/health: {getattr(exc, 'reason', exc)}"
+        return _probe_server(uri, timeout_s)
     db = sqlite_path(uri)
     if db is not None:
         try:
@@ -104,6 +118,27 @@ def probe(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
         if not os.access(db.parent, os.W_OK):
             return f"{db.parent} is not writable"
     return None
+
+
+def _probe_server(uri: str, timeout_s: float) -> str | None:
+    """GET ``/health`` of the bare URI with the credentials MLflow would send (a server
+    behind an authenticating proxy may guard /health too)."""
+    bare, creds = split_credentials(uri)
+    request = urllib.request.Request(f"{bare}/health")
+    header = auth_header(creds)
+    if header is not None:
+        request.add_header("Authorization", header)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            return None if resp.status == 200 else f"{bare}/health answered HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            given = "were refused" if header else "are needed"
+            return (f"{bare}/health answered HTTP {exc.code}: credentials {given}; set "
+                    f"{USERNAME_ENV} and {PASSWORD_ENV} (or {TOKEN_ENV})")
+        return f"{bare}/health answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"{bare}/health: {getattr(exc, 'reason', exc)}"
 
 
 def get_client(uri: str) -> Any:
@@ -117,6 +152,7 @@ def get_client(uri: str) -> Any:
     from mlflow.exceptions import MlflowException
 
     if is_server(uri):
+        uri = use_uri_credentials(uri)  # MLflow never sees a password in the URI
         for key, value in HTTP_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
     db = sqlite_path(uri)
@@ -151,13 +187,19 @@ def call(fn: Callable[..., T], *args: Any, what: str = "tracking call", **kwargs
     """Run one store operation; retry transient failures with backoff, then StoreUnavailable.
 
     Server connection failures are not retried here (MLflow already retried them per
-    ``HTTP_ENV_DEFAULTS``); SQLite lock and server 5xx errors are.
+    ``HTTP_ENV_DEFAULTS``); SQLite lock and server 5xx errors are. Refused credentials
+    (HTTP 401/403) are StoreUnavailable at once, naming the variables to set.
     """
     delay = RETRY_FIRST_DELAY_S
     for attempt in range(1, RETRY_ATTEMPTS + 1):
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
+            code = getattr(exc, "error_code", None)
+            if code in _AUTH_CODES:  # not a fault of the stage: outbox until it is fixed
+                raise StoreUnavailable(f"{what}: the store refused the credentials ({code}); "
+                                       f"set {USERNAME_ENV} and {PASSWORD_ENV} (or {TOKEN_ENV})"
+                                       ) from exc
             if not is_transient(exc):
                 raise
             text = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
@@ -205,7 +247,7 @@ def ensure_experiment(client: Any, uri: str, name: str) -> str:
             assert exp is not None
     if exp.lifecycle_stage != "active":
         raise TrackingError(
-            f"experiment.name = {name!r} is deleted in {uri}; restore it with "
+            f"experiment.name = {name!r} is deleted in {redact_uri(uri)}; restore it with "
             f"`mlflow experiments restore --experiment-id {exp.experiment_id}` or rename it")
     return exp.experiment_id
 
@@ -222,5 +264,5 @@ def ensure_store(uri: str, experiment_name: str) -> str:
     reason = probe(uri)
     if reason is not None:
         raise StoreUnavailable(reason)
-    client = call(get_client, uri, what=f"open {uri}")
+    client = call(get_client, uri, what=f"open {redact_uri(uri)}")
     return ensure_experiment(client, uri, experiment_name)

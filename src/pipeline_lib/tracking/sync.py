@@ -9,15 +9,24 @@ sync reads nothing and a sync interrupted half-way resumes where it stopped.
 
 A record the store refuses for good (not a reachability problem) is skipped with a
 warning, so one bad record cannot block every later stage's automatic replay.
+
+Only files inside the run directory being synced are uploaded: an ``artifact`` record whose
+path (relative to the run directory, or absolute in older outboxes) leads outside it, by an
+absolute path elsewhere, ``..`` or a symbolic link, also one inside a directory it names,
+is refused with an error line naming the outbox line and the file, and listed in
+:attr:`SyncReport.refused`; the other records are replayed. Anyone who can append to an
+outbox could otherwise have whoever runs ``sync-tracking`` upload any file they can read.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..credentials import redact_uri
 from ..errors import TrackingError
 from ..run_layout import OUTBOX_FILE, ResultsLayout, RunLayout
 from .commit import commit_points, latest_steps, log_params_once, set_tags
@@ -38,11 +47,31 @@ class SyncReport:
     runs: int = 0  # parent and child runs found or created
     metrics: int = 0  # metric points newly committed
     skipped: int = 0  # unreadable or refused records
+    refused: list[str] = field(default_factory=list)  # artifact records naming outside files
+
+
+class OutboxPathError(TrackingError):
+    """An outbox ``artifact`` record names a file outside the run directory being synced."""
+
+
+def outside_file(path: Path, root: Path) -> Path | None:
+    """The first file ``path`` would upload that lies outside ``root`` (``path`` itself, or
+    a symbolic link in the directory it names), following links; None if all lie inside."""
+    root = root.resolve()
+    if not path.resolve().is_relative_to(root):
+        return path
+    if path.is_dir():
+        for folder, dirs, files in os.walk(path):
+            for name in sorted(dirs + files):
+                entry = Path(folder) / name
+                if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+                    return entry
+    return None
 
 
 class _Replayer:
-    def __init__(self, client: Any, uri: str, ids: dict[str, str]) -> None:
-        self.client, self.uri, self.ids = client, uri, ids
+    def __init__(self, client: Any, uri: str, ids: dict[str, str], run_dir: Path) -> None:
+        self.client, self.uri, self.ids, self.run_dir = client, uri, ids, run_dir
         self.experiments: dict[str, str] = {}
         self.committed: dict[str, dict[str, int]] = {}
 
@@ -81,11 +110,22 @@ class _Replayer:
             points = [(k, float(v), int(s), int(t)) for k, v, s, t in rec["points"]]
             report.metrics += commit_points(self.client, run_id, points, self.committed[run_id])
         elif op == "artifact":
-            self._artifact(self._run(rec["run"]), Path(rec["path"]), rec.get("artifact_path"))
+            self._artifact(self._run(rec["run"]), self._confined(rec["path"]),
+                           rec.get("artifact_path"))
         elif op == "status":
             set_status(self.client, self._run(rec["run"]), rec["status"], rec.get("time_ms"))
         else:
             raise TrackingError(f"unknown outbox operation {op!r}")
+
+    def _confined(self, name: str) -> Path:
+        """The record's path (relative to the run directory); OutboxPathError if any file
+        it would upload lies outside the run directory."""
+        path = Path(name) if Path(name).is_absolute() else self.run_dir / name
+        outside = outside_file(path, self.run_dir)
+        if outside is not None:
+            shown = outside if outside == path else f"{outside} (in {path})"
+            raise OutboxPathError(f"{shown} is outside the run directory {self.run_dir}")
+        return path
 
     def _artifact(self, run_id: str, path: Path, artifact_path: str | None) -> None:
         if not path.exists():
@@ -103,9 +143,9 @@ def sync_outbox(run_dir: Path, uri: str) -> SyncReport:
     """Replay ``run_dir``'s outbox into store ``uri`` from the recorded progress on.
 
     Raises StoreUnavailable if the store cannot be reached (progress so far is kept).
+    Artifact records naming files outside ``run_dir`` are refused and listed in the
+    report's ``refused``; the caller decides whether that fails (``sync-tracking`` does).
     """
-    from mlflow.exceptions import MlflowException
-
     run_dir = Path(run_dir)
     report = SyncReport()
     outbox = Outbox(run_dir)
@@ -120,30 +160,44 @@ def sync_outbox(run_dir: Path, uri: str) -> SyncReport:
         if reason is not None:
             raise StoreUnavailable(reason)
         ids = state.ids(uri)
-        replayer = _Replayer(call(get_client, uri, what=f"open {uri}"), uri, ids)
+        replayer = _Replayer(call(get_client, uri, what=f"open {redact_uri(uri)}"), uri, ids,
+                             run_dir)
         done = start
         try:
             for index, rec in outbox.lines(start):
                 report.records += 1
-                if rec is None:
-                    report.skipped += 1
-                else:
-                    try:
-                        replayer.apply(rec, report)
-                    except (MlflowException, TrackingError, KeyError, ValueError) as exc:
-                        if isinstance(exc, StoreUnavailable):
-                            raise
-                        report.skipped += 1
-                        log.warning("%s line %d (%s) not replayed: %s", outbox.path, index + 1,
-                                    rec.get("op"), str(exc).splitlines()[0][:300])
+                _replay_line(replayer, rec, f"{outbox.path} line {index + 1}", report)
                 done = index + 1
                 if report.records % CHECKPOINT_EVERY == 0:
                     state.update(uri, done, ids)
         finally:
             state.update(uri, done, ids)
     log.info("synced %s into %s: %d records, %d runs, %d metric points, %d skipped",
-             outbox.path, uri, report.records, report.runs, report.metrics, report.skipped)
+             outbox.path, redact_uri(uri), report.records, report.runs, report.metrics,
+             report.skipped)
     return report
+
+
+def _replay_line(replayer: _Replayer, rec: dict[str, Any] | None, where: str,
+                 report: SyncReport) -> None:
+    """Apply one record; count and report what cannot be (StoreUnavailable propagates)."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(rec, dict):  # unreadable (torn) or not a record
+        report.skipped += 1
+        return
+    try:
+        replayer.apply(rec, report)
+    except OutboxPathError as exc:
+        report.skipped += 1
+        report.refused.append(f"{where} (artifact): {exc}; not uploaded")
+        log.error("%s", report.refused[-1])
+    except (MlflowException, TrackingError, KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, StoreUnavailable):
+            raise
+        report.skipped += 1
+        log.warning("%s (%s) not replayed: %s", where, rec.get("op"),
+                    str(exc).splitlines()[0][:300])
 
 
 def outbox_dirs(results_dir: Path) -> list[Path]:

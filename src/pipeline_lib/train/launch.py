@@ -118,10 +118,14 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
 
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
                              warm_start=warm_start)
+    if cfg.tracking.enabled:
+        from ..tracking import resolve_uri
+
+        resolve_uri(cfg)  # the URI's credentials into MLflow's variables, which workers inherit
     tmp = Path(tempfile.mkdtemp(prefix="loopline-train-"))
     try:
         config_path = tmp / "config.yaml"
-        save_config(cfg, config_path)
+        save_config(cfg, config_path)  # without credentials
         cmd = torchrun_command(cfg, _train_args(config_path, data_dir, resume_from, until_step,
                                                 out, run_dir, attempt, warm_start),
                                job_id=Path(out).name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, flatten, to_dict
+from ..config import Config, flatten, public_dict
 from ..run_layout import RunLayout
 from .segment import TrainerState
 
@@ -18,7 +18,7 @@ def start_tracking(cfg: Config, state: TrainerState, run_dir: Path, data_id: str
 
     first = state.tracking_run_id is None
     stage = start_stage(cfg, run_dir, "train", run_id=state.tracking_run_id,
-                        params=flatten(to_dict(cfg)) if first else None, data_id=data_id)
+                        params=flatten(public_dict(cfg)) if first else None, data_id=data_id)
     state.tracking_run_id = stage.run_id
     return stage
 

@@ -27,16 +27,18 @@ def _step_name(step: int | None) -> str:
 def prepare_tracking_store(cfg: Config, marker: Path) -> None:
     """Create the store's schema and the experiment once, before parallel jobs touch it.
 
-    Writes ``marker`` (JSON: uri, experiment id or the reason it is unreachable); an
-    unreachable store is not an error: stages then write their outboxes.
+    Writes ``marker`` (JSON: uri without credentials, experiment id or the reason it is
+    unreachable); an unreachable store is not an error: stages then write their outboxes.
     """
+    from ..credentials import redact_uri
     from ..tracking import StoreUnavailable, ensure_store, resolve_uri
 
     info: dict[str, Any] = {"enabled": cfg.tracking.enabled, "experiment": cfg.experiment.name}
     if cfg.tracking.enabled:
-        info["uri"] = resolve_uri(cfg)
+        uri = resolve_uri(cfg)
+        info["uri"] = redact_uri(uri)
         try:
-            info["experiment_id"] = ensure_store(info["uri"], cfg.experiment.name)
+            info["experiment_id"] = ensure_store(uri, cfg.experiment.name)
         except StoreUnavailable as exc:
             log.warning("tracking store unavailable (%s); stages will log to their outboxes", exc)
             info["unavailable"] = str(exc)
