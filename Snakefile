@@ -1,17 +1,19 @@
 # loopline: pack a corpus, train a looped transformer in segments, sweep test-time depth,
 # run downstream benchmarks, track everything in MLflow. All logic lives in src/pipeline_lib.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
-from pipeline_lib.config import apply_default_config
+from pipeline_lib.workflow.plan import plan_for_snakemake
 
 min_version("9.0")
 
 # The embedded default is config/config.yaml; --configfile and --config are merged over it
-# (a file that lists runs: replaces the default variants rather than adding to them).
-apply_default_config(config)
-# set_default=False: the schema's defaults would also fill every key of a runs: variant,
-# turning a partial override into a full one; pipeline_lib.config fills defaults itself.
-validate(config, "workflow/schemas/config.schema.yaml", set_default=False)
+# (a file that lists runs: replaces the default variants rather than adding to them), then
+# validated by the same code as the stage commands: a bad key or value, in a runs: variant
+# too, ends here with their one-line `error: …`. No snakemake.utils.validate: the schema in
+# workflow/schemas is generated from the same dataclasses and bounds (it documents them), and
+# it would reject Snakemake's string-valued --config entries that the loader converts.
+PLAN = plan_for_snakemake(config, workflow.config_settings.configfiles,
+                          workflow.config_settings.config_args)
 
 
 include: "workflow/rules/common.smk"

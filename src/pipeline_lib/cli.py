@@ -49,13 +49,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _take_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                    extra: list[str]) -> None:
+    """``key=value`` overrides are accepted anywhere on a stage's command line: argparse
+    fills a ``nargs="*"`` positional from one run of arguments only, so the ones after the
+    next option come back unparsed and join ``args.overrides`` here; anything else left
+    over is refused as argparse would."""
+    overrides = [item for item in extra if "=" in item and not item.startswith("-")]
+    unknown = [item for item in extra if item not in overrides]
+    if overrides and hasattr(args, "overrides"):
+        args.overrides = [*args.overrides, *overrides]
+    elif overrides:
+        unknown = extra
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "lm-eval":  # passes everything through to lm-eval's own parser
         from .commands import lm_eval
 
         return lm_eval.passthrough(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    _take_overrides(parser, args, extra)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

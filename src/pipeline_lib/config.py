@@ -124,8 +124,9 @@ class DataConfig:
     tokenizer: TokenizerConfig = _f(TokenizerConfig(), "Tokenizer settings.")
     seq_len: int = _f(128, "Tokens per training row (inputs); rows hold seq_len + 1 tokens.", minimum=2)
     epochs: int = _f(2, "Epoch permutations packed; the data stream cycles past the last one.", minimum=1)
-    val_fraction: float = _f(0.02, "Fraction of whole documents held out for validation.",
-                             minimum=0, maximum=0.5)
+    val_fraction: float = _f(0.02, "Fraction of whole documents held out for validation "
+                             "(> 0: training and the H_eff sweep read validation rows).",
+                             exclusive_minimum=0, maximum=0.5)
     seed: int = _f(0, "Seed of the validation split and the per-epoch row order.", minimum=0)
     curriculum_fraction: float = _f(
         0.0, "Difficulty curriculum: over this fraction of epoch 0's rows the largest document "
@@ -290,7 +291,7 @@ class EvalConfig:
     """H_eff sweep: validation loss at several test-time loop counts, one pass per batch."""
 
     h_eff: list[int] = _f([1, 2, 4, 8], "Loop counts read out (may exceed model.loops).",
-                          items={"minimum": 1})
+                          min_items=1, items={"minimum": 1})
     max_tokens: int = _f(65536, "Validation tokens evaluated per snapshot.", minimum=1)
     batch_rows: int = _f(16, "Rows per evaluation batch.", minimum=1)
     use_ema: bool = _f(False, "Evaluate the EMA weights when the snapshot has them.")
@@ -313,7 +314,8 @@ class BenchConfig:
     tasks: list[str] = _f(["loopline_khop", "loopline_addition", "loopline_parity"],
                           "Task names: built-in loopline_* tasks, tasks of bench.include_path "
                           "or any installed lm-eval task.")
-    h_eff: list[int] = _f([1, 4, 8], "Loop counts at which every task is scored.", items={"minimum": 1})
+    h_eff: list[int] = _f([1, 4, 8], "Loop counts at which every task is scored.", min_items=1,
+                          items={"minimum": 1})
     snapshots: str = _f("final", "Benchmark the final snapshot only, or every kept one.",
                         choices=["final", "kept"])
     examples_per_level: int = _f(40, "Built-in tasks: examples per difficulty level.", minimum=1)
@@ -385,6 +387,9 @@ def _merge(base: Any, update: Any, source: str) -> Any:
         return OmegaConf.merge(base, update)
     except OmegaConfBaseException as exc:
         raise ConfigError(_explain_omegaconf_error(exc, source)) from None
+    except TypeError as exc:  # e.g. a section given as a list, a list as a mapping
+        raise ConfigError(f"{source}: {exc}; give sections as mappings and lists (such as "
+                          "data.sources) whole, e.g. data.sources=[{type: stdlib}]") from None
 
 
 def _explain_omegaconf_error(exc: Exception, source: str) -> str:
@@ -392,9 +397,31 @@ def _explain_omegaconf_error(exc: Exception, source: str) -> str:
     msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]
     if "not in struct" in str(exc) or "Key '" in msg and "not" in msg:
         section = key.rsplit(".", 1)[0] if "." in key else "the top level"
-        return (f"{source}: unknown config key '{key}'; check its spelling against "
+        guess = _similar_key(key)
+        hint = f" (did you mean '{guess}'?)" if guess else ""
+        return (f"{source}: unknown config key '{key}'{hint}; check its spelling against "
                 f"workflow/schemas/config.schema.yaml (keys allowed in {section})")
     return f"{source}: bad value for config key '{key}': {msg}; fix the value's type"
+
+
+def _similar_key(key: str) -> str | None:
+    """The existing key closest to the misspelt ``key`` (``train.lrr`` → ``train.lr``), or
+    None: the last part is matched against the fields of the section the rest names."""
+    import difflib
+    import typing
+
+    *path, last = key.split(".")
+    cls: Any = Config
+    for part in path:
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        cls = hints.get(re.sub(r"\[\d+\]$", "", part))
+        while typing.get_origin(cls) is list:
+            (cls,) = typing.get_args(cls)
+    if not dataclasses.is_dataclass(cls):
+        return None
+    names = [f.name for f in dataclasses.fields(cls)]
+    match = difflib.get_close_matches(last, names, n=1, cutoff=0.6)
+    return ".".join([*path, match[0]]) if match else None
 
 
 def _read_yaml(path: Path) -> Any:
@@ -515,7 +542,16 @@ def config_for_run(cfg: Config, run: str) -> Config:
         known = ", ".join(sorted(cfg.runs)) or "(none)"
         raise ConfigError(f"unknown run '{run}' (config key runs.{run}); known runs: {known}")
     base = {**to_dict(cfg), "runs": {}}
-    return _structured(merge_config_dicts(base, cfg.runs[run] or {}), f"runs.{run}")
+    variant = cfg.runs[run] or {}
+    if not isinstance(variant, Mapping):
+        raise ConfigError(f"runs.{run} is {variant!r}; a variant is a mapping of sections, "
+                          "e.g. {model: {loops: 4}}")
+    try:
+        return _structured(merge_config_dicts(base, variant), f"runs.{run}")
+    except ConfigError as exc:  # a cross-field rule broken by the variant: name it
+        text = str(exc)
+        raise ConfigError(text if text.startswith(f"runs.{run}") else f"runs.{run}: {text}") \
+            from None
 
 
 def config_hash(cfg: Any, length: int = 12) -> str:

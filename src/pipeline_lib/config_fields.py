@@ -1,9 +1,10 @@
 """A config field: its default, help text and bounds, declared once and checked generically.
 
 :func:`config_field` stores the help text and the constraints (``choices``, ``minimum``,
-``exclusive_minimum``, ``maximum``, ``items``) in the dataclass field's metadata; the JSON
-schema (:mod:`pipeline_lib.config_schema`) and :func:`check_field_constraints` both read
-them there, so the schema and the loader's checks cannot disagree. Cross-field rules live
+``exclusive_minimum``, ``maximum``, ``min_items``, ``items``) in the dataclass field's
+metadata; the JSON schema (:mod:`pipeline_lib.config_schema`) and
+:func:`check_field_constraints` both read them there, so the schema and the loader's checks
+cannot disagree. Cross-field rules live
 with the sections in :mod:`pipeline_lib.config`.
 """
 
@@ -22,8 +23,8 @@ def config_field(default: Any, help: str, **schema: Any) -> Any:
     """A dataclass field with a help text and optional schema constraints.
 
     ``schema`` may hold ``choices`` (allowed values), ``minimum``, ``exclusive_minimum``,
-    ``maximum`` and ``items`` (constraints for list items); they feed both the generated
-    JSON schema and :func:`check_field_constraints`.
+    ``maximum``, ``min_items`` (shortest list allowed) and ``items`` (constraints for list
+    items); they feed both the generated JSON schema and :func:`check_field_constraints`.
     """
     meta = {"help": help, **schema}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
@@ -44,10 +45,19 @@ def check_field_constraints(obj: Any, prefix: str) -> None:
             for i, item in enumerate(value):
                 check_field_constraints(item, f"{key}[{i}].")
             continue
+        _check_length(key, value, f)
         _check_value(key, value, f.metadata)
         if isinstance(value, list) and "items" in f.metadata:
             for i, item in enumerate(value):
                 _check_value(f"{key}[{i}]", item, f.metadata["items"])
+
+
+def _check_length(key: str, value: Any, f: dataclasses.Field) -> None:
+    min_items = f.metadata.get("min_items")
+    if min_items is not None and isinstance(value, list) and len(value) < min_items:
+        default = f.default_factory() if callable(f.default_factory) else None
+        raise ConfigError(f"config key {key} = {value} needs at least {min_items} item(s); "
+                          f"list them, e.g. the default {default}")
 
 
 def _check_value(key: str, value: Any, meta: Mapping[str, Any]) -> None:

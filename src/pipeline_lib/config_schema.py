@@ -42,7 +42,7 @@ def _constraints(meta: Any) -> dict[str, Any]:
     if meta.get("choices") is not None:
         out["enum"] = list(meta["choices"])
     for key, name in (("minimum", "minimum"), ("exclusive_minimum", "exclusiveMinimum"),
-                      ("maximum", "maximum")):
+                      ("maximum", "maximum"), ("min_items", "minItems")):
         if meta.get(key) is not None:
             out[name] = meta[key]
     return out

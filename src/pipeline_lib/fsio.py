@@ -6,11 +6,14 @@ import it. Whole snapshot directories are published by :mod:`pipeline_lib.checkp
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
 
 _HASH_CHUNK = 1 << 20  # bytes read per update: cache-sized pieces hash fastest here
+# A full disk, an exhausted quota, a file-size limit, a read-only file system.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 
 
 def write_text_atomic(path: Path, text: str, *, fsync: bool = False,
@@ -47,3 +50,11 @@ def file_sha256(path: Path) -> str:
         while chunk := fh.read(_HASH_CHUNK):
             sha.update(chunk)
     return sha.hexdigest()
+
+
+def is_write_failure(exc: OSError, *targets: Path) -> bool:
+    """Whether ``exc`` came from writing ``targets`` (a file below one of them is named) or
+    is a storage failure (:data:`WRITE_ERRNOS`; a failed ``write()`` names no file), rather
+    than from reading an input."""
+    name = str(exc.filename or "")
+    return exc.errno in WRITE_ERRNOS or any(name.startswith(str(t)) for t in targets)

@@ -1,8 +1,7 @@
-# Plan of the run tree and input functions. Imports stay torch-free: this runs on every call.
+# Input functions over PLAN (the Snakefile's plan of the run tree). Imports stay torch-free:
+# this runs on every call.
 from pipeline_lib.run_layout import job_benchmark, job_log
-from pipeline_lib.workflow.plan import WorkflowPlan
 
-PLAN = WorkflowPlan(config)
 # Every path of a run comes from pipeline_lib.run_layout: RUN holds them as patterns
 # ({run}, {step}); the input functions below fill them in for one run.
 RUN = PLAN.run_layout("{run}")

@@ -27,6 +27,8 @@ from ..fsio import file_sha256
 MANIFEST_NAME = "MANIFEST.json"
 SNAPSHOT_FORMAT = "loopline-snapshot"
 SNAPSHOT_VERSION = 1
+# Files every snapshot holds (checkpoint.contents names them; repeated here, torch-free).
+_SNAPSHOT_FILES = frozenset({"model.safetensors", "trainer_state.json", "config.yaml"})
 _CHUNK = 1 << 20  # hash and write in cache-sized pieces: 8 MiB ones ran 2x slower here
 _THREAD_MIN = 1 << 20  # smaller writes are collected and hashed in batches
 
@@ -105,6 +107,29 @@ def manifest_bytes(files: dict[str, dict[str, Any]]) -> bytes:
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
+def _without_manifest(path: Path) -> str:
+    """What a directory without MANIFEST.json is, and what to pass instead: a data pack, a
+    run directory or its snapshots/ folder are common mix-ups; only a directory holding
+    snapshot files is an interrupted (or damaged) snapshot."""
+    names = {p.name for p in path.iterdir()}
+    steps = sorted(n for n in names if n.startswith("step_") and (path / n).is_dir())
+    if {"metadata.json", "tokens.bin"} <= names:
+        return (f"{path} is a packed data directory, not a snapshot; pass it as --data, and "
+                "as --resume-from a snapshot directory (…/snapshots/step_NNNNNNN) or none")
+    if (path / "snapshots").is_dir():
+        return (f"{path} is a run directory, not a snapshot; pass {path / 'snapshots'}/final "
+                "or one of its step_NNNNNNN directories")
+    if steps:
+        return (f"{path} holds snapshots but is not one; pass one of them, e.g. "
+                f"{path / steps[-1]}")
+    if names & _SNAPSHOT_FILES:
+        return (f"snapshot {path} is incomplete: {MANIFEST_NAME} is missing (its write was "
+                "interrupted or it was deleted); resume from an earlier snapshot or rerun the "
+                "segment that writes it")
+    return (f"{path} is not a snapshot (no {MANIFEST_NAME}, no snapshot files); pass a snapshot "
+            "directory (…/snapshots/step_NNNNNNN)")
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """Parse ``path/MANIFEST.json``; CheckpointError when it is absent or malformed."""
     path = Path(path)
@@ -113,9 +138,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
                               "path of a snapshot directory (…/snapshots/step_NNNNNNN)")
     mpath = path / MANIFEST_NAME
     if not mpath.is_file():
-        raise CheckpointError(f"snapshot {path} is incomplete: {MANIFEST_NAME} is missing (its "
-                              "write was interrupted); resume from an earlier snapshot or rerun "
-                              "the segment that writes it")
+        raise CheckpointError(_without_manifest(path))
     try:
         doc = json.loads(mpath.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

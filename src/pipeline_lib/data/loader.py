@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,11 +228,20 @@ class PackedData:
         return self._splits[prefix]
 
     def _packed_epoch(self, epoch: int) -> int:
+        """The packed epoch that logical ``epoch`` reuses. Wrap-arounds are warned about
+        once, then summarised at the 10th, 100th, … new one: a tiny corpus wraps at nearly
+        every step and would otherwise log a line each time."""
         if epoch >= self.num_epochs and epoch not in self._warned_epochs:
             self._warned_epochs.add(epoch)
-            log.warning("data stream entered epoch %d but only %d epochs are packed; reusing "
-                        "epoch %d (raise data.epochs to avoid repeats)",
-                        epoch, self.num_epochs, epoch % self.num_epochs)
+            count = len(self._warned_epochs)
+            if count == 1:
+                log.warning("data stream entered epoch %d but only %d epochs are packed; "
+                            "reusing epoch %d (raise data.epochs or add data to avoid "
+                            "repeats; further wrap-arounds are counted, not logged each)",
+                            epoch, self.num_epochs, epoch % self.num_epochs)
+            elif math.log10(count).is_integer():
+                log.warning("data stream wrapped around past the %d packed epochs %d times so "
+                            "far (now in epoch %d)", self.num_epochs, count, epoch)
         return epoch % self.num_epochs
 
     def rows(self, epoch: int, rows: np.ndarray) -> dict[str, np.ndarray]:

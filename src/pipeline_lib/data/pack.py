@@ -36,10 +36,16 @@ from tqdm import tqdm
 
 from ..config import DataConfig
 from ..errors import ConfigError, DataError
-from ..fsio import file_sha256
+from ..fsio import file_sha256, is_write_failure
 from .identity import FORMAT_VERSION, data_id, fingerprint_hash, source_files, source_fingerprint
 from .packing import PackedRows, fill_ratio, pack_documents, pack_documents_by_level
-from .sources import RawDocument, SourceStats, check_source, iter_documents
+from .sources import (
+    RawDocument,
+    SourceStats,
+    check_source,
+    iter_documents,
+    warn_source_problems,
+)
 from .tokenizer import TokenEncoder, build_tokenizer, eos_id, pad_id
 
 log = logging.getLogger(__name__)
@@ -155,6 +161,7 @@ def _tokenize(data: DataConfig, enc: TokenEncoder, eos: int, dtype: np.dtype, pa
     for i, st in enumerate(stats):
         if st.num_docs == 0:
             log.warning("data.sources[%d] (%s) produced no documents", i, data.sources[i].type)
+        warn_source_problems(i, data.sources[i], st)
     spans = np.stack([np.concatenate(span_off), np.concatenate(span_len)], axis=1)
     return _Tokenized(np.concatenate(lens), np.concatenate(sources), spans,
                       np.concatenate(levels), sha.hexdigest())
@@ -165,9 +172,10 @@ def _split(data: DataConfig, num_docs: int) -> tuple[np.ndarray, np.ndarray]:
     num_val = int(round(data.val_fraction * num_docs))
     if data.val_fraction > 0 and num_docs >= 2:
         num_val = min(max(num_val, 1), num_docs - 1)
-    elif data.val_fraction > 0:
-        log.warning("only one document: nothing held out for validation")
-        num_val = 0
+    elif data.val_fraction > 0:  # training and the H_eff sweep would fail on it later
+        raise DataError(f"the corpus has {num_docs} document, so data.val_fraction = "
+                        f"{data.val_fraction} holds out nothing for validation; add documents "
+                        "(at least 2: one to train on, one to validate)")
     rng = np.random.default_rng([data.seed, _SPLIT])
     is_val = np.zeros(num_docs, dtype=bool)
     is_val[rng.choice(num_docs, num_val, replace=False)] = True
@@ -335,6 +343,16 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
     return meta
 
 
+def _write_error(out_dir: Path, exc: OSError) -> str:
+    blocker = next((p for p in out_dir.parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return (f"cannot write the data pack {out_dir}: {blocker} is a file, not a directory; "
+                "point experiment.results_dir (or --out) at a directory")
+    where = f" ({exc.filename})" if exc.filename else ""
+    return (f"cannot write the data pack {out_dir}: {exc.strerror or exc}{where}; free space "
+            "there, or point experiment.results_dir (or --out) at a writable directory")
+
+
 def pack_corpus(data: DataConfig, out_dir: Path) -> dict[str, Any]:
     """Pack the corpus of ``data`` into ``out_dir`` (replaced if present); returns metadata.
 
@@ -345,10 +363,13 @@ def pack_corpus(data: DataConfig, out_dir: Path) -> dict[str, Any]:
     _check_config(data)
     for index, src in enumerate(data.sources):
         check_source(index, src)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise DataError(_write_error(out_dir, exc)) from None
     try:
         meta = _write_pack(data, tmp)
         if out_dir.exists():
@@ -358,8 +379,10 @@ def pack_corpus(data: DataConfig, out_dir: Path) -> dict[str, Any]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out_dir)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and is_write_failure(exc, tmp, out_dir):
+            raise DataError(_write_error(out_dir, exc)) from None
         raise
     log.info("packed %d documents, %d tokens into %d rows/epoch × %d epochs (fill %.4f): %s",
              meta["num_docs"], meta["total_tokens"], meta["rows_per_epoch"],

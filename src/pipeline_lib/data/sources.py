@@ -4,15 +4,18 @@ Every source yields :class:`RawDocument` values one at a time; parquet and jsonl
 through pyarrow in record batches, so memory is bounded by a batch, not by the file.
 Problems a user can cause (a glob that matches nothing, a missing column, a corrupt file)
 raise :class:`~pipeline_lib.errors.DataError` naming ``data.sources[i]`` and the file.
-Invalid UTF-8 is decoded with replacement characters and counted, never fatal.
+Invalid UTF-8 is decoded with replacement characters and counted, never fatal; documents
+without text are skipped and counted. Both are warned about once per source, naming the
+files (:func:`warn_source_problems`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import SourceConfig
@@ -20,41 +23,82 @@ from ..errors import DataError
 from .identity import FILE_SOURCE_TYPES, source_files, stdlib_dir
 from .reasoning import iter_reasoning_problems
 
+log = logging.getLogger(__name__)
+
 BATCH_ROWS = 512  # rows per pyarrow record batch: bounds memory for large files
 JSON_BLOCK_BYTES = 16 << 20  # one JSON line must fit in a block
 _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+MAX_NAMED_FILES = 10  # files named per problem in metadata.json and the warning
 
 
 @dataclass(frozen=True)
 class RawDocument:
     """One document: ``text``, then ``answer`` (whose tokens are recorded as the answer span;
     reasoning, or a jsonl/parquet source with ``answer_field``), and its ``level`` (reasoning:
-    the difficulty; jsonl/parquet: ``level_field``; -1 = unknown)."""
+    the difficulty; jsonl/parquet: ``level_field``; -1 = unknown) and the ``file`` it came
+    from (empty for generated documents)."""
 
     text: str
     answer: str = ""
     level: int = -1
+    file: str = ""
 
 
 @dataclass
 class SourceStats:
-    """Counts gathered while a source is read (reported in metadata.json)."""
+    """Counts gathered while a source is read (reported in metadata.json); the ``*_files``
+    tables count per file, for the first :data:`MAX_NAMED_FILES` files with the problem."""
 
     num_docs: int = 0
     skipped_empty: int = 0
     invalid_utf8_docs: int = 0
     invalid_utf8_sequences: int = 0
+    skipped_empty_files: dict[str, int] = field(default_factory=dict)
+    invalid_utf8_files: dict[str, int] = field(default_factory=dict)
+
+    def note_skipped(self, file: str) -> None:
+        self.skipped_empty += 1
+        _tally(self.skipped_empty_files, file)
 
 
-def decode_utf8(raw: bytes, stats: SourceStats) -> str:
-    """Decode UTF-8; invalid sequences become U+FFFD and are counted in ``stats``."""
+def _tally(table: dict[str, int], file: str) -> None:
+    if file in table or len(table) < MAX_NAMED_FILES:
+        table[file] = table.get(file, 0) + 1
+
+
+def decode_utf8(raw: bytes, stats: SourceStats, file: str | Path = "") -> str:
+    """Decode UTF-8; invalid sequences become U+FFFD and are counted in ``stats`` (per
+    ``file`` too, when given)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         text = raw.decode("utf-8", errors="replace")
         stats.invalid_utf8_docs += 1
         stats.invalid_utf8_sequences += text.count("\ufffd") - raw.count("\ufffd".encode())
+        _tally(stats.invalid_utf8_files, str(file))
         return text
+
+
+def warn_source_problems(index: int, src: SourceConfig, stats: SourceStats) -> None:
+    """One warning per kind of problem met while reading ``data.sources[index]``, naming
+    the files: documents skipped for having no text, documents decoded with replacements."""
+    if stats.skipped_empty:
+        what = ("an empty file" if src.type in ("text", "stdlib") else
+                f"a null, missing or empty {_text_fields(src)[0]!r}")
+        log.warning("%s: skipped %d document(s) with no text (%s): %s", _where(index, src),
+                    stats.skipped_empty, what, _named(stats.skipped_empty_files,
+                                                      stats.skipped_empty))
+    if stats.invalid_utf8_docs:
+        log.warning("%s: %d document(s) are not valid UTF-8 (binary files?); packed with %d "
+                    "invalid sequence(s) replaced by U+FFFD: %s", _where(index, src),
+                    stats.invalid_utf8_docs, stats.invalid_utf8_sequences,
+                    _named(stats.invalid_utf8_files, stats.invalid_utf8_docs))
+
+
+def _named(table: dict[str, int], total: int) -> str:
+    text = ", ".join(f"{name} ({count})" for name, count in table.items())
+    rest = total - sum(table.values())
+    return text + (f" and {rest} more in other files" if rest else "")
 
 
 def stdlib_files() -> list[Path]:
@@ -161,11 +205,12 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _column_texts(column, stats: SourceStats) -> list[str | None]:
+def _column_texts(column, stats: SourceStats, path: Path) -> list[str | None]:
     import pyarrow as pa
 
     if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-        return [None if raw is None else decode_utf8(raw, stats) for raw in column.to_pylist()]
+        return [None if raw is None else decode_utf8(raw, stats, path)
+                for raw in column.to_pylist()]
     return column.to_pylist()
 
 
@@ -177,7 +222,7 @@ def _batch_documents(index: int, src: SourceConfig, path: Path, batch, first_rec
     Prompt/answer mode: a missing prompt, a missing or empty answer, and (both modes) a
     missing, negative or non-integer level are one-line errors naming the record.
     """
-    columns = [_column_texts(batch.column(name), stats) for name in _text_fields(src)]
+    columns = [_column_texts(batch.column(name), stats, path) for name in _text_fields(src)]
     levels = batch.column(src.level_field).to_pylist() if src.level_field else None
     where = f"{_where(index, src)}: record {{}} of {path}"
     for i in range(batch.num_rows):
@@ -191,16 +236,16 @@ def _batch_documents(index: int, src: SourceConfig, path: Path, batch, first_rec
                 raise DataError(f"{where.format(first_record + i)} has an empty answer "
                                 f"({src.answer_field!r}); give every record an answer or "
                                 "drop the record")
-            doc = RawDocument(prompt, answer)
+            doc = RawDocument(prompt, answer, file=str(path))
         else:
-            doc = RawDocument(columns[0][i] or "")
+            doc = RawDocument(columns[0][i] or "", file=str(path))
         if levels is not None and (doc.text or doc.answer):
             level = levels[i]
             if level is None or not float(level).is_integer() or level < 0:
                 raise DataError(f"{where.format(first_record + i)} has level {level!r} in "
                                 f"{src.level_field!r}; levels must be integers >= 0, fix the "
                                 f"record or data.sources[{index}].level_field")
-            doc = RawDocument(doc.text, doc.answer, int(level))
+            doc = RawDocument(doc.text, doc.answer, int(level), doc.file)
         yield doc
 
 
@@ -271,18 +316,18 @@ def _jsonl_error(index: int, src: SourceConfig, path: Path, exc: BaseException) 
             f"or data.sources[{index}].{_field_key(src, _text_fields(src)[0])}")
 
 
-def _file_texts(files: list[Path], stats: SourceStats) -> Iterator[str]:
+def _file_documents(files: list[Path], stats: SourceStats) -> Iterator[RawDocument]:
     for path in files:
-        yield decode_utf8(path.read_bytes(), stats)
+        yield RawDocument(decode_utf8(path.read_bytes(), stats, path), file=str(path))
 
 
-def _stdlib_texts(src: SourceConfig, stats: SourceStats) -> Iterator[str]:
+def _stdlib_documents(src: SourceConfig, stats: SourceStats) -> Iterator[RawDocument]:
     files = stdlib_files()
     if src.max_docs and src.max_docs < len(files):
         # Evenly spaced over the sorted list: every package, not only the first letters.
         step = len(files) / src.max_docs
         files = [files[int(i * step)] for i in range(src.max_docs)]
-    yield from _file_texts(files, stats)
+    yield from _file_documents(files, stats)
 
 
 def iter_documents(index: int, src: SourceConfig, stats: SourceStats) -> Iterator[RawDocument]:
@@ -293,7 +338,7 @@ def iter_documents(index: int, src: SourceConfig, stats: SourceStats) -> Iterato
             yield RawDocument(problem.prompt, problem.answer, problem.difficulty)
         return
     if src.type == "stdlib":
-        docs: Iterator[RawDocument] = map(RawDocument, _stdlib_texts(src, stats))
+        docs: Iterator[RawDocument] = _stdlib_documents(src, stats)
     else:
         files = check_source(index, src)
         if src.type == "parquet":
@@ -301,10 +346,10 @@ def iter_documents(index: int, src: SourceConfig, stats: SourceStats) -> Iterato
         elif src.type == "jsonl":
             docs = _jsonl_documents(index, src, files, stats)
         else:
-            docs = map(RawDocument, _file_texts(files, stats))
+            docs = _file_documents(files, stats)
     for doc in docs:
         if not doc.text and not doc.answer:
-            stats.skipped_empty += 1
+            stats.note_skipped(doc.file)
             continue
         stats.num_docs += 1
         yield doc

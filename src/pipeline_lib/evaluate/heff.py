@@ -31,16 +31,17 @@ log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
 
 
-def parse_h_eff(text: str | Sequence[int]) -> list[int]:
-    """``"1,2,4,8"`` (or a list) → sorted distinct loop counts, each ≥ 1."""
+def parse_h_eff(text: str | Sequence[int], name: str = "--h-eff") -> list[int]:
+    """``"1,2,4,8"`` (or a list) → sorted distinct loop counts, each ≥ 1; errors name
+    ``name`` (the option, or the config key the list came from)."""
     items = text.split(",") if isinstance(text, str) else list(text)
     try:
         values = sorted({int(str(v).strip()) for v in items if str(v).strip()})
     except ValueError:
-        raise ConfigError(f"--h-eff {text!r} must be comma-separated integers, e.g. 1,2,4,8") \
+        raise ConfigError(f"{name} {text!r} must be comma-separated integers, e.g. 1,2,4,8") \
             from None
     if not values or values[0] < 1:
-        raise ConfigError(f"--h-eff {text!r} needs loop counts of at least 1, e.g. 1,2,4,8")
+        raise ConfigError(f"{name} {text!r} needs loop counts of at least 1, e.g. 1,2,4,8")
     return values
 
 

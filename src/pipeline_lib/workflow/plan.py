@@ -10,13 +10,22 @@ every call, dry runs included.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, DataConfig, config_for_run, config_from_dict, config_hash, to_dict
+from ..config import (
+    Config,
+    DataConfig,
+    apply_default_config,
+    config_for_run,
+    config_from_dict,
+    config_hash,
+    to_dict,
+)
 from ..data.identity import data_id as compute_data_id
+from ..errors import ConfigError, PipelineError
 from ..run_layout import ResultsLayout, RunLayout
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .snapshots_policy import kept_steps, previous_end, segment_ends, total_steps
@@ -30,6 +39,19 @@ BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokeniz
 def planned_vocab_size(data: DataConfig) -> int:
     """Vocabulary size known before packing (for a token-budget step count)."""
     return BYTE_VOCAB_SIZE if data.tokenizer.type == "byte" else data.tokenizer.vocab_size
+
+
+def _check_results_dir(results: Path) -> None:
+    """``experiment.results_dir`` must be a directory or not exist yet (nor a parent be a
+    file): Snakemake would otherwise fail with a traceback while scanning for outputs."""
+    for path in (results, *results.parents):
+        if path.exists():
+            if not path.is_dir():
+                what = "is" if path == results else f"lies under {path}, which is"
+                raise ConfigError(f"experiment.results_dir = {str(results)!r} {what} a file, "
+                                  "not a directory; point it at a directory (created if "
+                                  "missing)")
+            return
 
 
 @dataclass(frozen=True)
@@ -50,9 +72,10 @@ class RunPlan:
 class WorkflowPlan:
     """Runs, data packs and snapshot steps of one Snakemake invocation."""
 
-    def __init__(self, config: Mapping[str, Any]):
-        self.config = config_from_dict(config, "Snakemake config")
+    def __init__(self, config: Mapping[str, Any], source: str = "Snakemake config"):
+        self.config = config_from_dict(config, source)
         self.results = Path(self.config.experiment.results_dir)
+        _check_results_dir(self.results)
         self.layout = ResultsLayout(self.results)
         names = list(self.config.runs) or [DEFAULT_RUN]
         self.runs = {name: self._plan_run(name) for name in names}
@@ -212,3 +235,26 @@ class WorkflowPlan:
         """Files of the run's ``bench.include_path`` tasks (YAMLs, includes, data): inputs of
         the bench rule, so editing them reruns the benchmarks."""
         return self._bench_inputs[run]
+
+
+def plan_for_snakemake(config: dict[str, Any], configfiles: Sequence[Any] = (),
+                       config_args: Sequence[str] = ()) -> WorkflowPlan:
+    """The Snakefile's plan: ``config`` (what --configfile/--config gave Snakemake) merged
+    over the embedded default in place, validated by the same code as the stage commands,
+    and planned. A user error ends Snakemake with the one line those commands print
+    (``error: …``, naming the file, or the ``runs:`` variant the key is in), never with a
+    traceback or a dump of the JSON schema."""
+    names = [_shown(Path(f)) for f in configfiles] + (["--config"] if config_args else [])
+    try:
+        apply_default_config(config)
+        return WorkflowPlan(config, " + ".join(names) or "config/config.yaml")
+    except PipelineError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it (as typed, mostly)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -74,7 +74,7 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     from ..evaluate.heff import parse_h_eff, run_heff
     from ..tracking import start_stage
 
-    h_effs = parse_h_eff(cfg.eval.h_eff)
+    h_effs = parse_h_eff(cfg.eval.h_eff, "eval.h_eff")
     result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
                       max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
                       use_ema=cfg.eval.use_ema, adaptive=AdaptiveSpec.from_eval_config(cfg.eval))
