@@ -22,6 +22,7 @@ include: "workflow/rules/track.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/export.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -24,6 +24,8 @@ COMMAND_MODULES = [
     "bench",
     "summarize_bench",
     "lm_eval",
+    "export",
+    "generate",
     "track_init",
     "sync_tracking",
     "compare",

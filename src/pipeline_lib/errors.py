@@ -35,6 +35,11 @@ class DeviceError(PipelineError):
     """The requested device or distributed backend is not available here."""
 
 
+class UsageError(PipelineError):
+    """A command's input cannot be used as given (a prompt longer than the model's context,
+    an output directory that holds something else)."""
+
+
 class Preempted(PipelineError):
     """A segment stopped early on request (SIGTERM/SIGUSR1 or its time limit) after writing
     a resume point; a retry of the job continues from it. The CLI exits with

@@ -17,6 +17,7 @@
         eval/heff/step_{step:07d}.json  eval/heff{,_adaptive}.{parquet,png}
         bench/step_{step:07d}.json  bench/tasks_step_{step:07d}/  bench/summary.parquet
         bench/accuracy_vs_heff.png
+        export/                              # final snapshot in the Hugging Face format
     logs/{rule}/{run}[/transient]/step_{step:07d}.log   logs/{rule}/{run}.log   logs/{rule}.log
     logs/benchmarks/{rule}/{run}[/transient]/step_{step:07d}.tsv   (Snakemake benchmark:)
 
@@ -248,6 +249,11 @@ class RunLayout:
     @property
     def bench_plot(self) -> Path:
         return self.bench_dir / "accuracy_vs_heff.png"
+
+    @property
+    def export_dir(self) -> Path:
+        """The final snapshot in the Hugging Face format (rule export)."""
+        return self.run_dir / "export"
 
     # ------------------------------------------------------------------ job logs, benchmark TSVs
 

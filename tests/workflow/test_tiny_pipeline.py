@@ -57,6 +57,10 @@ def test_eval_bench_and_compare_outputs(tiny_pipeline: Path):
         for name in ("eval/heff.parquet", "eval/heff.png", "eval/heff_adaptive.parquet",
                      "eval/heff_adaptive.png", "bench/summary.parquet", "bench/accuracy_vs_heff.png"):
             assert (base / name).stat().st_size > 0
+        export = json.loads((base / "export" / "config.json").read_text())  # rule export
+        assert export["loopline"]["step"] == 30
+        assert export["num_loops"] == int(run.removeprefix("loops"))
+        assert (base / "export" / "model.safetensors").stat().st_size > 0
     summary = (tiny_pipeline / "results" / "compare" / "summary.md").read_text()
     assert all(run in summary for run in RUNS)
 

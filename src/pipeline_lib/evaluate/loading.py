@@ -34,8 +34,10 @@ class LoadedModel:
     seq_len: int
 
 
-def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None) -> Any:
-    """The tokenizer stored in the snapshot at ``path`` (or ``override``, a tokenizer.json)."""
+def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
+                       option: str = "tokenizer={} in --model_args") -> Any:
+    """The tokenizer stored in the snapshot at ``path`` (or ``override``, a tokenizer.json);
+    ``option`` is how the caller's user passes one (``{}``: the data pack's tokenizer.json)."""
     from ..data.identity import data_id
     from ..data.tokenizer import load_tokenizer
     from ..run_layout import ResultsLayout
@@ -47,16 +49,17 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None) -> Any:
         pack = ResultsLayout(cfg.experiment.results_dir).data_dir(data_id(cfg.data))
         raise CheckpointError(f"snapshot {path} has no {TOKENIZER_FILE} (written before "
                               "snapshots carried their tokenizer); retrain its segment, or pass "
-                              f"tokenizer={pack / TOKENIZER_FILE} (its data pack's) in "
-                              "--model_args")
+                              f"{option.format(pack / TOKENIZER_FILE)} (its data pack's)")
     return load_tokenizer(stored)
 
 
 def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
-                   with_tokenizer: bool = True) -> LoadedModel:
+                  with_tokenizer: bool = True,
+                  tokenizer_option: str = "tokenizer={} in --model_args") -> LoadedModel:
     """Verified weights + config (+ tokenizer) of the snapshot at ``path``, as a ready model.
 
-    ``with_tokenizer=False`` skips the tokenizer (loss-only evaluation needs none).
+    ``with_tokenizer=False`` skips the tokenizer (loss-only evaluation needs none);
+    ``tokenizer_option`` names the caller's way to pass one (see :func:`snapshot_tokenizer`).
     """
     from ..checkpoint.compat import snapshot_config
     from ..checkpoint.manifest import verify_snapshot
@@ -83,7 +86,7 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     model.eval()
     trainer_state = json.loads((path / "trainer_state.json").read_text())
     step = trainer_state.get("step")
-    tok = snapshot_tokenizer(path, cfg, tokenizer) if with_tokenizer else None
+    tok = snapshot_tokenizer(path, cfg, tokenizer, tokenizer_option) if with_tokenizer else None
     if tok is not None and tok.get_vocab_size() > cfg.model.vocab_size:
         raise CheckpointError(f"tokenizer of snapshot {path} has {tok.get_vocab_size()} tokens "
                               f"but the model only {cfg.model.vocab_size}; pass the tokenizer "

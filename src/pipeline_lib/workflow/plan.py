@@ -147,6 +147,10 @@ class WorkflowPlan:
         previous = previous_end(self.runs[run].segment_ends, step)
         return [] if previous is None else [self.snapshot_path(run, previous)]
 
+    def final_snapshot(self, run: str) -> str:
+        """The snapshot of the run's last segment (always kept): what rule export exports."""
+        return self.snapshot_path(run, self.runs[run].final_step)
+
     def kept_snapshots(self, run: str) -> list[str]:
         return [self.snapshot_path(run, s) for s in self.runs[run].kept_steps]
 
@@ -180,12 +184,13 @@ class WorkflowPlan:
         return {run: str(self.layout.run(run).metrics) for run in self.runs}
 
     def all_targets(self) -> list[str]:
-        """Every run's index, H_eff and benchmark summaries, and the comparison."""
+        """Every run's index, H_eff and benchmark summaries, export, and the comparison."""
         targets = []
         for run in self.runs:
             layout = self.layout.run(run)
             targets += [str(p) for p in (layout.index, layout.heff_table, layout.heff_plot,
-                                         layout.bench_table, layout.bench_plot)]
+                                         layout.bench_table, layout.bench_plot,
+                                         layout.export_dir)]
         return targets + [str(self.layout.compare_dir / "summary.md")]
 
     # ------------------------------------------------------------------ resources

@@ -1,0 +1,116 @@
+"""`generate`: text from a snapshot, streamed to the terminal, or JSON lines for a batch of
+prompts read from a file or stdin (see :mod:`pipeline_lib.evaluate.generation`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "generate", help="generate text from a snapshot (greedy by default)",
+        description="Continue --prompt (streamed to stdout) or every line of --prompts-file "
+                    "('-' or piped stdin; a .jsonl file holds {\"prompt\": …} objects; one "
+                    "JSON line out per prompt) after --h-eff core loops (default: the "
+                    "training loop count) or with adaptive exits. Greedy unless --temperature "
+                    "> 0.")
+    parser.add_argument("--snapshot", type=Path, required=True, help="snapshot directory")
+    parser.add_argument("--prompt", default=None, help="one prompt (streamed output)")
+    parser.add_argument("--prompts-file", default=None, metavar="FILE",
+                        help="one prompt per line ('-' = stdin); .jsonl: {\"prompt\": …} per line")
+    depth = parser.add_mutually_exclusive_group()
+    depth.add_argument("--h-eff", default=None,
+                       help="test-time loops N >= 1, or adaptive:THRESHOLD[:MAX]")
+    depth.add_argument("--adaptive", default=None, metavar="THRESHOLD[:MAX]",
+                       help="adaptive exit: a token stops looping once its next-token "
+                            "distribution changes by less than THRESHOLD (KL), at most MAX loops")
+    parser.add_argument("--adaptive-criterion", default="kl", choices=["kl", "entropy"],
+                        help="exit score of --adaptive (default kl)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="per prompt (default 64)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature; 0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus sampling: keep the most likely tokens holding this much "
+                             "probability (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts decoded together")
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "npu"],
+                        help="where the model runs (default cpu)")
+    parser.add_argument("--use-ema", action="store_true", help="use the snapshot's EMA weights")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="tokenizer.json to use instead of the snapshot's own")
+    return parser
+
+
+def read_prompts(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """(prompts, streamed): --prompt streams; a file, '-' or piped stdin is a batch."""
+    from ..errors import UsageError
+
+    if args.prompt is not None and args.prompts_file is not None:
+        raise UsageError("--prompt and --prompts-file both given; pass one")
+    if args.prompt is not None:
+        return [args.prompt], True
+    name = args.prompts_file
+    if name is None and sys.stdin.isatty():
+        raise UsageError("no prompt: pass --prompt TEXT or --prompts-file FILE, or pipe prompts "
+                         "into stdin (one per line)")
+    if name in (None, "-"):
+        text, name = sys.stdin.read(), "stdin"
+    else:
+        try:
+            text = Path(name).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read --prompts-file {name}: {exc}; pass a UTF-8 text "
+                             "file with one prompt per line") from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if str(name).endswith(".jsonl"):
+        return [_json_prompt(name, n, line) for n, line in lines], False
+    if not lines:
+        raise UsageError(f"{name} holds no prompt; write one prompt per line")
+    return [line for _, line in lines], False
+
+
+def _json_prompt(name: str, n: int, line: str) -> str:
+    from ..errors import UsageError
+
+    try:
+        prompt = json.loads(line).get("prompt")
+    except (ValueError, AttributeError):
+        prompt = None
+    if not isinstance(prompt, str):
+        raise UsageError(f"{name} line {n} is not a JSON object with a \"prompt\" string; "
+                         "write {\"prompt\": \"…\"} per line")
+    return prompt
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..device import resolve_device
+    from ..evaluate.generation import Sampling, generate_texts, parse_depth
+    from ..evaluate.loading import load_for_eval
+
+    prompts, streamed = read_prompts(args)
+    sampling = Sampling(args.temperature, args.top_p, args.seed)  # checked before loading
+    parse_depth(args.h_eff, args.adaptive, 1, args.adaptive_criterion)
+    loaded = load_for_eval(args.snapshot, use_ema=args.use_ema, tokenizer=args.tokenizer,
+                           tokenizer_option="--tokenizer {}")
+    depth = parse_depth(args.h_eff, args.adaptive, loaded.config.model.loops,
+                        args.adaptive_criterion)
+    model = loaded.model.to(resolve_device(args.device))
+
+    def show(_: int, piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    results = generate_texts(model, loaded.tokenizer, prompts, context_len=loaded.seq_len,
+                             max_new_tokens=args.max_new_tokens, depth=depth,
+                             sampling=sampling, batch_size=args.batch_size,
+                             on_text=show if streamed else None)
+    if streamed:
+        sys.stdout.write("\n")
+    else:
+        for result in results:
+            print(json.dumps(result.to_json(), ensure_ascii=False))
+    return 0

@@ -1,0 +1,229 @@
+"""Text from a snapshot: greedy or sampled, at a fixed loop count or with adaptive exits.
+
+What ``python -m pipeline_lib generate`` runs. Prompts are decoded in batches through the
+shared decoding loop (:func:`pipeline_lib.model.generate.greedy_decode`, called once per
+batch in :func:`_decode`); this module decides how a next token is chosen:
+
+- depth: the logits after ``h_eff`` core loops, or every token read out at its own adaptive
+  exit (:func:`~pipeline_lib.evaluate.adaptive.adaptive_logits`: the first loop whose
+  next-token distribution moved less than the threshold, at most ``max_loops``);
+- choice: the argmax (greedy, the default), or a draw at ``temperature`` from the smallest
+  set of tokens holding ``top_p`` of the probability (nucleus sampling), from a generator
+  seeded with ``seed``: the same seed, prompts and batch size give the same text.
+
+A row ends at EOS (not kept) or after ``max_new_tokens``; a prompt longer than the model's
+context (``data.seq_len``) is refused, and once a row outgrows the context its oldest tokens
+slide out of the window. ``on_text(i, piece)`` receives the text of prompt i as it grows
+(whole characters only: bytes of an unfinished UTF-8 character wait for the rest).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, UsageError
+from .adaptive import CRITERIA, parse_adaptive
+
+
+@dataclass(frozen=True)
+class Depth:
+    """How many loops a token gets: ``loops``, or an adaptive exit at most ``loops`` deep."""
+
+    loops: int
+    threshold: float | None = None  # None: fixed depth
+    criterion: str = "kl"
+
+    def __str__(self) -> str:
+        if self.threshold is None:
+            return f"h_eff={self.loops}"
+        return f"adaptive:{self.threshold:g}:{self.loops} ({self.criterion})"
+
+
+def parse_depth(h_eff: str | None, adaptive: str | None, train_loops: int,
+                criterion: str = "kl") -> Depth:
+    """``--h-eff N|adaptive:T[:MAX]`` or ``--adaptive T[:MAX]`` (MAX defaults to the
+    training loop count, as does a missing ``--h-eff``)."""
+    if criterion not in CRITERIA:
+        raise ConfigError(f"--adaptive-criterion {criterion!r} is not one of {list(CRITERIA)}")
+    if h_eff is not None and adaptive is not None:
+        raise ConfigError("--h-eff and --adaptive both given; pass one (--adaptive T[:MAX] "
+                          "is --h-eff adaptive:T[:MAX])")
+    if adaptive is not None:
+        text = str(adaptive).strip()
+        try:
+            threshold, max_loops = parse_adaptive(
+                text if text.lower().startswith("adaptive") else f"adaptive:{text}", "--adaptive")
+        except ConfigError:
+            raise ConfigError(f"--adaptive {adaptive!r} is not THRESHOLD[:MAX]; use e.g. "
+                              "--adaptive 0.01 or --adaptive 0.01:8 (THRESHOLD >= 0, MAX >= 1 "
+                              "loops)") from None
+        return Depth(max_loops or train_loops, threshold, criterion)
+    if h_eff is None:
+        return Depth(train_loops)
+    text = str(h_eff).strip()
+    if text.lower().startswith("adaptive"):
+        threshold, max_loops = parse_adaptive(text, "--h-eff")
+        return Depth(max_loops or train_loops, threshold, criterion)
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--h-eff {h_eff!r} is not a loop count; use --h-eff N with N >= 1 "
+                          "(e.g. 4), or --h-eff adaptive:THRESHOLD[:MAX]")
+    return Depth(int(text))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy when ``temperature`` is 0; else nucleus sampling at that temperature."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ConfigError(f"--temperature {self.temperature} must be a finite number >= 0 "
+                              "(0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"--top-p {self.top_p} must lie in (0, 1] (1 = no cut)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
+                ) -> list[int]:
+    """Next token per row of ``logits`` [n, V] (fp32 on the CPU)."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1).tolist()
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of the more likely tokens
+    sorted_p = sorted_p.masked_fill(before >= sampling.top_p, 0.0)  # the top one always stays
+    drawn = torch.multinomial(sorted_p, 1, generator=generator)  # [n, 1], renormalised
+    return order.gather(-1, drawn).squeeze(-1).tolist()
+
+
+@dataclass
+class Generation:
+    """One prompt's continuation."""
+
+    prompt: str
+    text: str
+    ids: list[int]  # new tokens kept (EOS not kept)
+    stop: str  # "eos" or "length"
+    mean_loops: float  # loops per generated token (its exit loop under adaptive depth)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "completion": self.text, "completion_ids": self.ids,
+                "stop": self.stop, "mean_loops": round(self.mean_loops, 4)}
+
+
+def encode_prompts(tok: Any, prompts: Sequence[str], context_len: int, eos: int
+                   ) -> list[list[int]]:
+    """Token ids of every prompt (an empty prompt starts after EOS, as documents do)."""
+    encoded = []
+    for i, prompt in enumerate(prompts):
+        ids = list(tok.encode(prompt, add_special_tokens=False).ids) or [eos]
+        if len(ids) > context_len:
+            raise UsageError(f"prompt {i + 1} has {len(ids)} tokens but the model's context is "
+                             f"{context_len} (data.seq_len of the snapshot); shorten it to "
+                             f"{context_len} tokens or fewer")
+        encoded.append(ids)
+    return encoded
+
+
+@torch.no_grad()
+def last_logits(model: torch.nn.Module, rows: list[list[int]], depth: Depth, pad: int
+                ) -> tuple[torch.Tensor, list[int]]:
+    """Logits [n, V] (fp32, CPU) at each row's last token and the loops it used.
+
+    Rows are right-padded: the model is causal, so padding never changes earlier logits.
+    """
+    from .adaptive import adaptive_logits
+
+    device = next(model.parameters()).device
+    ids = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+    ids = ids.to(device)
+    last = torch.tensor([len(r) - 1 for r in rows], device=device)
+    at = torch.arange(len(rows), device=device)
+    if depth.threshold is None:
+        return model.logits_at(ids, depth.loops)[at, last].float().cpu(), [depth.loops] * len(rows)
+    logits, exits = adaptive_logits(model, ids, depth.threshold, depth.loops, depth.criterion)
+    return logits[at, last].float().cpu(), exits[at, last].tolist()
+
+
+class _TextStream:
+    """Decoded text per row, handed on in whole characters as tokens arrive."""
+
+    def __init__(self, tok: Any, n: int, on_text: Callable[[int, str], None] | None) -> None:
+        self.tok, self.on_text = tok, on_text
+        self.shown = [""] * n
+
+    def update(self, i: int, new_ids: list[int], final: bool = False) -> str:
+        text = self.tok.decode(new_ids, skip_special_tokens=True)
+        ready = text if final else text.rstrip("\ufffd")  # an unfinished UTF-8 character
+        if self.on_text is not None and len(ready) > len(self.shown[i]):
+            self.on_text(i, ready[len(self.shown[i]):])
+            self.shown[i] = ready
+        return text
+
+
+def _decode(model: torch.nn.Module, prompt_ids: list[list[int]], *, eos: int,
+            max_new_tokens: int, depth: Depth, sampling: Sampling, generator: torch.Generator,
+            context_len: int, stream: _TextStream, offset: int
+            ) -> list[tuple[list[int], str, int]]:
+    """(new ids, stop reason, Σ loops) per prompt of one batch."""
+    from ..model.generate import greedy_decode
+
+    loops = [0] * len(prompt_ids)
+
+    def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
+        logits, used = last_logits(model, rows, depth, eos)
+        for i, n in zip(active, used, strict=True):
+            loops[i] += n
+        return pick_tokens(logits, sampling, generator)
+
+    def shown(i: int, new_ids: list[int]) -> bool:
+        stream.update(offset + i, new_ids)
+        return False
+
+    done = greedy_decode(next_ids, prompt_ids, [max_new_tokens] * len(prompt_ids), eos_id=eos,
+                         context_len=context_len, stopped=shown)
+    return [(new, stop, used) for (new, stop), used in zip(done, loops, strict=True)]
+
+
+def generate_texts(model: torch.nn.Module, tok: Any, prompts: Sequence[str], *,
+                   context_len: int, max_new_tokens: int, depth: Depth,
+                   sampling: Sampling | None = None, batch_size: int = 16,
+                   on_text: Callable[[int, str], None] | None = None) -> list[Generation]:
+    """Continuations of ``prompts`` (see the module docstring), ``batch_size`` at a time."""
+    from ..data.tokenizer import eos_id
+
+    if max_new_tokens < 1 or batch_size < 1:
+        raise ConfigError(f"--max-new-tokens {max_new_tokens} and --batch-size {batch_size} "
+                          "must be at least 1")
+    sampling = sampling or Sampling()
+    eos = eos_id(tok)
+    prompt_ids = encode_prompts(tok, prompts, context_len, eos)
+    generator = torch.Generator().manual_seed(sampling.seed)
+    stream = _TextStream(tok, len(prompts), on_text)
+    model.eval()
+    out: list[Generation] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompt_ids[start:start + batch_size]
+        decoded = _decode(model, chunk, eos=eos, max_new_tokens=max_new_tokens,
+                          depth=depth, sampling=sampling, generator=generator,
+                          context_len=context_len, stream=stream, offset=start)
+        for i, (new, stop, used) in enumerate(decoded, start):
+            text = stream.update(i, new, final=True)
+            # EOS ends a row after one more forward pass: its loops count too
+            steps = len(new) + (stop == "eos")
+            out.append(Generation(prompts[i], text, new, stop, used / max(steps, 1)))
+    return out

@@ -1,0 +1,167 @@
+"""Export a snapshot to the Hugging Face format: a directory transformers loads as is.
+
+``export_snapshot(snapshot, out)`` writes::
+
+    config.json              LooplineConfig fields, auto_map → modeling_loopline.py
+    generation_config.json   EOS/PAD ids, greedy, no KV cache
+    model.safetensors        the LoopedLM state dict (EMA weights with use_ema), fp32
+    modeling_loopline.py     the model for transformers (torch + transformers only)
+    tokenizer.json  tokenizer_config.json  special_tokens_map.json   (PreTrainedTokenizerFast)
+    loopline_config.yaml     the resolved loopline config the snapshot was trained with
+
+so ``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`` and
+``AutoTokenizer.from_pretrained(out)`` load it without loopline installed. The snapshot is
+verified against its manifest first (sharded snapshots are consolidated). The directory is
+built in a hidden temporary sibling and renamed onto ``out`` at the end, so ``out`` is never
+half-written; an existing ``out`` is replaced only when it is itself a loopline export.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError, UsageError
+
+log = logging.getLogger(__name__)
+
+MODELING_FILE = "modeling_loopline.py"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_JSON = "config.json"
+LOOPLINE_CONFIG = "loopline_config.yaml"
+EXPORT_FILES = (CONFIG_JSON, "generation_config.json", WEIGHTS_FILE, MODELING_FILE,
+                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                LOOPLINE_CONFIG)
+MODEL_TYPE = "loopline"
+
+
+def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any]) -> dict[str, Any]:
+    """config.json of a model with loopline config ``cfg`` (``LooplineConfig`` fields)."""
+    from ..model.size import resolved_ffn_hidden, resolved_moe_hidden, step_embedding_rows
+
+    m = cfg.model
+    return {
+        "architectures": ["LooplineForCausalLM"],
+        "model_type": MODEL_TYPE,
+        "auto_map": {"AutoConfig": "modeling_loopline.LooplineConfig",
+                     "AutoModelForCausalLM": "modeling_loopline.LooplineForCausalLM"},
+        "vocab_size": m.vocab_size, "hidden_size": m.d_model,
+        "num_attention_heads": m.n_heads, "prelude_layers": m.prelude_layers,
+        "core_layers": m.core_layers, "coda_layers": m.coda_layers, "num_loops": m.loops,
+        "intermediate_size": resolved_ffn_hidden(m), "moe_experts": m.moe_experts,
+        "moe_top_k": m.moe_top_k,
+        "moe_intermediate_size": resolved_moe_hidden(m) if m.moe_experts else 0,
+        "injection": m.injection, "injection_scale": m.injection_scale,
+        "step_embedding_rows": step_embedding_rows(m), "state_init": m.state_init,
+        "tie_embeddings": m.tie_embeddings, "rope_theta": m.rope_theta,
+        "rms_norm_eps": m.norm_eps, "max_position_embeddings": cfg.data.seq_len,
+        "bos_token_id": None, "eos_token_id": eos, "pad_token_id": pad,
+        "tie_word_embeddings": False, "dtype": "float32",
+        "loopline": provenance,
+    }
+
+
+def tokenizer_files(tok: Any, seq_len: int) -> dict[str, str]:
+    """tokenizer.json, tokenizer_config.json and special_tokens_map.json for
+    ``PreTrainedTokenizerFast``: ids equal loopline's (special tokens are never parsed out
+    of text: ``split_special_tokens``), no BOS/EOS added, byte-exact decoding."""
+    from ..data.tokenizer import EOS_TOKEN, PAD_TOKEN
+
+    specials = {"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
+              "model_max_length": seq_len, "split_special_tokens": True,
+              "clean_up_tokenization_spaces": False, "add_bos_token": False,
+              "add_eos_token": False, "padding_side": "right"}
+    return {"tokenizer.json": tok.to_str(),
+            "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+            "special_tokens_map.json": json.dumps(specials, indent=2) + "\n"}
+
+
+def export_state(model: Any) -> dict[str, Any]:
+    """The weights as the exported model names them: the LoopedLM state dict, plus λ of
+    additive injection when it is fixed (a config value loopline does not save)."""
+    import torch
+
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    if model.cfg.injection == "add" and "injection_scale" not in state:
+        state["injection_scale"] = torch.tensor(float(model.cfg.injection_scale))
+    return state
+
+
+def _check_out(out: Path, snapshot: Path) -> None:
+    """``out`` may be new or a previous loopline export; nothing else is overwritten."""
+    if out.resolve() == snapshot.resolve() or snapshot.resolve() in out.resolve().parents:
+        raise UsageError(f"export directory {out} lies inside the snapshot {snapshot}; pass "
+                         "--out outside it (a snapshot is never edited)")
+    if not out.exists() and not out.is_symlink():
+        return
+    config = out / CONFIG_JSON
+    try:
+        is_export = out.is_dir() and json.loads(config.read_text()).get("model_type") == MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        is_export = False
+    if not is_export:
+        raise UsageError(f"export directory {out} exists and is not a loopline export (no "
+                         f"{CONFIG_JSON} with model_type {MODEL_TYPE!r}); pass a new --out or "
+                         "remove it")
+
+
+def _write_export(tmp: Path, loaded: Any, provenance: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    from ..data.tokenizer import eos_id, pad_id
+
+    tok, cfg = loaded.tokenizer, loaded.config
+    save_file(export_state(loaded.model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    config = hf_config(cfg, eos_id(tok), pad_id(tok), provenance)
+    (tmp / CONFIG_JSON).write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"eos_token_id": config["eos_token_id"],
+                  "pad_token_id": config["pad_token_id"], "do_sample": False,
+                  "use_cache": False}
+    (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
+    for name, text in tokenizer_files(tok, loaded.seq_len).items():
+        (tmp / name).write_text(text)
+    shutil.copyfile(loaded.path / "config.yaml", tmp / LOOPLINE_CONFIG)
+    for name in EXPORT_FILES:
+        with open(tmp / name, "rb") as fh:  # flushed before the rename publishes them
+            os.fsync(fh.fileno())
+
+
+def export_snapshot(snapshot: Path, out: Path, *, use_ema: bool = False,
+                    tokenizer: str | Path | None = None) -> dict[str, Any]:
+    """Write the Hugging Face export of ``snapshot`` to ``out``; returns its provenance.
+
+    ``tokenizer`` overrides the snapshot's own tokenizer.json (for snapshots written before
+    they carried one). Raises CheckpointError for a snapshot that fails its manifest or does
+    not fit its config, UsageError for an ``out`` that is not a previous export.
+    """
+    from ..checkpoint.fsutil import clean_stale_siblings, publish_dir, tmp_sibling
+    from ..evaluate.loading import load_for_eval
+
+    snapshot, out = Path(snapshot), Path(out)
+    _check_out(out, snapshot)
+    loaded = load_for_eval(snapshot, use_ema=use_ema, tokenizer=tokenizer,
+                           tokenizer_option="--tokenizer {}")
+    provenance = {"snapshot": str(snapshot.resolve()), "step": loaded.step,
+                  "weights": "ema" if use_ema else "model", "train_loops": loaded.config.model.loops,
+                  "seq_len": loaded.seq_len}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_siblings(out)
+    tmp = tmp_sibling(out)
+    tmp.mkdir()
+    try:
+        _write_export(tmp, loaded, provenance)
+        publish_dir(tmp, out)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write export {out}: {exc}; check free space and "
+                              "permissions (nothing was published)") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("exported %s (step %s, %d loops) → %s", snapshot, loaded.step,
+             loaded.config.model.loops, out)
+    return provenance

@@ -1,0 +1,287 @@
+"""A loopline looped transformer as a 🤗 transformers model (remote code: torch + transformers).
+
+``python -m pipeline_lib export`` copies this file, unchanged, next to ``config.json`` and
+``model.safetensors``, so that::
+
+    model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
+    model(input_ids, num_loops=8).logits          # read out after 8 core loops
+    model.generate(input_ids, num_loops=8, max_new_tokens=20)
+
+works without loopline installed. It must import nothing but torch and transformers.
+
+The model: embedding → prelude blocks → core blocks applied ``num_loops`` times with input
+injection (state ← core(state + λ·e), or core(W[state; e])) → coda blocks → final RMSNorm →
+head. ``config.num_loops`` is the training loop count and the default; any count ≥ 1 may be
+passed to ``forward`` and ``generate``. Module names equal loopline's ``LoopedLM``, so the
+weights are its state dict as is. Logits equal ``LoopedLM.logits_at`` (fp32, tested).
+
+``attention_mask`` marks padding (left or right): padded keys are never attended to and
+positions count real tokens only, so a padded row gives the logits of the unpadded one.
+No KV cache: every generation step recomputes the whole window (small models, short texts).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+
+class LooplineConfig(PretrainedConfig):
+    """Shape of a loopline model; ``num_loops`` is the default core loop count."""
+
+    model_type = "loopline"
+
+    def __init__(self, vocab_size: int = 258, hidden_size: int = 128,
+                 num_attention_heads: int = 4, prelude_layers: int = 1, core_layers: int = 1,
+                 coda_layers: int = 1, num_loops: int = 4, intermediate_size: int = 352,
+                 moe_experts: int = 0, moe_top_k: int = 2, moe_intermediate_size: int = 0,
+                 injection: str = "add", injection_scale: float = 1.0,
+                 step_embedding_rows: int = 0, state_init: str = "zeros",
+                 tie_embeddings: bool = True, rope_theta: float = 10000.0,
+                 rms_norm_eps: float = 1e-6, max_position_embeddings: int = 256,
+                 **kwargs) -> None:
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.prelude_layers, self.core_layers = prelude_layers, core_layers
+        self.coda_layers, self.num_loops = coda_layers, num_loops
+        self.intermediate_size = intermediate_size
+        self.moe_experts, self.moe_top_k = moe_experts, moe_top_k
+        self.moe_intermediate_size = moe_intermediate_size
+        self.injection, self.injection_scale = injection, injection_scale
+        self.step_embedding_rows, self.state_init = step_embedding_rows, state_init
+        self.tie_embeddings, self.rope_theta = tie_embeddings, rope_theta
+        self.rms_norm_eps = rms_norm_eps
+        self.max_position_embeddings = max_position_embeddings
+        # The model reads the tied head from tok_emb itself; transformers must not tie.
+        kwargs["tie_word_embeddings"] = False
+        super().__init__(**kwargs)
+
+
+def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, L, 1, head_dim/2] (fp32, angles computed in fp64)."""
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(half, dtype=torch.float64,
+                                             device=position_ids.device) / half))
+    angles = position_ids.to(torch.float64)[..., None] * inv_freq  # [B, L, half]
+    return angles.cos().float()[:, :, None], angles.sin().float()[:, :, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x_i, x_{i+half}) of x [B, L, H, head_dim]."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with RoPE, fused q/k/v projection, no biases."""
+
+    def __init__(self, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, dim // n_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, self.head_dim).unbind(2)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, L, hd]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(y.transpose(1, 2).reshape(B, L, D))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class MoEFFN(nn.Module):
+    """Top-k routed SwiGLU experts; ``balance_bias`` shifts the selection only."""
+
+    def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int) -> None:
+        super().__init__()
+        self.n_experts, self.top_k = n_experts, top_k
+        self.router = nn.Linear(dim, n_experts, bias=False)
+        self.w_gate = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w_up = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w_down = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.register_buffer("balance_bias", torch.zeros(n_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        flat = x.reshape(B * L, D)
+        probs = F.linear(flat.float(), self.router.weight.float()).softmax(dim=-1)  # [N, E]
+        _, top_idx = torch.topk(probs + self.balance_bias, self.top_k, dim=-1)
+        gates = probs.gather(-1, top_idx)  # [N, k]
+        if self.top_k > 1:
+            gates = gates / gates.sum(dim=-1, keepdim=True)
+        ids = top_idx.reshape(-1)  # [N·k]: slot s of token n at n·k + s
+        ys = flat.new_zeros(ids.numel(), D)
+        for e in range(self.n_experts):
+            rows = (ids == e).nonzero().squeeze(1)
+            if rows.numel():
+                xs = flat[rows // self.top_k]
+                h = F.silu(xs @ self.w_gate[e].to(xs.dtype)) * (xs @ self.w_up[e].to(xs.dtype))
+                ys[rows] = h @ self.w_down[e].to(xs.dtype)
+        y = (ys.view(-1, self.top_k, D) * gates[..., None].to(ys.dtype)).sum(dim=1)
+        return y.view(B, L, D)
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, config: LooplineConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.attn_norm = RMSNorm(d, config.rms_norm_eps)
+        self.attn = Attention(d, config.num_attention_heads)
+        self.ffn_norm = RMSNorm(d, config.rms_norm_eps)
+        if config.moe_experts:
+            self.ffn = MoEFFN(d, config.moe_intermediate_size, config.moe_experts,
+                              config.moe_top_k)
+        else:
+            self.ffn = SwiGLU(d, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, mask)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class LooplinePreTrainedModel(PreTrainedModel):
+    config_class = LooplineConfig
+    base_model_prefix = "loopline"
+    _no_split_modules = ["Block"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Normal(0, 0.02) weights for a fresh model (loaded weights are kept)."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+        elif isinstance(module, MoEFFN):
+            for w in (module.w_gate, module.w_up, module.w_down):
+                nn.init.normal_(w, std=0.02)
+            nn.init.zeros_(module.balance_bias)
+        elif isinstance(module, LooplineForCausalLM) and module.injection_scale is not None:
+            nn.init.constant_(module.injection_scale, float(module.config.injection_scale))
+
+
+def padding_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions [B, L], attention mask [B, 1, L, L] bool) of a causal, maybe padded batch.
+
+    A query attends to earlier real tokens; a padding query to itself only (stays finite).
+    """
+    B, L = input_ids.shape
+    dev = input_ids.device
+    mask = torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None].expand(B, L, L)
+    if attention_mask is None:
+        positions = torch.arange(L, device=dev).expand(B, L)
+    else:
+        real = attention_mask.to(dev).bool()  # [B, L]
+        positions = (real.long().cumsum(-1) - 1).clamp_min(0)
+        mask = (mask & real[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)
+    if position_ids is not None:
+        positions = position_ids.to(dev)
+    return positions, mask[:, None]
+
+
+class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
+    """Looped causal LM: ``forward(input_ids, num_loops=…)`` and ``generate(…, num_loops=…)``."""
+
+    def __init__(self, config: LooplineConfig) -> None:
+        super().__init__(config)
+        d, v = config.hidden_size, config.vocab_size
+        self.tok_emb = nn.Embedding(v, d)
+        self.prelude = nn.ModuleList(Block(config) for _ in range(config.prelude_layers))
+        self.core = nn.ModuleList(Block(config) for _ in range(config.core_layers))
+        self.coda = nn.ModuleList(Block(config) for _ in range(config.coda_layers))
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.head = None if config.tie_embeddings else nn.Linear(d, v, bias=False)
+        linear = config.injection == "linear"
+        self.injection_proj = nn.Linear(2 * d, d, bias=False) if linear else None
+        self.injection_scale = (None if linear else
+                                nn.Parameter(torch.tensor(float(config.injection_scale))))
+        rows = config.step_embedding_rows
+        self.step_emb = nn.Embedding(rows, d) if rows else None
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.tok_emb
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.tok_emb = value
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return self.head
+
+    def _loop(self, state: torch.Tensor, e: torch.Tensor, t: int, rope, mask) -> torch.Tensor:
+        if self.injection_proj is not None:
+            x = self.injection_proj(torch.cat([state, e], dim=-1))
+        else:
+            x = state + self.injection_scale.to(state.dtype) * e
+        if self.step_emb is not None:  # loops past the table reuse its last row
+            x = x + self.step_emb.weight[min(t, self.step_emb.num_embeddings - 1)]
+        for block in self.core:
+            x = block(x, rope, mask)
+        return x
+
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None,
+                labels: torch.LongTensor | None = None, num_loops: int | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
+        """Logits [B, L, V] after ``num_loops`` core loops (default ``config.num_loops``);
+        with ``labels`` also the mean next-token loss (labels shifted inside, -100 ignored)."""
+        loops = int(self.config.num_loops if num_loops is None else num_loops)
+        if loops < 1:
+            raise ValueError(f"num_loops must be at least 1, got {num_loops}")
+        positions, mask = padding_inputs(input_ids, attention_mask, position_ids)
+        cfg = self.config
+        rope = rope_tables(positions, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta)
+        e = self.tok_emb(input_ids)  # [B, L, D]
+        for block in self.prelude:
+            e = block(e, rope, mask)
+        state = torch.zeros_like(e) if cfg.state_init == "zeros" else e
+        for t in range(loops):
+            state = self._loop(state, e, t, rope, mask)
+        for block in self.coda:
+            state = block(state, rope, mask)
+        head = self.tok_emb.weight if self.head is None else self.head.weight
+        logits = F.linear(self.norm(state), head)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
+                                   labels[:, 1:].flatten().to(logits.device), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor,
+                                      attention_mask: torch.Tensor | None = None,
+                                      num_loops: int | None = None, **kwargs) -> dict:
+        """The whole sequence every step (no cache), its mask and the loop count."""
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "num_loops": num_loops}
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # generate() must not build a KV cache this model would ignore

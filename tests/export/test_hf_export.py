@@ -1,0 +1,112 @@
+"""The Hugging Face export of a snapshot: its files, loading it with transformers alone (no
+loopline importable), logits equal to LoopedLM's at H_eff 1, 4 and 8 for dense and MoE
+models, ``generate(num_loops=…)`` equal to loopline's greedy decoding, and sharded snapshots
+exporting the same weights as unsharded ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from support.export_helpers import (
+    SEQ_LEN,
+    random_model,
+    run_hf_worker,
+    write_model_snapshot,
+    write_sharded_model_snapshot,
+)
+
+from pipeline_lib.data.tokenizer import byte_level_tokenizer
+from pipeline_lib.evaluate.generation import Depth, generate_texts
+from pipeline_lib.export import export_snapshot
+from pipeline_lib.export.hf import EXPORT_FILES, MODELING_FILE
+
+H_EFFS = [1, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict[str, tuple[torch.nn.Module, Path, Path]]:
+    """name → (model, its snapshot, its export) for the dense and the MoE model."""
+    root = tmp_path_factory.mktemp("exports")
+    tok = byte_level_tokenizer()
+    out = {}
+    for name in ("dense", "moe"):
+        model = random_model(name)
+        snap = write_model_snapshot(root / name / "snapshots" / "step_0000005", model, tok)
+        export_snapshot(snap, root / name / "export")
+        out[name] = (model, snap, root / name / "export")
+    return out
+
+
+def test_export_holds_the_hf_files_and_the_loop_count(exports) -> None:
+    model, snap, out = exports["moe"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(EXPORT_FILES)
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"] == {"AutoConfig": "modeling_loopline.LooplineConfig",
+                                  "AutoModelForCausalLM": "modeling_loopline.LooplineForCausalLM"}
+    assert (config["model_type"], config["num_loops"], config["max_position_embeddings"]) == (
+        "loopline", 3, SEQ_LEN)
+    assert (config["moe_experts"], config["moe_top_k"], config["injection"]) == (4, 2, "linear")
+    assert config["loopline"] == {"snapshot": str(snap.resolve()), "step": 5, "weights": "model",
+                                  "train_loops": 3, "seq_len": SEQ_LEN}
+    assert json.loads((out / "generation_config.json").read_text()) == {
+        "eos_token_id": 256, "pad_token_id": 257, "do_sample": False, "use_cache": False}
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert tok_config["split_special_tokens"] is True
+    source = Path(__import__("pipeline_lib.export.hf").export.hf.__file__).with_name(MODELING_FILE)
+    assert (out / MODELING_FILE).read_text() == source.read_text()
+    assert "pipeline_lib" not in (out / MODELING_FILE).read_text().replace(
+        "python -m pipeline_lib export", "")
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights.keys() == model.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    dense = load_file(str(exports["dense"][2] / "model.safetensors"))
+    assert "head.weight" not in dense  # tied: the head is the token embedding
+    assert dense["injection_scale"].item() == pytest.approx(
+        exports["dense"][0].injection_scale.item())
+
+
+@pytest.mark.slow
+def test_transformers_alone_loads_the_export_with_loopline_logits(exports, tmp_path) -> None:
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(3))
+    request = {"exports": [{"dir": str(out), "ids": ids.tolist(), "loops": H_EFFS,
+                            "generate": {"prompt": "a=1;b=", "loops": 4, "max_new": 6}}
+                           for _, _, out in exports.values()]}
+    answer = run_hf_worker(request, tmp_path)
+    assert answer["pipeline_lib_modules"] == []  # loopline was never imported
+    tok = byte_level_tokenizer()
+    for (name, (model, _, _)), got in zip(exports.items(), answer["answers"], strict=True):
+        assert got["class"] == "LooplineForCausalLM"
+        assert (got["missing"], got["unexpected"]) == ([], [])
+        assert got["config_loops"] == model.cfg.loops
+        for h in H_EFFS:
+            torch.testing.assert_close(torch.tensor(got["logits"][str(h)]),
+                                       model.logits_at(ids, h), atol=1e-5, rtol=0,
+                                       msg=f"{name} at H_eff {h}")
+        torch.testing.assert_close(torch.tensor(got["default_logits"]),
+                                   model.logits_at(ids, model.cfg.loops), atol=1e-5, rtol=0)
+        [ours] = generate_texts(model, tok, ["a=1;b="], context_len=SEQ_LEN, max_new_tokens=6,
+                                depth=Depth(4))
+        assert got["prompt_ids"] == tok.encode("a=1;b=").ids
+        assert got["generated_text"] == ours.text, name
+        assert got["generated_ids"][:len(ours.ids)] == ours.ids and len(ours.ids) == 6
+
+
+def test_sharded_snapshot_exports_the_weights_of_its_unsharded_twin(exports, tmp_path) -> None:
+    model, _, unsharded = exports["moe"]
+    snap = write_sharded_model_snapshot(tmp_path / "snapshots" / "step_0000005", model,
+                                        byte_level_tokenizer())
+    assert (snap / "model_dcp").is_dir() and not (snap / "model.safetensors").exists()
+    export_snapshot(snap, tmp_path / "export")
+    a = load_file(str(tmp_path / "export" / "model.safetensors"))
+    b = load_file(str(unsharded / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    twin = json.loads((unsharded / "config.json").read_text())
+    assert config.pop("loopline")["snapshot"] == str(snap.resolve())
+    twin.pop("loopline")
+    assert config == twin

@@ -1,0 +1,108 @@
+"""Helpers of the export and generation tests: tiny dense and MoE models with non-trivial
+weights, real snapshots of them (unsharded, and sharded by the multi-process writer run as a
+one-rank gloo group), and the subprocess that loads an export with transformers alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from pipeline_lib.config import Config, ModelConfig, SourceConfig, save_config
+
+SEQ_LEN = 24
+WORKER = Path(__file__).with_name("hf_export_worker.py")
+
+# Dense: tied head, additive injection with a learned λ. MoE: untied head, linear injection,
+# step embedding, state initialised from the prelude output, non-zero balancing biases.
+MODEL_CONFIGS = {
+    "dense": ModelConfig(vocab_size=258, d_model=32, n_heads=2, loops=2,
+                         learn_injection_scale=True, injection_scale=0.7),
+    "moe": ModelConfig(vocab_size=258, d_model=32, n_heads=2, loops=3, moe_experts=4,
+                       moe_top_k=2, injection="linear", step_embedding=True,
+                       state_init="embedding", tie_embeddings=False),
+}
+
+
+def random_model(name: str, seed: int = 0):
+    """LoopedLM of ``MODEL_CONFIGS[name]`` with every weight and MoE bias perturbed (norm
+    gains away from 1, biases away from 0), in eval mode."""
+    from pipeline_lib.model.looped import LoopedLM
+
+    torch.manual_seed(seed)
+    model = LoopedLM(MODEL_CONFIGS[name])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        for buffer_name, b in model.named_buffers():
+            if buffer_name.endswith("balance_bias"):
+                b.copy_(0.1 * torch.randn_like(b))
+    return model.eval()
+
+
+def snapshot_yaml(model_cfg: ModelConfig, where: Path) -> str:
+    """The resolved config a snapshot of a model with ``model_cfg`` carries."""
+    cfg = Config()
+    cfg.model = model_cfg
+    cfg.data.seq_len = SEQ_LEN
+    cfg.data.sources = [SourceConfig(type="reasoning", max_difficulty=2)]
+    cfg.experiment.device = "cpu"
+    where.parent.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, where)
+    return where.read_text()
+
+
+def write_model_snapshot(out: Path, model, tokenizer, step: int = 5,
+                         with_tokenizer: bool = True) -> Path:
+    """A real unsharded snapshot of ``model`` (what a one-process segment writes)."""
+    from pipeline_lib.checkpoint.snapshot import write_snapshot
+
+    return write_snapshot(
+        out, model_state=model.state_dict(), optimizer_state={}, trainer_state={"step": step},
+        rng_state={}, config_yaml=snapshot_yaml(model.cfg, out.parent / f"{out.name}.yaml"),
+        extra_files={"tokenizer.json": tokenizer.to_str()} if with_tokenizer else None)
+
+
+def write_sharded_model_snapshot(out: Path, model, tokenizer, step: int = 5) -> Path:
+    """A sharded snapshot (``model_dcp/``) of ``model``, by the writer every rank of a
+    multi-process run calls, here as the single rank of a gloo group."""
+    import torch.distributed as dist
+
+    from pipeline_lib.checkpoint.sharded import write_sharded_snapshot
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return write_sharded_snapshot(
+            out, rank=0, device=torch.device("cpu"), model_state=model.state_dict(),
+            optimizer_tensors={"tok_emb.weight/step": torch.tensor(float(step))},
+            optimizer_doc={"param_groups": [{"lr": 1e-3, "params": ["tok_emb.weight"]}],
+                           "state_other": {}},
+            trainer_state={"step": step}, rng_state={},
+            config_yaml=snapshot_yaml(model.cfg, out.parent / f"{out.name}.yaml"),
+            extra_files={"tokenizer.json": tokenizer.to_str()})
+    finally:
+        dist.destroy_process_group()
+
+
+def hf_env(hf_home: Path) -> dict[str, str]:
+    """Environment of a process that must not see loopline: no src/ on PYTHONPATH, offline,
+    its own HF_HOME (transformers copies the remote code under it)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    return env
+
+
+def run_hf_worker(request: dict, tmp: Path) -> dict:
+    """Run ``hf_export_worker.py`` on ``request`` in a fresh process (cwd ``tmp``, where
+    no loopline package lies) and return its JSON answer."""
+    (tmp / "request.json").write_text(json.dumps(request))
+    done = subprocess.run([sys.executable, str(WORKER), str(tmp / "request.json"),
+                           str(tmp / "answer.json")], cwd=tmp, env=hf_env(tmp / "hf_home"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads((tmp / "answer.json").read_text())

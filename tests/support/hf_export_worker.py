@@ -1,0 +1,62 @@
+"""Load loopline exports with transformers alone, in a process where loopline cannot be
+imported, and answer with their logits, generations and loading info.
+
+Run as ``python hf_export_worker.py REQUEST.json ANSWER.json``. The request lists exports
+(``{"dir", "ids", "loops", "generate"}``); any import of ``pipeline_lib`` fails here (a
+meta-path finder refuses it and src/ directories are dropped from sys.path), and the answer
+records that it never got into ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import sys
+
+
+class _NoLoopline(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "pipeline_lib" or name.startswith("pipeline_lib."):
+            raise ModuleNotFoundError(f"loopline is not installed here (import of {name})")
+        return None
+
+
+def _answer(item: dict) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, info = AutoModelForCausalLM.from_pretrained(
+        item["dir"], trust_remote_code=True, output_loading_info=True, dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor(item["ids"])
+    out = {"class": type(model).__name__, "config_loops": model.config.num_loops,
+           "missing": sorted(info["missing_keys"]), "unexpected": sorted(info["unexpected_keys"]),
+           "logits": {}}
+    with torch.no_grad():
+        out["default_logits"] = model(ids).logits.tolist()
+        for h in item["loops"]:
+            out["logits"][str(h)] = model(ids, num_loops=h).logits.tolist()
+    if item.get("generate"):
+        tok = AutoTokenizer.from_pretrained(item["dir"])
+        gen = item["generate"]
+        prompt = tok(gen["prompt"], return_tensors="pt")
+        new = model.generate(**prompt, num_loops=gen["loops"], max_new_tokens=gen["max_new"],
+                             do_sample=False)[0, prompt["input_ids"].shape[1]:]
+        out["generated_ids"] = new.tolist()
+        out["generated_text"] = tok.decode(new, skip_special_tokens=True)
+        out["prompt_ids"] = prompt["input_ids"][0].tolist()
+    return out
+
+
+def main(request_path: str, answer_path: str) -> None:
+    sys.meta_path.insert(0, _NoLoopline())
+    sys.path[:] = [p for p in sys.path if not p.rstrip("/").endswith("/src")]
+    request = json.loads(open(request_path).read())
+    answers = [_answer(item) for item in request["exports"]]
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] == "pipeline_lib")
+    with open(answer_path, "w") as fh:
+        json.dump({"answers": answers, "pipeline_lib_modules": loaded}, fh)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
