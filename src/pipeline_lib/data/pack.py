@@ -41,6 +41,7 @@ from .identity import FORMAT_VERSION, data_id, fingerprint_hash, source_files, s
 from .packing import PackedRows, fill_ratio, pack_documents, pack_documents_by_level
 from .sources import RawDocument, SourceStats, check_source, iter_documents
 from .tokenizer import TokenEncoder, build_tokenizer, eos_id, pad_id
+from .verify import SELF_HASH_KEY, metadata_digest
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +332,8 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
         "sources": sources,
         "arrays": hashes,
     }
+    # over the JSON round trip (what a reader sees), so a flipped byte in it is noticed too
+    meta[SELF_HASH_KEY] = metadata_digest(json.loads(json.dumps(meta)))
     (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
 
