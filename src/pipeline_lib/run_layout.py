@@ -195,6 +195,11 @@ class RunLayout:
         return self.run_dir / TRACKING_FILES_DIR
 
     @property
+    def parent_config(self) -> Path:
+        """The config hash the parent run was last brought up to (rule ``track_config``)."""
+        return self.tracking_files / "parent.json"
+
+    @property
     def outbox(self) -> Path:
         return self.run_dir / OUTBOX_FILE
 

@@ -5,6 +5,7 @@ from pipeline_lib.credentials import redact_uri
 localrules:
     tracking_store,
     track_init,
+    track_config,
 
 
 rule tracking_store:
@@ -37,3 +38,26 @@ rule track_init:
         "../../envs/track.yaml"
     script:
         "../scripts/track_init.py"
+
+
+# A config change brings the parent run up to date (config hash, changed params, config
+# artifact). Its own rule, which only `all` needs: were the signature a param of
+# track_init, whose output every stage reads through ancient(), Snakemake would skip the
+# stages' own param checks once track_init must rerun, and a changed train.lr would not
+# retrain.
+rule track_config:
+    input:
+        tracking=RUN.tracking_json,
+    output:
+        parent=RUN.parent_config,
+    params:
+        run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
+        data_id=lambda wc: PLAN.runs[wc.run].data_id,
+        signature=lambda wc: PLAN.config_signature(wc.run),
+    log:
+        RUN.log("track_config"),
+    conda:
+        "../../envs/track.yaml"
+    script:
+        "../scripts/track_config.py"

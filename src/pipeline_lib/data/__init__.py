@@ -10,4 +10,5 @@ Snakefile imports :mod:`pipeline_lib.data.identity` on every call):
 - :mod:`.packing`: document splitting and best-fit-decreasing packing into rows.
 - :mod:`.pack`: ``pack_corpus``, the whole stage, written atomically.
 - :mod:`.loader`: deterministic, resumable batches over a packed directory.
+- :mod:`.verify`: every file of a pack checked against its metadata, hashed once.
 """

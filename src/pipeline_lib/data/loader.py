@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
-from ..fsio import file_sha256
 from .identity import FORMAT_VERSION
+from .verify import check_metadata, verify_pack
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +167,13 @@ class PackedData:
             raise DataError(f"{self.data_dir} is not a packed data directory (no metadata.json);"
                             " run `python -m pipeline_lib pack --out DIR` first")
         try:
-            self.metadata: dict[str, Any] = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{meta_path} is not valid JSON ({exc}); re-run the pack") from None
+            self.metadata: dict[str, Any] = json.loads(meta_path.read_bytes())
+        except ValueError as exc:  # not JSON, or not UTF-8
+            raise DataError(f"{meta_path} is not valid JSON ({str(exc)[:80]}); the pack is "
+                            "damaged: re-pack it") from None
+        if not isinstance(self.metadata, dict):
+            raise DataError(f"{meta_path} is not a JSON object; the pack is damaged: re-pack it")
+        check_metadata(self.data_dir, self.metadata)
         fmt, layout = self.metadata.get("format"), self.metadata.get("layout")
         if fmt != FORMAT_VERSION or layout != LAYOUT:
             raise DataError(f"{self.data_dir} has format {fmt!r}/{layout!r}, this code reads "
@@ -189,6 +193,9 @@ class PackedData:
         if tokens_path.stat().st_size != expected:
             raise DataError(f"{tokens_path} has {tokens_path.stat().st_size} bytes, metadata "
                             f"says {expected}; the pack is damaged, re-run it")
+        # Every file against metadata.json before anything is read (cheap after the first
+        # time: see pipeline_lib.data.verify).
+        self.verified = verify_pack(self.data_dir, self.metadata)
         self.tokens = np.memmap(tokens_path, dtype=dtype, mode="r")
         docs = np.load(self._path("docs.npy"))
         self._doc_start = np.ascontiguousarray(docs[:, 0])
@@ -305,8 +312,6 @@ class PackedData:
                                           self._answers, self._doc_start))
 
     def verify(self) -> None:
-        """Check the sha256 of every array against metadata.json (reads every byte)."""
-        for rel, expected in self.metadata["arrays"].items():
-            if file_sha256(self._path(rel)) != expected:
-                raise DataError(f"{self.data_dir / rel} does not match its sha256 in "
-                                "metadata.json; the pack is damaged, re-run it")
+        """Hash every file of the pack against metadata.json, whatever the verified-once
+        marker says (reads every byte; the constructor's check trusts the marker)."""
+        verify_pack(self.data_dir, self.metadata, use_marker=False)

@@ -47,6 +47,7 @@ from .sources import (
     warn_source_problems,
 )
 from .tokenizer import TokenEncoder, build_tokenizer, eos_id, pad_id
+from .verify import SELF_HASH_KEY, metadata_digest
 
 log = logging.getLogger(__name__)
 
@@ -339,6 +340,8 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
         "sources": sources,
         "arrays": hashes,
     }
+    # over the JSON round trip (what a reader sees), so a flipped byte in it is noticed too
+    meta[SELF_HASH_KEY] = metadata_digest(json.loads(json.dumps(meta)))
     (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
 

@@ -13,7 +13,8 @@ steps must be logged in increasing order (a later point at a smaller step is dro
 
 Params are immutable in MLflow: :func:`log_params_once` logs only new keys, skips keys
 whose value is unchanged, and for changed values keeps the first value, sets the tag
-``loopline.params_changed`` and warns, instead of failing the stage.
+``loopline.params_changed`` (the changed keys) and a tag ``loopline.param.{key}`` with each
+one's current value, and warns, instead of failing the stage.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ MAX_PARAM_VAL_LENGTH = 6000
 MAX_TAG_VAL_LENGTH = 8000
 MAX_KEY_LENGTH = 250
 CHANGED_TAG = "loopline.params_changed"
+CURRENT_PARAM_TAG = "loopline.param."  # + key: the current value of a changed param
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-. /:]+$")
 
 # A metric point: (key, value, step, timestamp in ms).
@@ -115,14 +117,16 @@ def log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> list
     """Log params that the run lacks; return the keys whose stored value differs.
 
     Changed keys keep their first value (MLflow params are immutable); they are listed in
-    the tag ``loopline.params_changed`` and in one warning.
+    the tag ``loopline.params_changed`` and in one warning, and each one's current value is
+    the tag ``loopline.param.{key}``. When nothing differs any more, the list is emptied.
     """
-    from mlflow.entities import Param, RunTag
+    from mlflow.entities import Param
 
     wanted = clean_params(params)
     if not wanted:
         return []
-    existing = call(client.get_run, run_id, what="get run").data.params
+    data = call(client.get_run, run_id, what="get run").data
+    existing = data.params
     new = [Param(k, v) for k, v in wanted.items() if k not in existing]
     changed = sorted(k for k, v in wanted.items() if k in existing and existing[k] != v)
     for i in range(0, len(new), MAX_PARAMS_TAGS_PER_BATCH):
@@ -130,10 +134,15 @@ def log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> list
              what="log params")
     if changed:
         log.warning("run %s: params %s changed since they were first logged; MLflow keeps the "
-                    "first values (tag %s lists them)", run_id, ", ".join(changed[:10]),
-                    CHANGED_TAG)
-        tag = RunTag(CHANGED_TAG, stringify(",".join(changed), MAX_TAG_VAL_LENGTH))
-        call(client.log_batch, run_id, tags=[tag], what="set tags")
+                    "first values (tag %s lists them, %s<key> holds each current value)",
+                    run_id, ", ".join(changed[:10]), CHANGED_TAG, CURRENT_PARAM_TAG)
+    if changed or data.tags.get(CHANGED_TAG):
+        current = {CURRENT_PARAM_TAG + k: wanted[k] for k in changed}
+        # back at a first value: the key's current-value tag says so
+        current.update({k: existing[k[len(CURRENT_PARAM_TAG):]] for k in data.tags
+                        if k.startswith(CURRENT_PARAM_TAG) and k not in current
+                        and k[len(CURRENT_PARAM_TAG):] in existing})
+        set_tags(client, run_id, {CHANGED_TAG: ",".join(changed), **current})
     return changed
 
 

@@ -34,6 +34,7 @@ from ..config import (
 )
 from ..fsio import write_text_atomic
 from ..run_layout import RunLayout
+from .runs import DATA_ID_TAG
 from .sink import Sink, get_sink
 from .store import file_lock, resolve_uri
 
@@ -87,7 +88,6 @@ def provenance_tags(cfg: Config, run: str, data_id: str | None) -> dict[str, str
     commit, dirty = git_state()
     tags = {
         "loopline.config_hash": config_hash(cfg),
-        "loopline.data_id": data_id or "unknown",
         "loopline.git_commit": commit,
         "loopline.git_dirty": dirty,
         "loopline.version.snakemake": _version("snakemake"),
@@ -97,6 +97,8 @@ def provenance_tags(cfg: Config, run: str, data_id: str | None) -> dict[str, str
     }
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit
+    if data_id:  # absent rather than "unknown": never overwrite the tag a packing stage set
+        tags[DATA_ID_TAG] = data_id
     return tags
 
 
@@ -147,8 +149,8 @@ def parent_for_stage(cfg: Config, run_dir: Path, sink: Sink,
     """The parent run id a stage of ``run_dir`` attaches to (created on first use).
 
     tracking.json is trusted when it names the current store; otherwise (absent, written
-    with tracking disabled, or for another store) the parent is found or created in the
-    current store, and tracking.json is written only if it did not exist.
+    with tracking disabled, or for another store) the parent is found (and left as it is)
+    or created in the current store, and tracking.json is written only if it did not exist.
     """
     info = read_tracking_info(run_dir)
     if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.label:
@@ -160,6 +162,14 @@ def parent_for_stage(cfg: Config, run_dir: Path, sink: Sink,
         info = read_tracking_info(run_dir)  # another process may have written it meanwhile
         if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.label:
             return sink.resolve(info["parent_run_id"])
+        # tracking.json for another store (a copied or moved run directory): attach to the
+        # parent found there as it is; its params and config are track_config's to update,
+        # and a stage's resolved config (vocab size filled in) would look like a change.
+        found = sink.find_parent(cfg.experiment.name, run) if info else None
+        if found is not None:
+            if data_id:
+                sink.set_tags(found, {DATA_ID_TAG: data_id})
+            return found
         fresh = _find_or_create(cfg, run, Path(run_dir), data_id, sink)
         if info is None:
             write_tracking_info(run_dir, fresh)

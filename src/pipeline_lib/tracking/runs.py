@@ -19,6 +19,9 @@ from .store import call
 ROLE_TAG = "loopline.role"
 RUN_TAG = "loopline.run"
 KEY_TAG = "loopline.key"
+STAGE_TAG = "loopline.stage"
+DATA_ID_TAG = "loopline.data_id"
+SUPERSEDED_TAG = "loopline.superseded"
 PARENT_TAG = "mlflow.parentRunId"
 
 
@@ -48,8 +51,11 @@ def find_or_create_parent(client: Any, experiment_id: str, run: str,
     possible only without it, and then the oldest parent is the one found later.
     """
     run_id = find_parent(client, experiment_id, run)
-    merged = clean_tags({**tags, ROLE_TAG: "parent", RUN_TAG: run})
+    merged = clean_tags({**tags, ROLE_TAG: "parent", RUN_TAG: run, SUPERSEDED_TAG: "false"})
     if run_id is None:
+        # A stage that does not know the pack (e.g. an eval from a copied run directory)
+        # never overwrites a known data_id; a new parent says it is unknown.
+        merged.setdefault(DATA_ID_TAG, "unknown")
         created = call(client.create_run, experiment_id, tags=merged, run_name=run,
                        what="create parent run")
         run_id = created.info.run_id
@@ -75,10 +81,32 @@ def find_or_create_child(client: Any, experiment_id: str, key: str, parent_id: s
     run_id = find_by_key(client, experiment_id, key)
     if run_id is not None:
         return run_id
-    merged = clean_tags({**tags, KEY_TAG: key, PARENT_TAG: parent_id})
+    merged = clean_tags({**tags, KEY_TAG: key, PARENT_TAG: parent_id, SUPERSEDED_TAG: "false"})
     created = call(client.create_run, experiment_id, tags=merged, run_name=run_name,
                    start_time=start_ms, what="create stage run")
+    if merged.get(STAGE_TAG):
+        supersede_siblings(client, experiment_id, parent_id, merged[STAGE_TAG],
+                           created.info.run_id)
     return created.info.run_id
+
+
+def supersede_siblings(client: Any, experiment_id: str, parent_id: str, stage: str,
+                       current: str) -> list[str]:
+    """Tag every other child of ``parent_id`` for ``stage`` ``loopline.superseded = true``:
+    a rerun of a stage (a retrain after a config change, a retried first segment, a sweep
+    rerun) makes the new run the current one. Returns the ids tagged."""
+    from mlflow.entities import RunTag
+
+    found = call(client.search_runs, [experiment_id],
+                 filter_string=f"tags.`{PARENT_TAG}` = {_quoted(parent_id)} and "
+                               f"tags.`{STAGE_TAG}` = {_quoted(stage)}",
+                 max_results=1000, what="search sibling runs")
+    tagged = [r.info.run_id for r in found if r.info.run_id != current
+              and r.data.tags.get(SUPERSEDED_TAG) != "true"]
+    for run_id in tagged:
+        call(client.log_batch, run_id, tags=[RunTag(SUPERSEDED_TAG, "true")],
+             what="tag superseded run")
+    return tagged
 
 
 def run_exists(client: Any, run_id: str) -> bool:

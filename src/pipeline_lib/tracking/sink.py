@@ -40,7 +40,14 @@ from .commit import (
     set_tags,
 )
 from .outbox import LOCAL_PREFIX, Outbox, SyncState, is_local_id, pending_lines
-from .runs import KEY_TAG, find_or_create_child, find_or_create_parent, run_exists, set_status
+from .runs import (
+    KEY_TAG,
+    find_or_create_child,
+    find_or_create_parent,
+    find_parent,
+    run_exists,
+    set_status,
+)
 from .store import StoreUnavailable, call, ensure_store, get_client, probe
 
 log = logging.getLogger(__name__)
@@ -151,6 +158,17 @@ class Sink:
                             lambda: find_or_create_parent(self.client, exp_id, run, tags),
                             record)
         return found or local
+
+    def find_parent(self, experiment: str, run: str) -> str | None:
+        """The existing parent run of ``run`` in the store; None if absent or offline."""
+        exp_id = self.experiment_id(experiment)
+        if exp_id is None:
+            return None
+        try:
+            return find_parent(self.client, exp_id, run)
+        except StoreUnavailable as exc:
+            self._go_offline(str(exc))
+            return None
 
     def create_child(self, experiment: str, parent_id: str, run_name: str,
                      tags: dict[str, Any]) -> str:

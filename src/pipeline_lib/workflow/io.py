@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PipelineError
+from .attempt_log import open_attempt_log
 
 
 def limit_threads(threads: int) -> None:
@@ -37,7 +38,7 @@ def script_logging(log_path: str | Path, threads: int | None = None,
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if threads is not None:
         limit_threads(int(threads))
-    with open(log_path, "a", buffering=1) as stream:
+    with open_attempt_log(log_path) as stream:  # a retry keeps attempt 1's log
         handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root = logging.getLogger()

@@ -184,13 +184,23 @@ class WorkflowPlan:
         return {run: str(self.layout.run(run).metrics) for run in self.runs}
 
     def all_targets(self) -> list[str]:
-        """Every run's index, H_eff and benchmark summaries, export, and the comparison."""
+        """Every run's kept snapshots, index, H_eff and benchmark summaries, export, its
+        parent run brought up to date with the config, and the comparison.
+
+        The kept snapshots are targets themselves: Snakemake does not rerun a job whose
+        outputs exist because one of its inputs was deleted (that is what lets ``temp()``
+        snapshots go), so a kept snapshot that is only an input of ``snapshot_index`` could
+        vanish unnoticed. As a target, a deleted one is rebuilt (from the previous kept
+        snapshot, regenerating the temporary ones between), and so is what depends on it:
+        the later segments resuming from it, its sweeps and benchmarks, the index.
+        """
         targets = []
         for run in self.runs:
             layout = self.layout.run(run)
+            targets += self.kept_snapshots(run)
             targets += [str(p) for p in (layout.index, layout.heff_table, layout.heff_plot,
                                          layout.bench_table, layout.bench_plot,
-                                         layout.export_dir)]
+                                         layout.export_dir, layout.parent_config)]
         return targets + [str(self.layout.compare_dir / "summary.md")]
 
     # ------------------------------------------------------------------ resources
@@ -229,6 +239,12 @@ class WorkflowPlan:
                     "data_id": self.runs[run].data_id, "model": to_dict(cfg.model),
                     "train": train, "keep_best": cfg.snapshots.keep_best}
         return config_hash(relevant)
+
+    def config_signature(self, run: str) -> str:
+        """Hash of the run's whole resolved config: a param of ``track_config``, so any
+        config change brings the parent run up to date (config hash, changed params, config
+        artifact)."""
+        return config_hash(to_dict(self.runs[run].config))
 
     def eval_signature(self, run: str) -> str:
         return config_hash(to_dict(self.runs[run].config.eval))

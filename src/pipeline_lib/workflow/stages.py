@@ -67,6 +67,21 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
     return info
 
 
+def update_parent(cfg: Config, run: str, run_dir: Path, data_id: str, out: Path) -> dict[str, Any]:
+    """Bring the run's parent run up to date with ``cfg`` (config hash, changed params,
+    config artifact: :func:`pipeline_lib.tracking.init_parent_run`); record in ``out`` the
+    config hash it now carries."""
+    from ..config import config_hash
+    from ..fsio import write_text_atomic
+    from ..tracking import init_parent_run
+
+    info = init_parent_run(cfg, run, Path(run_dir), data_id)
+    doc = {"config_hash": config_hash(cfg), "parent_run_id": info["parent_run_id"]}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(Path(out), json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return doc
+
+
 def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
                out: Path) -> dict[str, Any]:
     """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``."""
