@@ -51,6 +51,13 @@ class ExperimentConfig:
         "Compute device: auto picks cuda, then npu, then cpu.",
         choices=["auto", "cpu", "cuda", "npu"],
     )
+    precision: str = _f(
+        "auto",
+        "Compute precision on experiment.device: auto (bf16 where the device has it natively, "
+        "else fp32; fp32 on the CPU), bf16 (autocast, or the FSDP policy; fp32 master weights, "
+        "loss and snapshots) or fp32.",
+        choices=["auto", "bf16", "fp32"],
+    )
 
 
 @dataclass

@@ -67,6 +67,22 @@ def test_train_signature_ignores_eval_and_bench_but_not_training():
     assert _plan("eval.max_tokens=5").eval_signature(run) != base.eval_signature(run)
 
 
+def test_precision_reruns_train_eval_and_bench_but_auto_keeps_old_signatures():
+    from pipeline_lib.config import config_hash
+
+    base = _plan()
+    run = base.run_names[0]
+    cfg = base.runs[run].config
+    assert base.eval_signature(run) == config_hash(to_dict(cfg.eval))  # as before the key
+    assert base.bench_signature(run) == config_hash(to_dict(cfg.bench))
+    assert _plan("experiment.precision=auto").train_signature(run) == base.train_signature(run)
+    bf16 = _plan("experiment.precision=bf16")
+    for signature in ("train_signature", "eval_signature", "bench_signature"):
+        assert getattr(bf16, signature)(run) != getattr(base, signature)(run), signature
+        assert getattr(bf16, signature)(run) != \
+            getattr(_plan("experiment.precision=fp32"), signature)(run), signature
+
+
 def test_token_budget_fills_in_total_steps():
     plan = _plan("train.total_steps=0", "train.token_budget_multiplier=1")
     cfg = plan.runs[plan.run_names[0]].config

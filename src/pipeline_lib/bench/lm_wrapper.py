@@ -1,6 +1,8 @@
 """A loopline snapshot as an lm-evaluation-harness ``LM``, registered as ``loopline``.
 
 ``--model loopline --model_args snapshot=DIR,h_eff=N,batch_size=B,device=cpu[,use_ema=true]``
+(``precision=auto|bf16|fp32`` as ``experiment.precision``; the model, the log-softmax and
+the target gather run on the device, and only the scored values come back).
 
 Every score is read out after ``h_eff`` loops of the core block (any count ≥ 1, also beyond
 the training loop count), so one loaded model serves a whole H_eff sweep: set
@@ -20,8 +22,9 @@ which lm-eval also writes into its results (``config.mean_loops``).
   windows (as ``loglikelihood_rolling`` does), so every token is scored exactly once.
 - ``loglikelihood_rolling``: the document after an EOS prefix, in windows of ``seq_len``
   (lm-eval's ``get_rolling_token_windows`` layout, context length 1).
-- ``generate_until``: greedy, stops at EOS, at the first stop string (``until``; the
-  returned text ends before it) or after ``max_gen_toks`` tokens.
+- ``generate_until``: greedy with a KV cache (:mod:`pipeline_lib.model.kv_cache`), stops
+  at EOS, at the first stop string (``until``; the returned text ends before it) or after
+  ``max_gen_toks`` tokens.
 
 Batches are right-padded: the model is causal, so padding after a row's last real token
 never changes the logits at that token or before it (no attention mask needed).
@@ -40,7 +43,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from ..errors import ConfigError
-from ..model.generate import greedy_decode
+from ..model.generate import CachedNextIds, greedy_decode, padded_rows
 from .lm_requests import Window, cut_at_stops, generation_settings, score_windows
 from .model_args import (
     DEFAULT_BATCH_SIZE,
@@ -53,8 +56,10 @@ from .model_args import (
     is_adaptive,
     model_device,
     parse_adaptive_h_eff,
+    precision_arg,
     tokenizer_arg,
 )
+from .target_scores import target_scores
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,7 @@ class LooplineLM(TemplateLM):
         max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
         max_batch_size: int | None = None,
         adaptive_criterion: str = "kl",
+        precision: str | None = "auto",
         *,
         model: torch.nn.Module | None = None,
         seq_len: int | None = None,
@@ -94,6 +100,7 @@ class LooplineLM(TemplateLM):
         self.adaptive_criterion = adaptive_criterion
         requested_h_eff = None if h_eff is None else check_h_eff(h_eff)  # fail before loading
         self._device = model_device(device)
+        self._precision = precision_arg(precision, self._device)
         self.batch_size = batch_size_arg(batch_size)
         self.max_gen_toks = as_int("max_gen_toks", max_gen_toks, 1)
         self.snapshot: Path | None = None
@@ -154,7 +161,7 @@ class LooplineLM(TemplateLM):
         from ..evaluate.loading import load_for_eval as load_for_bench
 
         loaded = load_for_bench(Path(str(snapshot)), use_ema=as_bool("use_ema", use_ema),
-                                tokenizer=tokenizer)
+                                tokenizer=tokenizer, device=self._device)
         self.config, self.snapshot, self.step = loaded.config, loaded.path, loaded.step
         return (loaded.model, loaded.tokenizer, seq_len or loaded.seq_len,
                 loaded.config.model.loops)
@@ -217,7 +224,8 @@ class LooplineLM(TemplateLM):
     def get_model_info(self) -> dict[str, Any]:
         """Added by lm-eval to ``results["config"]``."""
         info = {"snapshot": str(self.snapshot) if self.snapshot else None, "step": self.step,
-                "h_eff": self.h_eff, "seq_len": self.seq_len}
+                "h_eff": self.h_eff, "seq_len": self.seq_len, "device": str(self._device),
+                "precision": self._precision.name}
         if self.adaptive is not None:
             info["adaptive_criterion"] = self.adaptive_criterion
             info["mean_loops"] = self.mean_loops
@@ -233,23 +241,20 @@ class LooplineLM(TemplateLM):
     # ------------------------------------------------------------------ forward
 
     @torch.inference_mode()
-    def _log_probs(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-softmax over the vocabulary for right-padded ``rows``: [B, L, V] float32, and
-        the loops each position was read out after [B, L] (its adaptive exit, or h_eff)."""
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self._eos, dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        ids = ids.to(self._device)
-        if self._adaptive is not None:
-            from ..evaluate.adaptive import adaptive_logits
+    def _forward(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits [B, L, V] of right-padded ``rows``, the loops each position was read out
+        after [B, L] (its adaptive exit, or h_eff) and the lengths [B]; all on the device."""
+        ids, lengths = padded_rows(rows, self._eos, self._device)
+        with self._precision.autocast():
+            if self._adaptive is not None:
+                from ..evaluate.adaptive import adaptive_logits
 
-            logits, loops = adaptive_logits(self.model, ids, *self._adaptive,
-                                            criterion=self.adaptive_criterion)
-        else:
-            logits = self.model.logits_at(ids, self._h_eff)  # [B, L, V]
-            loops = torch.full(ids.shape, self._h_eff, dtype=torch.long)
-        return torch.log_softmax(logits.float(), dim=-1).cpu(), loops.cpu()
+                logits, loops = adaptive_logits(self.model, ids, *self._adaptive,
+                                                criterion=self.adaptive_criterion)
+            else:
+                logits = self.model.logits_at(ids, self._h_eff)  # [B, L, V]
+                loops = torch.full(ids.shape, self._h_eff, dtype=torch.long, device=ids.device)
+        return logits, loops, lengths
 
     def _score_windows(self, windows: list[Window], desc: str, disable_tqdm: bool
                        ) -> list[tuple[float, bool, int]]:
@@ -260,16 +265,10 @@ class LooplineLM(TemplateLM):
         bar = tqdm(total=len(windows), desc=desc, disable=disable_tqdm)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
-            logp, loops = self._log_probs([windows[i][0] for i in chunk])
-            for row, i in enumerate(chunk):
-                inputs, targets = windows[i]
-                n = len(targets)
-                picked = logp[row, len(inputs) - n: len(inputs)]  # [n, V]
-                target = torch.tensor(targets, dtype=torch.long)
-                total = picked.gather(1, target[:, None]).double().sum().item()
-                greedy = bool((picked.argmax(dim=-1) == target).all())
-                used = int(loops[row, len(inputs) - n: len(inputs)].sum())
-                out[i] = (float(total), greedy, used)
+            batch = [windows[i] for i in chunk]
+            logits, loops, _ = self._forward([inputs for inputs, _ in batch])
+            for i, scores in zip(chunk, target_scores(logits, loops, batch), strict=True):
+                out[i] = scores
             bar.update(len(chunk))
         bar.close()
         return out
@@ -360,21 +359,31 @@ class LooplineLM(TemplateLM):
 
     def _generate_batch(self, prompts: list[list[int]], settings: list[tuple[list[str], int]],
                         tasks: list[str | None] | None = None) -> list[str]:
-        """Greedy continuations of ``prompts``; each row stops on its own. Every generated
+        """Greedy continuations of ``prompts``; each row stops on its own. A fixed h_eff
+        decodes with the KV cache; adaptive exit recomputes each window. Every generated
         token (the final EOS included) counts its loops used for its task."""
         tasks = tasks or [None] * len(prompts)
         texts = [""] * len(prompts)
+        budgets = [max_gen for _, max_gen in settings]
+        cached = CachedNextIds(self.model, self._h_eff, pad_id=self._eos, device=self._device,
+                               reserve=max(budgets, default=0))
 
         def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
-            logp, loops = self._log_probs(rows)  # [B, L, V], [B, L]
-            for b, (i, row) in enumerate(zip(active, rows, strict=True)):
-                self._count_loops(tasks[i], int(loops[b, len(row) - 1]), 1)
-            return [int(logp[b, len(row) - 1].argmax()) for b, row in enumerate(rows)]
+            if self._adaptive is None:
+                for i in active:
+                    self._count_loops(tasks[i], self._h_eff, 1)
+                return cached(active, rows)
+            logits, loops, lengths = self._forward(rows)
+            last = (torch.arange(len(rows), device=lengths.device), lengths - 1)
+            for i, used in zip(active, loops[last].tolist(), strict=True):
+                self._count_loops(tasks[i], used, 1)
+            return logits[last].float().argmax(dim=-1).tolist()
 
         def stopped(i: int, new_ids: list[int]) -> bool:
             texts[i], found = cut_at_stops(self.tok_decode(new_ids), settings[i][0])
             return found
 
-        greedy_decode(next_ids, prompts, [max_gen for _, max_gen in settings],
-                      eos_id=self._eos, context_len=self.seq_len, stopped=stopped)
+        with torch.inference_mode(), self._precision.autocast():
+            greedy_decode(next_ids, prompts, budgets, eos_id=self._eos,
+                          context_len=self.seq_len, stopped=stopped)
         return texts

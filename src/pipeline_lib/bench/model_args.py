@@ -18,7 +18,7 @@ from ..errors import ConfigError, DeviceError
 log = logging.getLogger(__name__)
 
 MODEL_ARGS = ("snapshot", "h_eff", "batch_size", "device", "use_ema", "tokenizer", "max_gen_toks",
-              "max_batch_size", "adaptive_criterion")
+              "max_batch_size", "adaptive_criterion", "precision")
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -88,6 +88,14 @@ def model_device(device: Any) -> torch.device:
         raise DeviceError(f"loopline model_args device={device!r} asks for CUDA, which this "
                           "machine does not have; use device=cpu")
     return dev
+
+
+def precision_arg(value: Any, device: torch.device) -> Any:
+    """``precision=auto|bf16|fp32`` (as ``experiment.precision``) resolved on ``device``."""
+    from ..precision import Precision
+
+    name = "auto" if value in (None, "") else str(value)
+    return Precision.resolve(name, device, key="loopline model_args precision")
 
 
 def batch_size_arg(value: Any) -> int:

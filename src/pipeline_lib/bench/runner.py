@@ -114,10 +114,12 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
 
 
 def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_json: Path | None,
-                   h_effs: Sequence[int] | None = None, *, device: str = "cpu") -> dict[str, Any]:
+                   h_effs: Sequence[int] | None = None, *, device: str = "cpu",
+                   precision: str = "fp32") -> dict[str, Any]:
     """Benchmark the snapshot at ``snapshot_dir`` at each H_eff; write and return the JSON.
 
     ``h_effs`` defaults to ``bench.h_eff``. ``tasks_dir`` receives the built-in task files.
+    The model runs on ``device`` in ``precision`` (``experiment.device``/``.precision``).
     """
     from .lm_wrapper import LooplineLM
 
@@ -130,7 +132,7 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
             if bench.include_path else None)
     manager = task_manager_for(tasks, Path(tasks_dir), user.names if user else ())
     lm = LooplineLM(snapshot=str(snapshot_dir), h_eff=h_effs[0], batch_size=bench.batch_size,
-                    max_gen_toks=bench.max_gen_toks, device=device)
+                    max_gen_toks=bench.max_gen_toks, device=device, precision=precision)
     started = time.perf_counter()
     scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field)
     import lm_eval

@@ -118,16 +118,23 @@ def sweep_result(step: int | None, losses: dict[int, float], tokens: int,
 
 def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *,
              max_tokens: int, batch_rows: int, use_ema: bool = False,
-             adaptive: AdaptiveSpec | None = None) -> dict[str, Any]:
+             adaptive: AdaptiveSpec | None = None, device: str = "cpu",
+             precision: str = "fp32") -> dict[str, Any]:
     """Evaluate ``snapshot`` on the validation split of ``data_dir``; write ``out`` (JSON).
 
     ``adaptive``: also the per-token adaptive exit (:mod:`.adaptive`), its own pass over the
-    same batches, as the ``adaptive`` section.
+    same batches, as the ``adaptive`` section. The model and every batch live on ``device``
+    (``experiment.device``), forward passes run in ``precision`` (``experiment.precision``).
     """
     from ..data.loader import PackedData, answer_targets_only
+    from ..device import resolve_device
+    from ..precision import Precision
     from .loading import load_for_eval
 
-    loaded = load_for_eval(snapshot, use_ema=use_ema, with_tokenizer=False)  # scores token ids
+    dev = resolve_device(device)
+    amp = Precision.resolve(precision, dev)  # a device that cannot do it fails before loading
+    loaded = load_for_eval(snapshot, use_ema=use_ema, with_tokenizer=False,  # scores token ids
+                           device=dev)
     data = PackedData(data_dir)
     if data.vocab_size > loaded.config.model.vocab_size:
         raise ConfigError(f"data {data_dir} has vocab {data.vocab_size} but snapshot {snapshot} "
@@ -139,20 +146,24 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     def batches() -> Iterator[dict[str, torch.Tensor]]:
         """Validation rows until max_tokens targets are scored (or the split ends)."""
         for batch in data.val_batches(data.val_rows, batch_rows):
+            batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
             yield answer_targets_only(batch) if answer_only else batch
 
-    documents = sweep_documents(loaded.model, batches(), h_effs, max_tokens,
-                                getattr(data, "doc_levels", None))
+    with amp.autocast():
+        documents = sweep_documents(loaded.model, batches(), h_effs, max_tokens,
+                                    getattr(data, "doc_levels", None))
     losses, tokens = documents.means(), documents.total_tokens
     if tokens < max_tokens:
         log.info("validation split has only %d scorable tokens (eval.max_tokens = %d)",
                  tokens, max_tokens)
     result = sweep_result(loaded.step, losses, tokens, documents)
     result["scored_tokens"] = "answer" if answer_only else "all"
+    result["device"], result["precision"] = dev.type, amp.name
     if adaptive is not None:
-        result["adaptive"] = adaptive_sweep(
-            loaded.model, batches(),
-            adaptive.resolved(h_effs), max_tokens, reference=documents)
+        with amp.autocast():
+            result["adaptive"] = adaptive_sweep(
+                loaded.model, batches(),
+                adaptive.resolved(h_effs), max_tokens, reference=documents)
     log.info("H_eff sweep of %s: %s (deeper_better=%s)", snapshot,
              {h: round(v, 4) for h, v in losses.items()}, result["deeper_better"])
     out.parent.mkdir(parents=True, exist_ok=True)

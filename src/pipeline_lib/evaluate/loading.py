@@ -29,7 +29,7 @@ class LoadedModel:
     path: Path
     step: int | None
     config: Any  # pipeline_lib.config.Config, as resolved for the run
-    model: torch.nn.Module  # LoopedLM in eval mode, on the CPU
+    model: torch.nn.Module  # LoopedLM in eval mode, on the device asked for
     tokenizer: Any  # tokenizers.Tokenizer (None when not asked for)
     seq_len: int
 
@@ -55,8 +55,10 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
 
 def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
                   with_tokenizer: bool = True,
-                  tokenizer_option: str = "tokenizer={} in --model_args") -> LoadedModel:
-    """Verified weights + config (+ tokenizer) of the snapshot at ``path``, as a ready model.
+                  tokenizer_option: str = "tokenizer={} in --model_args",
+                  device: torch.device | str = "cpu") -> LoadedModel:
+    """Verified weights + config (+ tokenizer) of the snapshot at ``path``, as a ready model
+    built on ``device`` (weights fp32, as stored).
 
     ``with_tokenizer=False`` skips the tokenizer (loss-only evaluation needs none);
     ``tokenizer_option`` names the caller's way to pass one (see :func:`snapshot_tokenizer`).
@@ -77,7 +79,8 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
         raise CheckpointError(f"snapshot {path}/config.yaml has model.vocab_size = "
                               f"{cfg.model.vocab_size}; it must hold the resolved config")
     state = load_model_state(path, which="ema" if use_ema else "model")
-    model = LoopedLM(cfg.model)
+    with torch.device(device):  # built where it runs: no CPU copy of every weight first
+        model = LoopedLM(cfg.model)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise CheckpointError(f"snapshot {path} weights do not fit its config.yaml (missing "

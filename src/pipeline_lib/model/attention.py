@@ -132,5 +132,8 @@ class Attention(nn.Module):
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, L, hd]
-        y = document_attention(q, k, v, mask)  # [B, H, L, hd]
+        if isinstance(mask, DocumentMask):
+            y = document_attention(q, k, v, mask)  # [B, H, L, hd]
+        else:  # generation: a KV cache (kv_cache.py) stores k, v and attends over its rows
+            y = mask.attend(q, k, v)
         return self.out(y.transpose(1, 2).reshape(B, L, D))

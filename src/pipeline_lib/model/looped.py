@@ -14,6 +14,8 @@ Entry points (shapes: B rows, L tokens, D width, V vocab):
   ``forward_loops(ctx, start, end, state, no_grad_loops=) -> state``,
   ``readout_loss(state, ctx, answer_weight, answer_only=) -> loss``.
 - ``logits_at(batch_or_input_ids, h_eff) -> [B, L, V]`` for generation and scoring.
+- Cached generation (:mod:`.kv_cache`): ``prefill(ids, h_eff, lengths) -> (logits [B, V],
+  cache)``, then ``decode_step(cache, tokens [B]) -> logits [B, V]`` per new token.
 - MoE: ``take_aux_loss()``, ``update_moe_biases()``, ``clear_moe_loads()``,
   ``moe_load_stats()``.
 """
@@ -21,6 +23,7 @@ Entry points (shapes: B rows, L tokens, D width, V vocab):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +33,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from .attention import DocumentMask, resolve_attention_kernel
 from .blocks import Block, residual_out_std
+from .kv_cache import KVCache, kv_decode_step, kv_prefill
 from .layers import RMSNorm, rope_tables
 from .loss import chunked_cross_entropy
 from .moe import MoEFFN
@@ -43,7 +47,7 @@ class LoopContext:
     """What every loop and readout of one batch shares (built once per batch)."""
 
     rope: tuple[Tensor, Tensor]  # cos, sin: [B, L, 1, head_dim/2]
-    mask: DocumentMask  # document-causal attention mask
+    mask: DocumentMask | KVCache  # document-causal attention mask (or a decoding KV cache)
     targets: Tensor | None  # [B, L] next-token ids, -100 = ignored
     answer_mask: Tensor | None  # [B, L] bool, answer tokens of reasoning documents
     e: Tensor | None = None  # [B, L, D] prelude output, injected at every loop
@@ -109,11 +113,13 @@ class LoopedLM(nn.Module):
 
     # ------------------------------------------------------------------ batch → context
 
-    def context(self, batch: Batch | Tensor) -> LoopContext:
+    def context(self, batch: Batch | Tensor, mask: DocumentMask | KVCache | None = None
+                ) -> LoopContext:
         """RoPE tables and the document mask of a batch (no embedding yet).
 
         ``batch`` is the loader's dict or bare ``input_ids`` [B, L]; missing
         ``position_ids`` default to 0..L-1 and missing ``doc_ids`` to one document per row.
+        ``mask``: use this one instead (a decoding step's KV cache).
         """
         if isinstance(batch, Tensor):
             batch = {"input_ids": batch}
@@ -122,23 +128,26 @@ class LoopedLM(nn.Module):
         pos = batch.get("position_ids")
         if pos is None:
             pos = torch.arange(L, device=ids.device).expand(B, L)
-        doc = batch.get("doc_ids")
-        if doc is None:
-            doc = torch.zeros_like(ids)
-        kernel = resolve_attention_kernel(self.cfg.attention, ids.device)
+        if mask is None:
+            doc = batch.get("doc_ids")
+            if doc is None:
+                doc = torch.zeros_like(ids)
+            mask = DocumentMask.build(doc, resolve_attention_kernel(self.cfg.attention,
+                                                                    ids.device))
         return LoopContext(
             rope=rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta),
-            mask=DocumentMask.build(doc, kernel),
+            mask=mask,
             targets=batch.get("targets"),
             answer_mask=batch.get("answer_mask"),
         )
 
-    def embed(self, batch: Batch | Tensor) -> LoopContext:
+    def embed(self, batch: Batch | Tensor, ctx: LoopContext | None = None) -> LoopContext:
         """Context of ``batch`` with ``ctx.e`` = prelude(embedding) [B, L, D].
 
-        Starts a new forward pass: MoE aux-loss terms not yet taken are dropped.
+        Starts a new forward pass: MoE aux-loss terms not yet taken are dropped. ``ctx``: a
+        context built by the caller (cached generation: its mask is the KV cache).
         """
-        ctx = self.context(batch)
+        ctx = self.context(batch) if ctx is None else ctx
         ids = batch if isinstance(batch, Tensor) else batch["input_ids"]
         self._drop_aux_terms()
         x = self.tok_emb(ids)  # [B, L, D]
@@ -228,12 +237,16 @@ class LoopedLM(nn.Module):
         ctx = ctx_or_batch if isinstance(ctx_or_batch, LoopContext) else self.context(ctx_or_batch)
         if ctx.targets is None:
             raise ValueError("the batch has no 'targets'; readout_loss needs them")
-        h = self.readout_hidden(state, ctx)  # [B, L, D]
-        D = h.shape[-1]
-        return chunked_cross_entropy(h.reshape(-1, D), self.head_weight, ctx.targets.reshape(-1),
-                                     chunk_size=self.cfg.loss_chunk_size,
-                                     token_weights=self._token_weights(ctx, answer_weight,
-                                                                       answer_only))
+        h, weight = self.readout_hidden(state, ctx), self.head_weight  # [B, L, D], [V, D]
+        D, kind = h.shape[-1], h.device.type
+        amp = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+        with nullcontext() if amp is None else torch.autocast(kind, enabled=False):
+            if amp is not None:  # autocast: the head matmul in its dtype, the loss in fp32
+                h, weight = h.to(amp), weight.to(amp)
+            return chunked_cross_entropy(h.reshape(-1, D), weight, ctx.targets.reshape(-1),
+                                         chunk_size=self.cfg.loss_chunk_size,
+                                         token_weights=self._token_weights(ctx, answer_weight,
+                                                                           answer_only))
 
     # ------------------------------------------------------------------ full passes
 
@@ -285,6 +298,16 @@ class LoopedLM(nn.Module):
         if h_eff < 1:
             raise ValueError(f"h_eff must be at least 1, got {h_eff}")
         return self.logits_by_loops(batch_or_input_ids, [h_eff])[h_eff]
+
+    def prefill(self, batch_or_input_ids: Batch | Tensor, h_eff: int,
+                lengths: Tensor | None = None, reserve: int = 0) -> tuple[Tensor, KVCache]:
+        """(logits [B, V] at each row's last token, KV cache) after ``h_eff`` loops;
+        ``lengths`` [B]: real tokens per right-padded row. See :mod:`.kv_cache`."""
+        return kv_prefill(self, batch_or_input_ids, h_eff, lengths, reserve)
+
+    def decode_step(self, cache: KVCache, tokens: Tensor) -> Tensor:
+        """Logits [B, V] of the next token after appending ``tokens`` [B] (one per row)."""
+        return kv_decode_step(self, cache, tokens)
 
     # ------------------------------------------------------------------ MoE
 

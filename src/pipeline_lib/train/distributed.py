@@ -5,8 +5,8 @@ One process per device (``torchrun --nproc_per_node N``); the data order stays g
 
 - the weights: :func:`shard_model` applies ``fully_shard`` to every transformer block and
   then to the root (FSDP2: parameters are DTensors sharded on dim 0, all-gathered per block
-  for compute, gradients reduce-scattered and averaged over ranks). bf16 compute with fp32
-  gradient reduction on accelerators, plain fp32 on the CPU. FSDP2 cannot shard a 0-dim
+  for compute, gradients reduce-scattered and averaged over ranks). Compute in the dtype of
+  ``experiment.precision`` (bf16: gradients still reduced in fp32). FSDP2 cannot shard a 0-dim
   parameter (the learnable λ), so those stay replicated and :class:`RankGroup` averages
   their gradients by hand;
 - the step's statistics: loss, aux loss, gradient norm and the diagnostics are reduced
@@ -31,11 +31,13 @@ from torch import Tensor, nn
 
 from ..device import device_for_rank, dist_backend, flagged_ranks, resolve_device
 from ..errors import ConfigError, TrainingError
+from ..precision import Precision
 
 log = logging.getLogger(__name__)
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-FORWARD_METHODS = ("logits_by_loops",)  # root methods that read weights outside forward()
+# root methods that read weights outside forward(): evaluation, generation with the KV cache
+FORWARD_METHODS = ("logits_by_loops", "prefill", "decode_step")
 
 
 def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:
@@ -105,11 +107,13 @@ def process_device(device_name: str, world_size: int, rank: int) -> torch.device
 # --------------------------------------------------------------------------- sharding
 
 
-def shard_model(model: nn.Module, device: torch.device) -> list[nn.Parameter]:
+def shard_model(model: nn.Module, precision: Precision) -> list[nn.Parameter]:
     """FSDP2 in place: ``fully_shard`` each block of prelude/core/coda, then the root.
 
     A core block runs once per loop; FSDP2 all-gathers it for each use and reduce-scatters
-    its accumulated gradient. Returns the parameters left replicated (0-dim ones).
+    its accumulated gradient. ``precision`` (``experiment.precision`` resolved) sets the
+    compute dtype of the gathered parameters; gradients are reduced in fp32. Returns the
+    parameters left replicated (0-dim ones).
     """
     from torch.distributed.fsdp import (
         MixedPrecisionPolicy,
@@ -119,8 +123,8 @@ def shard_model(model: nn.Module, device: torch.device) -> list[nn.Parameter]:
 
     from .diagnostics import named_blocks
 
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if device.type != "cpu" else MixedPrecisionPolicy())
+    mp = (MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32)
+          if precision.mixed else MixedPrecisionPolicy())
     replicated = [p for p in model.parameters() if p.ndim == 0]
     for _, block in named_blocks(model):
         fully_shard(block, mp_policy=mp)

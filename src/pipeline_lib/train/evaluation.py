@@ -8,8 +8,8 @@
 
 Both run in eval mode without gradients and draw no random numbers (decoding is argmax), so
 they never perturb the training state: a segment end that evaluates changes nothing that
-the next step computes. Generation recomputes the whole prefix per token (no KV cache):
-prompts and budgets are tiny.
+the next step computes. Generation uses the KV cache (:mod:`pipeline_lib.model.kv_cache`).
+The trainer calls both under its precision (``experiment.precision``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from ..data.loader import IGNORE_INDEX, answer_targets_only
 from ..data.tokenizer import EOS_TOKEN, load_tokenizer
-from ..model.generate import greedy_decode
+from ..model.generate import greedy_generate
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,6 @@ def generate_samples(model: Any, data_dir: Path, prompts: Sequence[str], max_new
         return []
     tok = load_tokenizer(data_dir)
     eos = tok.token_to_id(EOS_TOKEN)
-
-    def next_ids(_: list[int], rows: list[list[int]]) -> list[int]:
-        logits = model.logits_at(torch.tensor(rows, device=device), loops)[:, -1]  # [B, V]
-        return logits.argmax(dim=-1).tolist()
-
     was_training = model.training
     model.eval()
     records = []
@@ -83,8 +78,8 @@ def generate_samples(model: Any, data_dir: Path, prompts: Sequence[str], max_new
             prompt_ids = tok.encode(prompt, add_special_tokens=False).ids
             if not prompt_ids:
                 prompt_ids = [eos] if eos is not None else [0]
-            [(new, stop)] = greedy_decode(next_ids, [prompt_ids], [max_new_tokens], eos_id=eos,
-                                          context_len=context_len)
+            [(new, stop)] = greedy_generate(model, [prompt_ids], max_new_tokens, h_eff=loops,
+                                            eos_id=eos, context_len=context_len, device=device)
             records.append({"step": step, "loops": loops, "prompt": prompt,
                             "completion": tok.decode(new, skip_special_tokens=True),
                             "completion_ids": new, "stop": stop})

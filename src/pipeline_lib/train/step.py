@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import TrainConfig
+from ..precision import Precision
 from .diagnostics import ActivationProbe, gradient_metrics, model_scalars
 from .distributed import RankGroup
 from .ema import WeightsEMA
@@ -77,8 +78,10 @@ class StepRunner:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, train: TrainConfig,
                  guard: SpikeGuard, *, ema: WeightsEMA | None = None,
                  hooks: StepHooks | None = None, device: torch.device,
-                 forward: Any = None, group: RankGroup | None = None) -> None:
+                 forward: Any = None, group: RankGroup | None = None,
+                 amp: Precision | None = None) -> None:
         self.model, self.optimizer, self.train, self.guard = model, optimizer, train, guard
+        self.amp = amp  # autocast around forward passes (one device; FSDP has its policy)
         self.ema, self.hooks, self.device = ema, hooks or StepHooks(), device
         self.group = group  # several ranks: statistics are reduced before the guard judges
         self.forward = model if forward is None else forward  # compiled with train.compile
@@ -182,7 +185,8 @@ class StepRunner:
         seg_loss = torch.zeros((), device=self.device)
         seg_aux = torch.zeros((), device=self.device)
         for m, batch in enumerate(batches):
-            with probe.attached() if probe is not None else nullcontext():
+            with (probe.attached() if probe is not None else nullcontext(),
+                  self.amp.autocast() if self.amp is not None else nullcontext()):
                 # a fresh embedding per unroll: the previous unroll's graph is freed
                 out = self.forward(batch, counts, t.answer_weight, no_grad_loops=no_grad,
                                    start=start, state=states[m], answer_only=self.answer_only)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import TrainingError
 from ..model.loop_sampling import LoopSampler
 from ..model.looped import LoopedLM
+from ..precision import Precision
 from ..run_layout import snapshots_dir_of
 from . import rollback
 from .batch_plan import BatchPlan, make_batch_plan
@@ -95,10 +97,14 @@ class Trainer:
     cursors: dict[int, DataCursor] = field(default_factory=dict)  # this segment's, by step
     group: RankGroup | None = None  # the collectives, when world_size > 1
     carried_files: dict[str, bytes] = field(default_factory=dict)  # of a resume point
+    precision: Precision | None = None  # experiment.precision on this device (None: fp32)
 
     @classmethod
     def build(cls, cfg: Config, data_dir: Path, *, world_size: int = 1, rank: int = 0) -> Trainer:
         device = process_device(cfg.experiment.device, world_size, rank)
+        precision = Precision.resolve(cfg.experiment.precision, device)  # fails before work
+        log.info("computing on %s in %s (experiment.precision = %s)", device, precision.name,
+                 cfg.experiment.precision)
         set_determinism(cfg.train.deterministic, device, compiled=cfg.train.compile)
         data = PackedData(data_dir)
         cfg = resolve_config(cfg, data)
@@ -107,20 +113,21 @@ class Trainer:
         model = build_model(cfg, device)  # the same seeded init on every rank
         group = None
         if world_size > 1:
-            group = RankGroup.current(device, shard_model(model, device))
+            group = RankGroup.current(device, shard_model(model, precision))
         optimizer = build_optimizer(model, cfg.train)
         guard = SpikeGuard(cfg.train.spike)
         ema = WeightsEMA(model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
         hooks = installed_step_hooks()
         forward = torch.compile(model) if cfg.train.compile else None
         runner = StepRunner(model, optimizer, cfg.train, guard, ema=ema, hooks=hooks,
-                            device=device, forward=forward, group=group)
+                            device=device, forward=forward, group=group,
+                            amp=precision if group is None else None)  # FSDP: its policy
         sampler = LoopSampler(cfg.train.loop_sampling, cfg.model.loops, cfg.experiment.seed)
         return cls(cfg=cfg, data=data, device=device, model=model, optimizer=optimizer,
                    schedule=LRSchedule.from_config(cfg.train, total), guard=guard, ema=ema,
                    sampler=sampler, runner=runner, plan=plan, total_steps=total, hooks=hooks,
                    state=TrainerState(total_steps=total), world_size=world_size, rank=rank,
-                   group=group)
+                   group=group, precision=precision)
 
     def parts(self, source: Path | None = None) -> dict[str, Any]:
         """Every stateful part of the segment, by the name the checkpoint layer stores it
@@ -137,6 +144,13 @@ class Trainer:
         if self.ema is not None:
             parts["ema"] = EMAPart(self.ema)
         return parts
+
+    def autocast(self) -> AbstractContextManager:
+        """The configured precision around a forward pass on one device (with several ranks
+        FSDP's mixed-precision policy applies it instead)."""
+        if self.precision is None or self.group is not None:
+            return nullcontext()
+        return self.precision.autocast()
 
     @property
     def ranks(self) -> state_io.Ranks | None:
@@ -307,9 +321,10 @@ class Trainer:
 
     def validate(self) -> float:
         t = self.cfg.train
-        loss = validation_loss(self.model, self.data, t.eval_rows, t.micro_batch_rows,
-                               loops=self.cfg.model.loops, device=self.device,
-                               answer_only=t.objective.startswith("answer_"))
+        with self.autocast():
+            loss = validation_loss(self.model, self.data, t.eval_rows, t.micro_batch_rows,
+                                   loops=self.cfg.model.loops, device=self.device,
+                                   answer_only=t.objective.startswith("answer_"))
         if self.group is not None:  # every rank evaluated the same rows with the same weights
             reshard(self.model)
         self.state.val_loss = loss
@@ -327,10 +342,11 @@ class Trainer:
     def save(self, out: Path, train_log: TrainLog, segment: dict[str, Any]) -> Path:
         """Samples, then the snapshot (atomic), then the best copy when asked."""
         t = self.cfg.train
-        samples = generate_samples(self.model, self.data.data_dir, t.sample_prompts,
-                                   t.sample_tokens, step=self.state.step,
-                                   loops=self.cfg.model.loops, context_len=self.data.seq_len,
-                                   device=self.device)
+        with self.autocast():
+            samples = generate_samples(self.model, self.data.data_dir, t.sample_prompts,
+                                       t.sample_tokens, step=self.state.step,
+                                       loops=self.cfg.model.loops, context_len=self.data.seq_len,
+                                       device=self.device)
         if self.group is not None:
             reshard(self.model)
         self.state.segments.append(segment)

@@ -238,7 +238,13 @@ class WorkflowPlan:
         relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
                     "data_id": self.runs[run].data_id, "model": to_dict(cfg.model),
                     "train": train, "keep_best": cfg.snapshots.keep_best}
-        return config_hash(relevant)
+        return config_hash({**relevant, **self._precision(run)})
+
+    def _precision(self, run: str) -> dict[str, str]:
+        """``experiment.precision`` unless auto (so the signatures of runs from before the
+        key existed, all auto, stay what they were)."""
+        precision = self.runs[run].config.experiment.precision
+        return {} if precision == "auto" else {"precision": precision}
 
     def config_signature(self, run: str) -> str:
         """Hash of the run's whole resolved config: a param of ``track_config``, so any
@@ -247,10 +253,12 @@ class WorkflowPlan:
         return config_hash(to_dict(self.runs[run].config))
 
     def eval_signature(self, run: str) -> str:
-        return config_hash(to_dict(self.runs[run].config.eval))
+        data = to_dict(self.runs[run].config.eval)
+        return config_hash({**data, **self._precision(run)})
 
     def bench_signature(self, run: str) -> str:
-        return config_hash(to_dict(self.runs[run].config.bench))
+        data = to_dict(self.runs[run].config.bench)
+        return config_hash({**data, **self._precision(run)})
 
     def bench_task_files(self, run: str) -> list[str]:
         """Files of the run's ``bench.include_path`` tasks (YAMLs, includes, data): inputs of

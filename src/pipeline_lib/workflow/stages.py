@@ -84,7 +84,8 @@ def update_parent(cfg: Config, run: str, run_dir: Path, data_id: str, out: Path)
 
 def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
                out: Path) -> dict[str, Any]:
-    """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``."""
+    """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``,
+    on ``experiment.device`` in ``experiment.precision``."""
     from ..evaluate.adaptive import AdaptiveSpec
     from ..evaluate.heff import parse_h_eff, run_heff
     from ..tracking import start_stage
@@ -92,11 +93,13 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     h_effs = parse_h_eff(cfg.eval.h_eff, "eval.h_eff")
     result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
                       max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
-                      use_ema=cfg.eval.use_ema, adaptive=AdaptiveSpec.from_eval_config(cfg.eval))
+                      use_ema=cfg.eval.use_ema, adaptive=AdaptiveSpec.from_eval_config(cfg.eval),
+                      device=cfg.experiment.device, precision=cfg.experiment.precision)
     step = result["step"]
     with start_stage(cfg, run_dir, f"eval_heff/{_step_name(step)}",
                      params={"eval.h_eff": h_effs, "eval.max_tokens": cfg.eval.max_tokens,
-                             "eval.use_ema": cfg.eval.use_ema}) as stage:
+                             "eval.use_ema": cfg.eval.use_ema, "device": result["device"],
+                             "precision": result["precision"]}) as stage:
         metrics = {f"heff/loss_h{h}": v for h, v in result["losses"].items()}
         metrics["heff/best_h"] = result["best_h_eff"]
         metrics["heff/deeper_better"] = float(result["deeper_better"])
@@ -147,7 +150,7 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
     from ..tracking import start_stage
 
     result = run_benchmarks(Path(snapshot), cfg.bench, Path(tasks_dir), Path(out),
-                            device=cfg.experiment.device)
+                            device=cfg.experiment.device, precision=cfg.experiment.precision)
     step = result.get("step")
     with start_stage(cfg, run_dir, f"bench/{_step_name(step)}",
                      params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff}
