@@ -2,7 +2,8 @@
 
 What ``python -m pipeline_lib generate`` runs. Prompts are decoded in batches through the
 shared decoding loop (:func:`pipeline_lib.model.generate.greedy_decode`, called once per
-batch in :func:`_decode`); this module decides how a next token is chosen:
+batch in :func:`_decode`, over the KV cache at a fixed H_eff); this module decides how a
+next token is chosen:
 
 - depth: the logits after ``h_eff`` core loops, or every token read out at its own adaptive
   exit (:func:`~pipeline_lib.evaluate.adaptive.adaptive_logits`: the first loop whose
@@ -180,12 +181,17 @@ def _decode(model: torch.nn.Module, prompt_ids: list[list[int]], *, eos: int,
             context_len: int, stream: _TextStream, offset: int
             ) -> list[tuple[list[int], str, int]]:
     """(new ids, stop reason, Σ loops) per prompt of one batch."""
-    from ..model.generate import greedy_decode
+    from ..model.generate import CachedNextIds, greedy_decode
 
     loops = [0] * len(prompt_ids)
+    cached = (CachedNextIds(model, depth.loops, pad_id=eos, reserve=max_new_tokens)
+              if depth.threshold is None else None)  # adaptive exit recomputes the window
 
     def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
-        logits, used = last_logits(model, rows, depth, eos)
+        if cached is not None:
+            logits, used = cached.logits(active, rows).float().cpu(), [depth.loops] * len(rows)
+        else:
+            logits, used = last_logits(model, rows, depth, eos)
         for i, n in zip(active, used, strict=True):
             loops[i] += n
         return pick_tokens(logits, sampling, generator)
