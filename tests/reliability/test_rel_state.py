@@ -91,7 +91,7 @@ def test_deleted_kept_and_final_snapshots_are_rebuilt(finished: Path, tmp_path: 
     assert job_counts(dry.stdout) == {
         "train_segment_temp": 1, "train_segment": 2, "snapshot_index": 1, "eval_heff": 2,
         "summarize_heff": 1, "bench_downstream": 1, "summarize_bench": 1, "compare_runs": 1,
-        "all": 1}  # no pack_data, tracking_store, track_init
+        "export": 1, "all": 1}  # no pack_data, tracking_store, track_init
 
     result = snakemake(work, "--cores", "2")
     assert result.returncode == 0, failure_report(work, result)
