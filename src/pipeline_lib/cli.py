@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "compare",
     "results_doc",
     "schema",
+    "device_check",
 ]
 
 

@@ -67,6 +67,13 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
     return info
 
 
+def _kernel_tags() -> dict[str, str]:
+    """The kernels the stage's model ran (a FlexAttention or grouped GEMM fallback)."""
+    from ..model.kernels import kernel_tags
+
+    return kernel_tags()
+
+
 def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
                out: Path) -> dict[str, Any]:
     """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``."""
@@ -81,7 +88,7 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     step = result["step"]
     with start_stage(cfg, run_dir, f"eval_heff/{_step_name(step)}",
                      params={"eval.h_eff": h_effs, "eval.max_tokens": cfg.eval.max_tokens,
-                             "eval.use_ema": cfg.eval.use_ema}) as stage:
+                             "eval.use_ema": cfg.eval.use_ema}, tags=_kernel_tags()) as stage:
         metrics = {f"heff/loss_h{h}": v for h, v in result["losses"].items()}
         metrics["heff/best_h"] = result["best_h_eff"]
         metrics["heff/deeper_better"] = float(result["deeper_better"])
@@ -135,8 +142,8 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
                             device=cfg.experiment.device)
     step = result.get("step")
     with start_stage(cfg, run_dir, f"bench/{_step_name(step)}",
-                     params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff}
-                     ) as stage:
+                     params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff},
+                     tags=_kernel_tags()) as stage:
         metrics = {}
         for row in bench_records(result):
             level = "" if row["level"] is None else f"_k{row['level']}"
