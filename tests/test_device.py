@@ -7,7 +7,13 @@ import importlib.util
 import pytest
 import torch
 
-from pipeline_lib.device import device_for_rank, dist_backend, resolve_device, synchronize
+from pipeline_lib.device import (
+    device_for_rank,
+    dist_backend,
+    exact_float_dtype,
+    resolve_device,
+    synchronize,
+)
 from pipeline_lib.errors import DeviceError
 
 
@@ -40,6 +46,13 @@ def test_unknown_name() -> None:
 def test_collective_backend_per_device_type() -> None:
     assert dist_backend(torch.device("cpu")) == "gloo"
     assert dist_backend(torch.device("cuda", 1)) == "nccl"
+    assert dist_backend("npu") == "hccl"  # a type name: torch.device("npu") needs torch_npu
     with pytest.raises(DeviceError, match="no collective backend"):
         dist_backend(torch.device("meta"))
     assert device_for_rank(torch.device("cpu"), 3) == torch.device("cpu")  # ranks share it
+
+
+def test_no_float64_buffers_on_an_ascend_npu() -> None:
+    assert exact_float_dtype("npu") == torch.float32
+    assert exact_float_dtype(torch.device("cuda", 0)) == torch.float64
+    assert exact_float_dtype(torch.device("cpu")) == torch.float64

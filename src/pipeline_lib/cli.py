@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "compare",
     "results_doc",
     "schema",
+    "device_check",
 ]
 
 

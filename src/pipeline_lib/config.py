@@ -160,7 +160,8 @@ class ModelConfig:
                          minimum=0)
     moe_experts: int = _f(0, "Experts per MoE FFN; 0 = dense SwiGLU.", minimum=0)
     moe_top_k: int = _f(2, "Experts chosen per token.", minimum=1)
-    moe_ffn_hidden: int = _f(0, "Hidden width per expert; 0 = ffn_hidden / top_k.", minimum=0)
+    moe_ffn_hidden: int = _f(0, "Hidden width per expert (0 = ffn_hidden / top_k), rounded "
+                             "up to a multiple of 8 (grouped GEMM needs 16-byte rows).", minimum=0)
     moe_aux_loss_weight: float = _f(0.01, "Weight of the Switch load-balancing loss (0 = off).", minimum=0)
     moe_bias_update_rate: float = _f(
         0.001, "γ of aux-loss-free balancing: bias += γ·(1/E − load) after each step (0 = off).",
@@ -348,7 +349,8 @@ class ResourcesConfig:
 
     slurm_partition: str = _f("", "SLURM partition for every job (empty = the cluster default).")
     slurm_account: str = _f("", "SLURM account charged (empty = your default account).")
-    train_gpus: int = _f(0, "GPUs per training segment job (torchrun uses train.nproc of them).",
+    train_gpus: int = _f(0, "GPUs per node of a training segment job (torchrun uses train.nproc "
+                            "of them).",
                          minimum=0)
     train_cpus: int = _f(1, "CPU cores (and torch threads) per training segment job.", minimum=1)
     train_mem_mb: int = _f(4000, "Memory per training segment job (MB).", minimum=100)
@@ -616,12 +618,13 @@ def validate_config(cfg: Config) -> None:
     check_field_constraints(cfg, "")
     check_model_shape(cfg.model)
     t, d = cfg.train, cfg.data
-    per_pass = t.micro_batch_rows * t.nproc
+    per_pass = t.micro_batch_rows * t.nproc * t.nnodes  # one micro-batch on every rank
     if t.global_batch_rows % per_pass:
+        nodes = (" × train.nnodes", f" × {t.nnodes}") if t.nnodes > 1 else ("", "")
         raise ConfigError(
             f"train.global_batch_rows = {t.global_batch_rows} is not a multiple of "
-            f"train.micro_batch_rows × train.nproc = {t.micro_batch_rows} × {t.nproc}; "
-            f"use a multiple of {per_pass}")
+            f"train.micro_batch_rows × train.nproc{nodes[0]} = {t.micro_batch_rows} × "
+            f"{t.nproc}{nodes[1]}; use a multiple of {per_pass}")
     ls = t.loop_sampling
     if ls.min_loops > ls.max_loops:
         raise ConfigError(f"train.loop_sampling.min_loops = {ls.min_loops} exceeds max_loops = "

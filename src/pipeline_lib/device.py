@@ -64,15 +64,29 @@ def resolve_device(name: str) -> torch.device:
 
 
 DIST_BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
+FLOAT64_DEVICES = frozenset({"cpu", "cuda"})  # Ascend NPUs compute no float64
 
 
-def dist_backend(device: torch.device) -> str:
-    """The torch.distributed backend for processes computing on ``device``."""
+def _device_type(device: torch.device | str) -> str:
+    return device if isinstance(device, str) else device.type
+
+
+def dist_backend(device: torch.device | str) -> str:
+    """The torch.distributed backend for processes computing on ``device`` (or device type)."""
+    kind = _device_type(device)
     try:
-        return DIST_BACKENDS[device.type]
+        return DIST_BACKENDS[kind]
     except KeyError:
-        raise DeviceError(f"no collective backend for device type {device.type!r}; use "
+        raise DeviceError(f"no collective backend for device type {kind!r}; use "
                           "experiment.device: cpu, cuda or npu") from None
+
+
+def exact_float_dtype(device: torch.device | str) -> torch.dtype:
+    """The widest float dtype ``device`` computes in: float64, float32 on an Ascend NPU.
+
+    For tensors that must live on the device (collective buffers); anything that can be
+    computed on the CPU in float64 first should be (RoPE tables, MoE loads)."""
+    return torch.float64 if _device_type(device) in FLOAT64_DEVICES else torch.float32
 
 
 def device_for_rank(device: torch.device, local_rank: int) -> torch.device:

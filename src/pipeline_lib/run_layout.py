@@ -14,6 +14,7 @@
         snapshots/index.json  snapshots/final  snapshots/best/
         train/metrics.jsonl  train/spike_events.jsonl  train/rollback.json  tensorboard/
         train/resume/step_{step:07d}/          # a stopped segment job's resume point
+        train/launch/step_{step:07d}.yaml      # config read by a multi-process job's workers
         eval/heff/step_{step:07d}.json  eval/heff{,_adaptive}.{parquet,png}
         bench/step_{step:07d}.json  bench/tasks_step_{step:07d}/  bench/summary.parquet
         bench/accuracy_vs_heff.png
@@ -171,6 +172,12 @@ class RunLayout:
         """Where a stopped segment job ending at ``step`` leaves its resume point (outside
         the job's declared outputs: only a retry of that job reads it)."""
         return self.train_dir / "resume" / step_dir_name(step)
+
+    def launch_config(self, step: int | str) -> Path:
+        """The resolved config the workers of a multi-process segment job ending at ``step``
+        read: in the run directory, which every node of a multi-node job sees (a node-local
+        temporary directory would not be); removed when the job ends."""
+        return self.train_dir / "launch" / f"{step_dir_name(step)}.yaml"
 
     @property
     def rollback_record(self) -> Path:

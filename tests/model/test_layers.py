@@ -32,6 +32,19 @@ def test_rope_scores_depend_only_on_relative_position():
     assert not torch.allclose(score(5, 2), score(5, 4))
 
 
+def test_rope_table_lookup_equals_the_float64_formula():
+    """Tables are computed in float64 on the CPU and looked up on the device (no float64
+    there: Ascend NPUs have none); values equal the angles computed per position."""
+    from pipeline_lib.model.layers import _rope_direct
+
+    pos = torch.randint(0, 3000, (2, 50), generator=torch.Generator().manual_seed(0))
+    for positions in (pos[:, :5] % 40, pos):  # a 64-row table, then a 4096-row one
+        cos, sin = rope_tables(positions, 16, 10000.0)
+        want_cos, want_sin = _rope_direct(positions, 16, 10000.0)
+        assert cos.shape == (*positions.shape, 1, 8) and cos.dtype == torch.float32
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+
+
 def test_swiglu_value():
     torch.manual_seed(0)
     ffn = SwiGLU(6, 10)

@@ -1,11 +1,15 @@
-"""MoE FFN: dropless routing, grouped vs looped experts, aux loss, bias balancing."""
+"""MoE FFN: dropless routing, grouped vs looped experts (probe, per-shape fallback), aux loss,
+bias balancing."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from pipeline_lib.model import moe
 from pipeline_lib.model.looped import LoopedLM
 from pipeline_lib.model.moe import MoEFFN, grouped_mm_works
 
@@ -146,3 +150,45 @@ def test_model_level_balancing_api(make_config, make_batch):
     model.clear_moe_loads()
     assert all(int(layer.load_counts.sum()) == 0 for _, layer in model.moe_layers())
     assert "core.0.ffn.balance_bias" in model.state_dict()
+
+
+@pytest.fixture
+def fresh_choices():
+    moe.reset_grouped_mm_choices()
+    yield
+    moe.reset_grouped_mm_choices()
+
+
+def test_the_probe_runs_without_gradients_and_keys_by_backward(fresh_choices):
+    cpu = torch.device("cpu")
+    with torch.inference_mode():  # an evaluation process: forward only, no backward call
+        assert grouped_mm_works(cpu, torch.float32)
+    with torch.no_grad():
+        assert grouped_mm_works(cpu, torch.bfloat16)
+    assert set(moe._probed) == {("cpu", None, torch.float32, False),
+                                ("cpu", None, torch.bfloat16, False)}
+    assert grouped_mm_works(cpu, torch.float32)  # training asks again, backward included
+    assert moe._probed[("cpu", None, torch.float32, True)] is True
+
+
+def test_an_unaligned_expert_shape_falls_back_to_the_loop_once(fresh_choices, caplog):
+    odd = _layer(hidden=58)  # 58 fp32 = 232 bytes a row
+    even = _layer(hidden=60)
+    x = torch.randn(2, 9, 16)
+    odd.expert_impl = "grouped"  # the kernel itself refuses the shape, on the CPU too
+    with pytest.raises(RuntimeError, match="multiple of 16 bytes"):
+        odd(x)
+    with caplog.at_level(logging.WARNING, logger="pipeline_lib.model.moe"):
+        outs = {}
+        for impl in ("auto", "loop"):
+            odd.expert_impl = impl
+            outs[impl] = [odd(x) for _ in range(3)]
+        even(x)
+    for a, b in zip(outs["auto"], outs["loop"], strict=True):
+        assert torch.equal(a, b)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == ["MoE experts 16→58 in float32 on cpu: rows are not multiples of 16 "
+                        "bytes; this shape uses the per-expert loop"]
+    assert moe.expert_paths() == {"16x58 float32 cpu": "loop", "16x60 float32 cpu": "grouped"}
+    assert moe.moe_tags() == {"loopline.moe_grouped_mm_fallback":
+                              "16x58 float32 cpu: rows are not multiples of 16 bytes"}

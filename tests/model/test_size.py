@@ -24,6 +24,7 @@ CONFIGS = [
     {"moe_experts": 3, "moe_top_k": 1, "moe_ffn_hidden": 24, "ffn_hidden": 40},
     {"injection": "linear", "step_embedding": True, "loops": 5},
     {"learn_injection_scale": True, "coda_layers": 3, "d_model": 24, "n_heads": 3},
+    {"moe_experts": 3, "moe_top_k": 3, "d_model": 64, "n_heads": 4},  # 176 / 3 = 58 → 64
 ]
 
 
@@ -38,6 +39,15 @@ def test_default_widths(make_config):
     cfg = make_config(d_model=128, n_heads=4)
     assert resolved_ffn_hidden(cfg) == 352  # 8/3·128 = 341.3 → next multiple of 16
     assert resolved_moe_hidden(make_config(d_model=128, n_heads=4, moe_experts=8)) == 176
+
+
+def test_expert_widths_are_rounded_up_to_aligned_rows(make_config):
+    """Grouped GEMM needs 16-byte rows: 8 elements in bf16 (a width of 58 broke it)."""
+    derived = make_config(d_model=64, n_heads=4, moe_experts=4, moe_top_k=3)
+    assert resolved_ffn_hidden(derived) // 3 == 58 and resolved_moe_hidden(derived) == 64
+    assert resolved_moe_hidden(make_config(moe_experts=4, moe_ffn_hidden=58)) == 64
+    assert resolved_moe_hidden(make_config(moe_experts=4, moe_ffn_hidden=24)) == 24
+    assert LoopedLM(derived).core[0].ffn.w_gate.shape == (4, 64, 64)
 
 
 def test_size_module_does_not_import_torch():

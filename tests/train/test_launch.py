@@ -36,6 +36,20 @@ def test_multi_node_rendezvous_from_config_then_environment() -> None:
         rendezvous_args(env_cfg, env={})
 
 
+def test_inside_slurm_srun_starts_one_torchrun_per_node_with_the_node_cpus(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from support.stand_in_srun import install_stand_in_srun
+
+    install_stand_in_srun(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    cfg = with_train(nproc=4, nnodes=2, rdzv_endpoint="n1:29400")
+    cmd = torchrun_command(cfg, ["--out", "o"], env={"SLURM_JOB_ID": "7",
+                                                     "SLURM_CPUS_ON_NODE": "32"})
+    assert cmd[:6] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=32",
+                       "--kill-on-bad-exit=1", sys.executable]
+    assert torchrun_command(cfg, [], env={})[0] == sys.executable  # no allocation: no srun
+
+
 def test_failure_line_prefers_the_one_line_pipeline_error() -> None:
     lines = [
         "[rank1]: Traceback (most recent call last):\n",

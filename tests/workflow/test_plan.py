@@ -101,6 +101,50 @@ def test_cluster_resources_only_name_what_is_set():
     assert plan.cluster_resources("eval")["runtime"] == 60
 
 
+def _sbatch(resources: dict, threads: int = 1) -> str:
+    """The sbatch line the SLURM executor plugin builds from ``resources`` (its own code)."""
+    from types import SimpleNamespace
+
+    from snakemake.iocontainers import Namedlist
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    job = SimpleNamespace(resources=Namedlist(fromdict=resources), threads=threads)
+    params = {"run_uuid": "u", "slurm_logfile": "l", "comment_str": "c", "account": "",
+              "partition": "", "workdir": ""}
+    return get_submit_command(job, params) + set_gres_string(job)
+
+
+@pytest.mark.parametrize("nproc, gpus, wanted, unwanted", [
+    (4, 4, ["--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", "--cpus-per-task=4"],
+     ["--ntasks-per-gpu", "--gpus="]),
+    (1, 1, ["--nodes=2", "--ntasks=2", "--gres=gpu:1", "--cpus-per-task=16"],
+     ["--ntasks-per-gpu", "--gpus="]),
+    (2, 0, ["--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=8"], ["--gres", "--gpus"]),
+])
+def test_multi_node_segments_ask_slurm_for_nodes_and_tasks(nproc, gpus, wanted, unwanted):
+    plan = _plan("train.nnodes=2", f"train.nproc={nproc}", f"resources.train_gpus={gpus}",
+                 "resources.train_cpus=16", f"train.global_batch_rows={8 * nproc}",
+                 "train.micro_batch_rows=4")
+    res = plan.cluster_resources("train")
+    assert res["nodes"] == 2 and res["mpi"] == "srun" and "gpu" not in res
+    line = _sbatch(res).split()
+    for option in wanted:
+        assert option in line, (option, line)
+    for option in unwanted:
+        assert not any(word.startswith(option) for word in line), (option, line)
+    assert "nodes" not in plan.cluster_resources("eval")
+
+
+def test_variants_cannot_change_the_nodes_of_a_multi_node_run(tmp_path):
+    from pipeline_lib.errors import ConfigError
+
+    cfg = to_dict(load_config(None, ["train.nnodes=2", "train.global_batch_rows=64"]))
+    cfg["runs"] = {"wide": {"train": {"nnodes": 4}}}
+    with pytest.raises(ConfigError, match=r"runs.wide sets train.nnodes × train.nproc = 4 × 1"):
+        WorkflowPlan(cfg)
+
+
 def test_bench_snapshots_final_or_kept():
     final = _plan("train.total_steps=30", "train.steps_per_segment=10", "snapshots.keep_last=2")
     kept = _plan("train.total_steps=30", "train.steps_per_segment=10", "snapshots.keep_last=2",

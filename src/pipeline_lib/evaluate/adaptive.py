@@ -296,7 +296,7 @@ def adaptive_documents(model: torch.nn.Module, batches: Iterable[Any], spec: Ada
         n = int((batch["targets"] != IGNORE_INDEX).sum())
         if n:
             losses, exit_loops = adaptive_batch(model, batch, spec)
-            acc.add(document_keys(batch, rows), losses.double().cpu().numpy())
+            acc.add(document_keys(batch, rows), losses.cpu().double().numpy())
             loops += exit_loops.sum(dim=0).cpu().numpy()
             tokens += n
             bar.update(n)

@@ -74,7 +74,7 @@ def sweep_documents(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
                 hidden = model.readout_hidden(state, ctx)[valid]  # [N, D]: scored tokens only
                 per_h.append(cross_entropy_rows(model, hidden, targets[valid]))
                 t = h
-            acc.add(keys, torch.stack(per_h, dim=1).double().cpu().numpy())
+            acc.add(keys, torch.stack(per_h, dim=1).cpu().double().numpy())
             tokens += n
             bar.update(n)
         rows += targets.shape[0]

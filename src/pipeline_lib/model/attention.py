@@ -1,11 +1,13 @@
 """Causal self-attention that never crosses a document inside a packed row.
 
-Two kernels share one mask object built once per batch and reused by every layer and loop:
+Two kernels share one mask object built once per batch (on the batch's device) and reused by
+every layer and loop:
 - ``sdpa``: ``F.scaled_dot_product_attention`` with a dense block-diagonal causal bool mask
-  [B, 1, L, L]. Used on the CPU (deterministic, exact) and as the fallback everywhere.
-- ``flex``: FlexAttention with a document block mask (CUDA only). Block sparsity skips the
-  cross-document tiles instead of masking them. Any failure to build or run it (no Triton,
-  an unsupported GPU, a compile error) logs one warning and switches the process to SDPA.
+  [B, 1, L, L]. The CPU default (deterministic, exact) and the fallback everywhere.
+- ``flex``: compiled FlexAttention with a document block mask (:mod:`.flex`): ``auto`` picks
+  it on CUDA, ``flex`` asks for it on any device. The first call decides once per process,
+  after a probe against SDPA, whether the process runs flex or SDPA (a fallback is a warning
+  and an MLflow tag, never a silent switch mid-run).
 """
 
 from __future__ import annotations
@@ -18,34 +20,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .flex import (
+    decided_kernel,
+    document_block_mask,
+    flex_in_graph,
+    flex_unavailable,
+    pad_doc_ids,
+    padded_length,
+    run_flex,
+    use_flex,
+)
 from .layers import apply_rope
 
 log = logging.getLogger(__name__)
 
-_flex_state: dict[str, Any] = {"disabled": False, "compiled": None}
-
 
 def resolve_attention_kernel(requested: str, device: torch.device) -> str:
-    """``auto``/``flex``/``sdpa`` → the kernel actually used on ``device``."""
-    if requested == "sdpa" or _flex_state["disabled"]:
+    """``auto``/``flex``/``sdpa`` → the kernel the masks of ``device`` are built for."""
+    if requested == "sdpa" or (requested == "auto" and device.type != "cuda"):
         return "sdpa"
-    if device.type != "cuda":
-        if requested == "flex":
-            log.warning("model.attention = flex needs CUDA; using sdpa on %s", device.type)
+    if decided_kernel() == "sdpa":
         return "sdpa"
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
     except ImportError:
-        _disable_flex("torch.nn.attention.flex_attention is not importable")
+        flex_unavailable("torch.nn.attention.flex_attention is not importable")
         return "sdpa"
     return "flex"
-
-
-def _disable_flex(reason: str) -> None:
-    if not _flex_state["disabled"]:
-        log.warning("FlexAttention unavailable (%s); falling back to SDPA with a dense mask",
-                    reason)
-    _flex_state["disabled"] = True
 
 
 def dense_document_mask(doc_ids: Tensor) -> Tensor:
@@ -66,18 +67,16 @@ class DocumentMask:
 
     doc_ids: Tensor  # [B, L]
     kernel: str  # "sdpa" or "flex"
-    block_mask: Any = None  # flex BlockMask
+    block_mask: Any = None  # flex BlockMask over rows padded to ``flex_len``
+    flex_len: int = 0
     _dense: Tensor | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, doc_ids: Tensor, kernel: str) -> DocumentMask:
         mask = cls(doc_ids=doc_ids, kernel=kernel)
         if kernel == "flex":
-            try:
-                mask.block_mask = _flex_block_mask(doc_ids)
-            except Exception as exc:  # any build failure means: use the dense path
-                _disable_flex(f"create_block_mask failed: {exc}".splitlines()[0])
-                mask.kernel = "sdpa"
+            mask.flex_len = padded_length(doc_ids.shape[1])
+            mask.block_mask = document_block_mask(pad_doc_ids(doc_ids, mask.flex_len))
         return mask
 
     @property
@@ -87,31 +86,12 @@ class DocumentMask:
         return self._dense
 
 
-def _flex_block_mask(doc_ids: Tensor) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    def document_causal(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        return (doc_ids[b, q] == doc_ids[b, kv]) & (kv <= q)
-
-    B, L = doc_ids.shape
-    return create_block_mask(document_causal, B, None, L, L, device=doc_ids.device)
-
-
-def _flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> Tensor:
-    if _flex_state["compiled"] is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _flex_state["compiled"] = torch.compile(flex_attention, dynamic=False)
-    return _flex_state["compiled"](q, k, v, block_mask=block_mask)
-
-
 def document_attention(q: Tensor, k: Tensor, v: Tensor, mask: DocumentMask) -> Tensor:
     """Attention of q, k, v [B, H, L, hd] under the document mask → [B, H, L, hd]."""
-    if mask.kernel == "flex" and not _flex_state["disabled"]:
-        try:
-            return _flex_attention(q, k, v, mask.block_mask)
-        except Exception as exc:  # fall back for the rest of the process
-            _disable_flex(f"flex_attention failed: {exc}".splitlines()[0])
+    if mask.kernel == "flex" and torch.compiler.is_compiling():  # inside train.compile's graph
+        return flex_in_graph(q, k, v, mask.block_mask, mask.flex_len)
+    if mask.kernel == "flex" and use_flex(q):
+        return run_flex(q, k, v, mask.block_mask, mask.flex_len)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense)
 
 

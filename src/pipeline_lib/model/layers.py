@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -24,13 +26,35 @@ def rope_tables(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tens
 
     Positions restart at 0 for every document of a packed row, so a document sees the same
     rotations wherever it was packed. Returns two fp32 tensors [B, L, 1, head_dim/2]
-    (the 1 broadcasts over heads).
+    (the 1 broadcasts over heads), looked up on the device in a table computed in float64
+    on the CPU (Ascend NPUs have no float64).
     """
+    if torch.compiler.is_compiling():  # train.compile: no host sync, no cache in the graph
+        return _rope_direct(position_ids, head_dim, theta)
+    longest = int(position_ids.max()) + 1 if position_ids.numel() else 1
+    size = max(64, 1 << (longest - 1).bit_length())  # a power of two: few tables per run
+    cos, sin = _rope_table(size, head_dim, float(theta), position_ids.device)
+    return cos[position_ids][:, :, None], sin[position_ids][:, :, None]
+
+
+def _rope_direct(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """The same angles computed on the device (float64 where the device has it)."""
+    dtype = torch.float32 if position_ids.device.type == "npu" else torch.float64
     half = head_dim // 2
-    inv_freq = 1.0 / (theta ** (torch.arange(half, dtype=torch.float64,
-                                             device=position_ids.device) / half))
-    angles = position_ids.to(torch.float64)[..., None] * inv_freq  # [B, L, half]
+    inv_freq = 1.0 / (theta ** (torch.arange(half, dtype=dtype, device=position_ids.device)
+                                / half))
+    angles = position_ids.to(dtype)[..., None] * inv_freq  # [B, L, half]
     return angles.cos().float()[:, :, None], angles.sin().float()[:, :, None]
+
+
+@functools.lru_cache(maxsize=16)
+def _rope_table(positions: int, head_dim: int, theta: float,
+                device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos/sin [positions, head_dim/2] of the angles p·θ^(−2i/head_dim), fp32 on ``device``."""
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(half, dtype=torch.float64) / half))
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq  # [P, half]
+    return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -10,7 +10,18 @@
 
 Dropless: every token reaches its k experts. Tokens are sorted by expert (stable sort, so the
 order is deterministic) and run either through ``torch._grouped_mm`` (one kernel over all
-experts) when it exists and works on the device, or through a per-expert loop.
+experts) or through a per-expert loop; both give the same outputs (tested).
+
+When the grouped kernel is used (``expert_impl: auto``):
+- :func:`grouped_mm_works` probes it once per (device type, CUDA capability, dtype, with or
+  without backward) on fixed 16×16 inputs; the backward is probed only when gradients are on,
+  so an evaluation process under ``no_grad``/``inference_mode`` does not conclude it is missing.
+- Shape by shape: its operands need rows of a multiple of 16 bytes (CUDA and CPU kernels
+  alike: an expert width of 58 in bf16 fails). Expert widths are rounded up to a multiple of
+  8 (``model.size.MOE_WIDTH_MULTIPLE``), and a shape that is still unaligned (a ``d_model``
+  that is not a multiple of 8), or whose first grouped call fails, runs the per-expert loop
+  from then on, with one warning per shape (and an MLflow tag, :func:`moe_tags`). A shape
+  that ran grouped once never switches: a later failure is raised.
 """
 
 from __future__ import annotations
@@ -23,34 +34,94 @@ from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
-_grouped_mm_ok: dict[tuple[str, torch.dtype], bool] = {}
+GROUPED_MM_ALIGN_BYTES = 16  # row stride alignment torch._grouped_mm requires
+_probed: dict[tuple, bool] = {}  # (device type, capability, dtype, backward) → works
+_shapes: dict[tuple, bool] = {}  # (device type, dtype, in, out) → grouped (True) or loop
+_fallbacks: dict[tuple, str] = {}  # shapes running the loop → why
 
 
-def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``torch._grouped_mm`` runs (forward and backward) and is right on ``device``.
+def _support_key(device: torch.device, dtype: torch.dtype, backward: bool) -> tuple:
+    capability = None
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+    return (device.type, capability, dtype, backward)
 
-    Probed once per (device type, dtype) with fixed inputs (no RNG use: probing must not
-    shift the random stream of a run).
+
+def _probe(device: torch.device, dtype: torch.dtype, backward: bool) -> bool:
+    x = (torch.arange(32 * 16, device=device) % 7 - 3).reshape(32, 16).to(dtype) / 4
+    w = (torch.arange(2 * 16 * 16, device=device) % 5 - 2).reshape(2, 16, 16).to(dtype) / 4
+    offs = torch.tensor([16, 32], dtype=torch.int32, device=device)
+    try:
+        with torch.enable_grad() if backward else torch.no_grad():
+            x, w = x.requires_grad_(backward), w.requires_grad_(backward)
+            y = torch._grouped_mm(x, w, offs=offs)
+            ref = torch.cat([x[:16] @ w[0], x[16:] @ w[1]])
+            pairs = [(y, ref)]
+            if backward:  # a contiguous output gradient, as in training
+                seed = torch.ones_like(y)
+                pairs += zip(torch.autograd.grad(y, (x, w), seed),
+                             torch.autograd.grad(ref, (x, w), seed), strict=True)
+        return all(torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2) for a, b in pairs)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        log.info("torch._grouped_mm unusable on %s/%s%s (%s); using the per-expert loop",
+                 device.type, dtype, " with backward" if backward else "",
+                 str(exc).splitlines()[0] if str(exc) else exc)
+        return False
+
+
+def grouped_mm_works(device: torch.device, dtype: torch.dtype, *,
+                     backward: bool | None = None) -> bool:
+    """Whether ``torch._grouped_mm`` runs and is right on ``device`` in ``dtype``: forward,
+    and backward when ``backward`` (default: whether gradients are on here).
+
+    Probed once per key of :func:`_support_key`, with fixed inputs (no RNG use: probing must
+    not shift the random stream of a run).
     """
     if not hasattr(torch, "_grouped_mm"):
         return False
-    key = (device.type, dtype)
-    if key not in _grouped_mm_ok:
-        x = (torch.arange(32 * 16, device=device) % 7 - 3).reshape(32, 16).to(dtype) / 4
-        w = (torch.arange(2 * 16 * 16, device=device) % 5 - 2).reshape(2, 16, 16).to(dtype) / 4
-        offs = torch.tensor([16, 32], dtype=torch.int32, device=device)
-        try:
-            w.requires_grad_(True)
-            y = torch._grouped_mm(x, w, offs=offs)
-            y.backward(torch.ones_like(y))
-            ref = torch.cat([x[:16] @ w[0], x[16:] @ w[1]])
-            ok = bool(torch.allclose(y.float(), ref.float(), atol=1e-2, rtol=1e-2))
-        except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-            log.info("torch._grouped_mm unusable on %s/%s (%s); using the per-expert loop",
-                     device.type, dtype, str(exc).splitlines()[0] if str(exc) else exc)
-            ok = False
-        _grouped_mm_ok[key] = ok
-    return _grouped_mm_ok[key]
+    backward = torch.is_grad_enabled() if backward is None else backward
+    key = _support_key(device, dtype, backward)
+    if key not in _probed:
+        _probed[key] = _probe(device, dtype, backward)
+    return _probed[key]
+
+
+def grouped_mm_aligned(width_in: int, width_out: int, dtype: torch.dtype) -> bool:
+    """Whether [N, in] × [E, in, out] (and its backward) has 16-byte-aligned rows in ``dtype``."""
+    per_row = GROUPED_MM_ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
+    return width_in % per_row == 0 and width_out % per_row == 0
+
+
+def _shape_name(key: tuple) -> str:
+    """(device type, dtype, in, out) → ``"16x64 float32 cpu"``."""
+    return f"{key[2]}x{key[3]} {str(key[1]).removeprefix('torch.')} {key[0]}"
+
+
+def _fall_back(key: tuple, reason: str) -> None:
+    _shapes[key] = False
+    _fallbacks[key] = reason
+    log.warning("MoE experts %d→%d in %s on %s: %s; this shape uses the per-expert loop",
+                key[2], key[3], str(key[1]).removeprefix("torch."), key[0], reason)
+
+
+def expert_paths() -> dict[str, str]:
+    """Each expert shape this process ran under ``auto`` → ``grouped`` or ``loop``."""
+    return {_shape_name(k): "grouped" if grouped else "loop" for k, grouped in _shapes.items()}
+
+
+def reset_grouped_mm_choices() -> None:
+    """Forget the probes and per-shape choices (tests: a process makes them once)."""
+    _probed.clear()
+    _shapes.clear()
+    _fallbacks.clear()
+
+
+def moe_tags() -> dict[str, str]:
+    """MLflow tag naming the expert shapes that fell back to the per-expert loop."""
+    if not _fallbacks:
+        return {}
+    shapes = "; ".join(f"{_shape_name(k)}: {why}" for k, why in _fallbacks.items())
+    return {"loopline.moe_grouped_mm_fallback": shapes[:500]}
 
 
 class MoEFFN(nn.Module):
@@ -119,12 +190,26 @@ class MoEFFN(nn.Module):
         u = self._grouped_matmul(xs, self.w_up, counts, grouped)  # [N·k, H]
         return self._grouped_matmul(F.silu(g) * u, self.w_down, counts, grouped)  # [N·k, D]
 
-    def _use_grouped(self, xs: Tensor) -> bool:
-        if self.expert_impl == "loop":
-            return False
-        if self.expert_impl == "grouped":
-            return True
-        return grouped_mm_works(xs.device, xs.dtype)
+    def _run_experts(self, xs: Tensor, counts: Tensor) -> Tensor:
+        """The experts over xs [N·k, D] by ``expert_impl``; ``auto`` decides per shape."""
+        if self.expert_impl != "auto":
+            return self._experts(xs, counts, grouped=self.expert_impl == "grouped")
+        width_in, width_out = self.w_gate.shape[1], self.w_gate.shape[2]
+        key = (xs.device.type, xs.dtype, width_in, width_out)
+        if _shapes.get(key) is False or not grouped_mm_works(xs.device, xs.dtype):
+            return self._experts(xs, counts, grouped=False)
+        if key not in _shapes:
+            if not grouped_mm_aligned(width_in, width_out, xs.dtype):
+                _fall_back(key, f"rows are not multiples of {GROUPED_MM_ALIGN_BYTES} bytes")
+                return self._experts(xs, counts, grouped=False)
+            try:  # the first call of a shape decides; after it works, failures are raised
+                out = self._experts(xs, counts, grouped=True)
+            except RuntimeError as exc:
+                _fall_back(key, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                return self._experts(xs, counts, grouped=False)
+            _shapes[key] = True
+            return out
+        return self._experts(xs, counts, grouped=True)
 
     def forward(self, x: Tensor) -> Tensor:
         B, L, D = x.shape
@@ -139,7 +224,7 @@ class MoEFFN(nn.Module):
         self._record(top_idx, probs, counts)
         # Replicate each token k times, then permute: backward of both is a plain sum.
         xs = flat[:, None, :].expand(N, k, D).reshape(N * k, D)[order]  # [N·k, D]
-        ys = self._experts(xs, counts, self._use_grouped(xs))  # [N·k, D]
+        ys = self._run_experts(xs, counts)  # [N·k, D]
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         y = ys[inverse].view(N, k, D)  # back to token order
@@ -159,14 +244,15 @@ class MoEFFN(nn.Module):
         ``counts`` overrides the local counts (the model passes all-reduced counts when
         training is distributed, so every rank applies the same update).
         """
-        counts = (self.load_counts if counts is None else counts).to(torch.float64)
+        # float64 on the CPU (Ascend NPUs have no float64), then back to the device
+        counts = (self.load_counts if counts is None else counts).detach().cpu().double()
         total = float(counts.sum())
         if total > 0:
             load = counts / total
             self.last_load.copy_(load)
             if self.bias_update_rate > 0:
-                self.balance_bias += (self.bias_update_rate * (1.0 / self.n_experts - load)).to(
-                    self.balance_bias.dtype)
+                step = self.bias_update_rate * (1.0 / self.n_experts - load)
+                self.balance_bias += step.to(self.balance_bias.device, self.balance_bias.dtype)
         self.load_counts.zero_()
 
     def current_load(self) -> Tensor:
@@ -174,5 +260,5 @@ class MoEFFN(nn.Module):
         total = int(self.load_counts.sum())
         if total == 0:
             return self.last_load.clone()
-        return self.load_counts.double().div(total).float()
+        return self.load_counts.cpu().double().div(total).float()
 

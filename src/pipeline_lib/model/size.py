@@ -22,11 +22,16 @@ def resolved_ffn_hidden(cfg: ModelConfig) -> int:
     return -(-cfg.d_model // 6) * 16
 
 
+# Expert widths are rounded up to this many elements: 16 bytes in bf16/fp16 (32 in fp32), the
+# row alignment torch._grouped_mm needs (a width of 58 in bf16 makes it fail).
+MOE_WIDTH_MULTIPLE = 8
+
+
 def resolved_moe_hidden(cfg: ModelConfig) -> int:
-    """Hidden width of one expert: ``moe_ffn_hidden`` or ffn_hidden / top_k (at least 1)."""
-    if cfg.moe_ffn_hidden:
-        return cfg.moe_ffn_hidden
-    return max(1, resolved_ffn_hidden(cfg) // cfg.moe_top_k)
+    """Hidden width of one expert: ``moe_ffn_hidden`` or ffn_hidden / top_k, rounded up to a
+    multiple of :data:`MOE_WIDTH_MULTIPLE`."""
+    width = cfg.moe_ffn_hidden or max(1, resolved_ffn_hidden(cfg) // cfg.moe_top_k)
+    return -(-width // MOE_WIDTH_MULTIPLE) * MOE_WIDTH_MULTIPLE
 
 
 def step_embedding_rows(cfg: ModelConfig) -> int:

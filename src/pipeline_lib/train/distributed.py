@@ -29,7 +29,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..device import device_for_rank, dist_backend, flagged_ranks, resolve_device
+from ..device import (
+    device_for_rank,
+    dist_backend,
+    exact_float_dtype,
+    flagged_ranks,
+    resolve_device,
+)
 from ..errors import ConfigError, TrainingError
 from ..precision import Precision
 
@@ -178,8 +184,9 @@ class RankGroup:
                    replicated=list(replicated))
 
     def mean(self, values: Sequence[float]) -> list[float]:
-        """Elementwise mean over ranks (one all-reduce; float64 to keep the sums exact)."""
-        buf = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        """Elementwise mean over ranks (one all-reduce; float64 keeps the sums exact, float32
+        on an Ascend NPU, which has no float64)."""
+        buf = torch.tensor(list(values), dtype=exact_float_dtype(self.device), device=self.device)
         dist.all_reduce(buf)
         return (buf / self.world_size).tolist()
 

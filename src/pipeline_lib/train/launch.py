@@ -1,8 +1,9 @@
 """Launch one training segment: in this process, or as a torchrun job of ``train.nproc``.
 
 :func:`run_training_job` is what the ``train_segment`` rule calls. With one process it runs
-:func:`~.job.train_segment` here. With ``train.nproc`` > 1 it writes the resolved
-config to a temporary YAML file and runs PyTorch's own launcher::
+:func:`~.job.train_segment` here. With ``train.nproc`` > 1 (or ``train.nnodes`` > 1)
+it writes the resolved config into the run directory (shared storage: every node's workers
+read it; :meth:`RunLayout.launch_config`) and runs PyTorch's own launcher::
 
     python -m torch.distributed.run --standalone --nproc_per_node N \\
         -m pipeline_lib train --config resolved.yaml --data … --until-step … --attempt K
@@ -11,8 +12,9 @@ config to a temporary YAML file and runs PyTorch's own launcher::
 a free port, so concurrent segment jobs on one machine never collide (torchrun ignores
 ``--master_port`` in this mode). With ``train.nnodes`` > 1 the job uses a c10d rendezvous
 at ``train.rdzv_endpoint`` (or ``$MASTER_ADDR:$MASTER_PORT``) and, inside a SLURM
-allocation, ``srun`` starts one torchrun per node. The job's output is streamed into this
-process's log; a failure raises TrainingError carrying the failing rank's error line.
+allocation, ``srun`` starts one torchrun per node (the rule asks SLURM for the nodes: see
+:func:`pipeline_lib.workflow.plan.multi_node_resources`). The job's output is streamed into
+this process's log; a failure raises TrainingError carrying the failing rank's error line.
 
 In the worker processes the ``train`` command calls :func:`train_in_process`, which sees
 torchrun's environment, joins the process group and trains its rank.
@@ -27,14 +29,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, save_config
+from ..config import Config, config_yaml
 from ..errors import ConfigError, PipelineError, Preempted, TrainingError
+from ..fsio import write_text_atomic
 from ..run_layout import RunLayout, run_dir_of
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,10 @@ def torchrun_command(cfg: Config, train_args: Iterable[str], *,
            "--nproc_per_node", str(cfg.train.nproc), "-m", "pipeline_lib", "train",
            *train_args]
     if cfg.train.nnodes > 1 and env.get("SLURM_JOB_ID") and shutil.which("srun"):
-        cmd = ["srun", f"--nodes={cfg.train.nnodes}", "--ntasks-per-node=1",
+        # one torchrun per node, holding the node's CPUs for its nproc workers
+        cpus = [f"--cpus-per-task={env['SLURM_CPUS_ON_NODE']}"] if env.get(
+            "SLURM_CPUS_ON_NODE") else []
+        cmd = ["srun", f"--nodes={cfg.train.nnodes}", "--ntasks-per-node=1", *cpus,
                "--kill-on-bad-exit=1", *cmd]
     return cmd
 
@@ -122,10 +127,11 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
         from ..tracking import resolve_uri
 
         resolve_uri(cfg)  # the URI's credentials into MLflow's variables, which workers inherit
-    tmp = Path(tempfile.mkdtemp(prefix="loopline-train-"))
+    layout = RunLayout.at(Path(run_dir or run_dir_of(Path(out))).resolve())
+    config_path = layout.launch_config(until_step)
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(config_path, config_yaml(cfg))  # without credentials
     try:
-        config_path = tmp / "config.yaml"
-        save_config(cfg, config_path)  # without credentials
         cmd = torchrun_command(cfg, _train_args(config_path, data_dir, resume_from, until_step,
                                                 out, run_dir, attempt, warm_start),
                                job_id=Path(out).name)
@@ -133,7 +139,7 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
                  " ".join(cmd))
         rc, tail = _stream(cmd)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        config_path.unlink(missing_ok=True)
     if rc != 0:
         reason = failure_line(tail) or f"no error line in its output (exit status {rc})"
         if _stopped_with_resume_point(run_dir or run_dir_of(Path(out)), resume_from,

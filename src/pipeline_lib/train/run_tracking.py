@@ -24,7 +24,11 @@ def start_tracking(cfg: Config, state: TrainerState, run_dir: Path, data_id: str
 
 
 def log_artifacts(stage: Any, out: Path, run_dir: Path) -> None:
-    """Resolved config, this segment's samples, the TensorBoard events (after the commit)."""
+    """Resolved config, this segment's samples, the TensorBoard events (after the commit);
+    the kernels the segment ran as tags (a fallback from FlexAttention or grouped GEMM)."""
+    from ..model.kernels import kernel_tags
+
+    stage.set_tags(kernel_tags())
     stage.log_artifact(out / "config.yaml", "train")
     stage.log_artifact(out / "samples.jsonl", f"train/samples/{out.name}")
     tensorboard = RunLayout.at(run_dir).tensorboard

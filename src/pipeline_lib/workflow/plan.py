@@ -79,8 +79,20 @@ class WorkflowPlan:
         self.layout = ResultsLayout(self.results)
         names = list(self.config.runs) or [DEFAULT_RUN]
         self.runs = {name: self._plan_run(name) for name in names}
+        self._check_nodes()
         self._bench_inputs: dict[str, list[str]] = {}
         self._check_bench()
+
+    def _check_nodes(self) -> None:
+        """The rule's SLURM resources come from the base config: variants keep its nodes."""
+        t = self.config.train
+        for name, plan in self.runs.items():
+            v = plan.config.train
+            if (v.nnodes, v.nproc) != (t.nnodes, t.nproc) and max(v.nnodes, t.nnodes) > 1:
+                raise ConfigError(f"runs.{name} sets train.nnodes × train.nproc = {v.nnodes} × "
+                                  f"{v.nproc}, the base config {t.nnodes} × {t.nproc}; the "
+                                  "segment jobs' SLURM resources come from the base config, "
+                                  "so set train.nnodes and train.nproc there, not per run")
 
     def _check_bench(self) -> None:
         """bench.tasks and bench.include_path of every run, checked before any job starts."""
@@ -219,7 +231,10 @@ class WorkflowPlan:
             "mem_mb": r.train_mem_mb if family == "train" else r.eval_mem_mb,
         }
         gpus = r.train_gpus if family == "train" else r.eval_gpus
-        if gpus:
+        if family == "train" and self.config.train.nnodes > 1:
+            res.update(multi_node_resources(self.config.train.nnodes, self.config.train.nproc,
+                                            gpus, r.train_cpus))
+        elif gpus:
             res["gpu"] = gpus
         if family != "train":
             res["runtime"] = r.eval_runtime_minutes
@@ -264,6 +279,29 @@ class WorkflowPlan:
         """Files of the run's ``bench.include_path`` tasks (YAMLs, includes, data): inputs of
         the bench rule, so editing them reruns the benchmarks."""
         return self._bench_inputs[run]
+
+
+def multi_node_resources(nnodes: int, nproc: int, gpus_per_node: int,
+                         cpus_per_node: int) -> dict[str, Any]:
+    """SLURM resources of a segment job over ``nnodes`` nodes of ``nproc`` processes each
+    (names of the SLURM executor plugin, which turns them into ``sbatch`` options).
+
+    ``nodes``, and one task per process (``tasks_per_node``; with one process per node
+    ``tasks`` = nnodes, since the plugin refuses ``tasks_per_node`` 1 for these jobs);
+    ``mpi`` makes the job step run the segment's command in the batch script rather than in
+    ``srun -n1``, so that the segment's own ``srun`` can start one torchrun per node; GPUs per
+    node as ``gres`` (``gpu`` would be the job's total), and ``tasks_per_gpu: 0`` so that the
+    plugin does not read ``tasks`` as tasks per GPU. ``cpus_per_node`` is split over the tasks.
+    """
+    res: dict[str, Any] = {"nodes": nnodes, "mpi": "srun",
+                           "cpus_per_task": max(1, cpus_per_node // nproc)}
+    if nproc > 1:
+        res["tasks_per_node"] = nproc
+    else:
+        res["tasks"] = nnodes
+    if gpus_per_node:
+        res.update(gres=f"gpu:{gpus_per_node}", tasks_per_gpu=0)
+    return res
 
 
 def plan_for_snakemake(config: dict[str, Any], configfiles: Sequence[Any] = (),

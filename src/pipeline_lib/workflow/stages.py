@@ -82,6 +82,13 @@ def update_parent(cfg: Config, run: str, run_dir: Path, data_id: str, out: Path)
     return doc
 
 
+def _kernel_tags() -> dict[str, str]:
+    """The kernels the stage's model ran (a FlexAttention or grouped GEMM fallback)."""
+    from ..model.kernels import kernel_tags
+
+    return kernel_tags()
+
+
 def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
                out: Path) -> dict[str, Any]:
     """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``,
@@ -99,7 +106,7 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     with start_stage(cfg, run_dir, f"eval_heff/{_step_name(step)}",
                      params={"eval.h_eff": h_effs, "eval.max_tokens": cfg.eval.max_tokens,
                              "eval.use_ema": cfg.eval.use_ema, "device": result["device"],
-                             "precision": result["precision"]}) as stage:
+                             "precision": result["precision"]}, tags=_kernel_tags()) as stage:
         metrics = {f"heff/loss_h{h}": v for h, v in result["losses"].items()}
         metrics["heff/best_h"] = result["best_h_eff"]
         metrics["heff/deeper_better"] = float(result["deeper_better"])
@@ -153,8 +160,8 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
                             device=cfg.experiment.device, precision=cfg.experiment.precision)
     step = result.get("step")
     with start_stage(cfg, run_dir, f"bench/{_step_name(step)}",
-                     params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff}
-                     ) as stage:
+                     params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff},
+                     tags=_kernel_tags()) as stage:
         metrics = {}
         for row in bench_records(result):
             level = "" if row["level"] is None else f"_k{row['level']}"
