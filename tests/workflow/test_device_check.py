@@ -1,4 +1,5 @@
-"""The one-command device check on this CPU: the real checks, the table, the JSON line, the exit
+"""The one-command device check on this CPU: the real checks (``--quick`` sizes), the table,
+the JSON line and ``--out`` file, skipped checks and parts with their reasons, the exit
 status; a check that fails is reported and the others still run."""
 
 from __future__ import annotations
@@ -12,8 +13,17 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib.cli import main
+from pipeline_lib.workflow.device_check import CHECKS
+from pipeline_lib.workflow.device_check.peaks import bf16_peak
 
 ROOT = Path(__file__).resolve().parents[2]
+QUICK_SKIPS = {
+    "cross_entropy.triton": "--quick: the Triton interpreter runs in the full CPU check",
+    "cross_entropy.peak_memory": "measured on CUDA only (here: benchmarks/bench_loss.py, one "
+                                 "process per method)",
+    "flex_attention": "--quick: FlexAttention's first compile takes ~20 s on a CPU",
+    "train_throughput.mfu": "no bf16 peak for a cpu device: FLOP/s reported without MFU",
+    "heff_sweep.vs_cpu": "the check runs on the CPU: no accelerator to compare with"}
 
 
 def report(capsys: pytest.CaptureFixture) -> tuple[list[str], dict]:
@@ -21,27 +31,83 @@ def report(capsys: pytest.CaptureFixture) -> tuple[list[str], dict]:
     return lines[:-1], json.loads(lines[-1])
 
 
-def test_device_check_passes_on_the_cpu(tmp_path: Path, capsys) -> None:
-    rc = main(["device-check", "--skip", "flex_attention", "--work-dir", str(tmp_path),
-               "experiment.device=cpu"])
-    table, result = report(capsys)
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str], dict, Path]:
+    """``device-check --quick`` on the CPU, run once: (exit status, table, JSON, work dir)."""
+    import io
+    from contextlib import redirect_stdout
+
+    work = tmp_path_factory.mktemp("device_check")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        rc = main(["device-check", "--quick", "--work-dir", str(work / "work"), "--out",
+                   str(work / "report" / "check.json"), "experiment.device=cpu"])
+    lines = out.getvalue().strip().splitlines()
+    return rc, lines[:-1], json.loads(lines[-1]), work
+
+
+def test_quick_check_runs_every_check_on_the_cpu(quick) -> None:
+    rc, table, result, work = quick
     assert rc == 0, table
     assert table[0].startswith("device check: device cpu, resolved cpu, torch ")
     checks = result["checks"]
-    assert list(checks) == ["train_steps", "snapshot_resume", "moe_grouped_mm", "generation"]
-    assert all(c["status"] == "pass" for c in checks.values()), checks
-    assert [row.split()[:2] for row in table[2:]] == [[name, "pass"] for name in checks]
-    train = checks["train_steps"]
+    assert list(checks) == list(CHECKS) and result["quick"] is True
+    status = {name: c["status"] for name, c in checks.items()}
+    assert status == {name: "skip" if name == "flex_attention" else "pass" for name in CHECKS}
+    assert [row.split()[:2] for row in table[2:]] == [[n, s] for n, s in status.items()]
+    # every skipped check, and every skipped part of a check, says why
+    assert result["skipped"] == QUICK_SKIPS
+    assert checks["flex_attention"]["detail"] == QUICK_SKIPS["flex_attention"]
+    assert checks["train_throughput"]["skipped"] == {"mfu": QUICK_SKIPS["train_throughput.mfu"]}
+    assert "mfu" not in checks["train_throughput"]
+    assert "skipped flex_attention" not in table[2] and "(--quick: FlexAttention" in table[6]
+    assert result["seconds"] == round(sum(ch["seconds"] for ch in checks.values()), 1) > 0
+    # --out holds the same document as the last line
+    assert json.loads((work / "report" / "check.json").read_text()) == result
+
+
+def test_quick_check_figures(quick) -> None:
+    _, _, result, work = quick
+    c = result["checks"]
+    train = c["train_steps"]
     assert (train["precision"], train["attention"]) == ("fp32", "sdpa")
     assert train["tokens_per_s"] > 0 and train["last_loss"] < train["first_loss"]
-    resume = checks["snapshot_resume"]
-    assert resume["losses_identical"] is True and resume["max_weight_diff"] == 0.0
-    moe = checks["moe_grouped_mm"]
+    for name in ("snapshot_resume", "fsdp_segment"):  # bit-identical to the 4-step run
+        assert (c[name]["identical"], c[name]["max_weight_diff"], c[name]["max_loss_diff"],
+                c[name]["max_relative_loss_diff"]) == (True, 0.0, 0.0, 0.0), name
+    assert (c["fsdp_segment"]["backend"], c["fsdp_segment"]["sharded"]) == ("gloo", True)
+    assert (work / "work" / "fsdp" / "snapshots" / "step_0000004" / "model_dcp").is_dir()
+    [shape] = c["cross_entropy"]["shapes"]
+    assert shape["torch_loss_diff"] <= 1e-6 and shape["torch_grad_diff"] <= 1e-4
+    assert shape["eager_ms"] > 0 and shape["torch_ms"] > 0 and "triton_ms" not in shape
+    moe = c["moe_grouped_mm"]
     assert (moe["max_diff"], moe["width_58"], moe["dtype"]) == (0.0, "loop", "float32")
-    assert checks["generation"]["identical"] is True and checks["generation"]["new_tokens"] > 0
-    # what the checks wrote stays in --work-dir: the pack and both runs
-    assert (tmp_path / "whole" / "snapshots" / "step_0000004" / "MANIFEST.json").is_file()
-    assert (tmp_path / "split" / "snapshots" / "step_0000004").is_dir()
+    thr = c["train_throughput"]
+    assert thr["loops"] == 4 and thr["params"] > 0 and thr["steps"] == 3
+    assert thr["model_tflops_per_s"] == pytest.approx(
+        thr["train_flops_per_token"] * thr["tokens_per_s"] / 1e12, abs=1e-3)
+    heff = c["heff_sweep"]
+    assert (heff["device"], heff["precision"], heff["h_eff"]) == ("cpu", "fp32", [1, 2, 4, 8])
+    assert heff["tokens"] >= 1024 and set(heff["losses"]) == {"1", "2", "4", "8"}
+    assert c["lm_eval"]["tasks"] == 3 and c["lm_eval"]["examples"] == 3
+    assert c["generation"]["identical"] is True and c["generation"]["new_tokens"] > 0
+    kv = c["kv_cache"]
+    assert kv["identical_fp32"] is True and kv["relative_logit_diff_fp32"] <= 1e-5
+    assert [b["same_tokens_fp32"] for b in kv["batches"]] == [True] and kv["speedup"] > 0
+    # what the checks wrote stays in --work-dir: the packs and the runs
+    assert (work / "work" / "whole" / "snapshots" / "step_0000004" / "MANIFEST.json").is_file()
+    assert (work / "work" / "split" / "snapshots" / "step_0000004").is_dir()
+    assert (work / "work" / "model" / "snapshots" / "step_0000003").is_dir()
+
+
+def test_a_spent_budget_skips_the_checks_with_the_reason(tmp_path: Path, capsys) -> None:
+    rc = main(["device-check", "--only", "train_steps", "kv_cache", "--budget-s", "0",
+               "--work-dir", str(tmp_path), "experiment.device=cpu"])
+    _, result = report(capsys)
+    assert rc == 0
+    assert list(result["skipped"]) == ["train_steps", "kv_cache"]
+    assert all(r.startswith("time budget spent (0 s of 0 s)") for r in result["skipped"].values())
+    assert list(tmp_path.iterdir()) == []  # nothing ran
 
 
 def test_a_failing_check_is_reported_and_the_rest_still_run(tmp_path: Path, capsys) -> None:
@@ -59,18 +125,34 @@ def test_a_failing_check_is_reported_and_the_rest_still_run(tmp_path: Path, caps
     assert blocked.read_text().startswith("a file")  # nothing written over it
 
 
+@pytest.mark.parametrize(("name", "peak"), [
+    ("NVIDIA H100 80GB HBM3", ("H100 SXM", 989.4)), ("NVIDIA H100 PCIe", ("H100 PCIe", 756.0)),
+    ("NVIDIA H100 NVL", ("H100 NVL", 835.0)), ("NVIDIA H200", ("H200 SXM", 989.4)),
+    ("NVIDIA A100-SXM4-40GB", ("A100 (40/80 GB, SXM/PCIe)", 312.0)),
+    ("NVIDIA A100 80GB PCIe", ("A100 (40/80 GB, SXM/PCIe)", 312.0)),
+    ("NVIDIA L40S", ("L40S", 362.0)), ("NVIDIA A10", ("A10", 125.0)), ("NVIDIA L4", ("L4", 121.0)),
+    ("NVIDIA GeForce RTX 4090", ("GeForce RTX 4090", 165.2)), ("NVIDIA A10G", None),
+    ("Tesla V100-SXM2-16GB", None)])
+def test_bf16_peaks_by_device_name(name: str, peak) -> None:
+    assert bf16_peak(name) == peak
+
+
 @pytest.mark.slow
 def test_the_benchmark_script_runs_every_check(tmp_path: Path) -> None:
-    """``benchmarks/device_check.py``, all five checks, FlexAttention compiled on the CPU."""
+    """``benchmarks/device_check.py`` at CPU sizes: FlexAttention compiled, Triton interpreted."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_check.py"),
                           "--work-dir", str(tmp_path), "experiment.device=cpu"],
-                         capture_output=True, text=True, env=env, timeout=600, check=False)
+                         capture_output=True, text=True, env=env, timeout=900, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    checks = json.loads(out.stdout.strip().splitlines()[-1])["checks"]
-    assert {name: c["status"] for name, c in checks.items()} == {
-        "train_steps": "pass", "snapshot_resume": "pass", "flex_attention": "pass",
-        "moe_grouped_mm": "pass", "generation": "pass"}
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    checks = result["checks"]
+    assert {name: c["status"] for name, c in checks.items()} == dict.fromkeys(CHECKS, "pass")
     flex = checks["flex_attention"]
     assert flex["recompiles_after_first_length"] == 0 and flex["max_diff"] <= 1e-4
-    assert flex["detail"] == "forward only: no CPU backward"
+    assert flex["kernel_alone"]["max_diff"] <= 1e-4
+    assert flex["skipped"] == {"backward": "torch has no FlexAttention backward on the CPU"}
+    interpreted = checks["cross_entropy"]["shapes"][-1]
+    assert interpreted["interpreted"] is True and interpreted["triton_grad_diff"] <= 1e-4
+    assert set(result["skipped"]) == {"cross_entropy.peak_memory", "flex_attention.backward",
+                                      "train_throughput.mfu", "heff_sweep.vs_cpu"}

@@ -12,36 +12,55 @@ from ._common import add_config_args, config_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ..workflow.device_check import CHECKS
+    from ..workflow.device_check import BUDGET_S, CHECKS
 
     parser = sub.add_parser("device-check", help="check the accelerator paths on this device",
-                            description="Tiny train steps in the configured precision, a "
-                                        "snapshot resume, compiled FlexAttention without "
-                                        "recompiles, MoE grouped GEMM vs the loop and greedy "
-                                        "generation on experiment.device; pass/fail with "
-                                        "figures. Exit status 1 when a check fails.")
+                            description="Training (steps, 2-segment resume, one-rank FSDP2), "
+                                        "kernels (Triton/chunked/eager cross-entropy, flex vs "
+                                        "SDPA, MoE grouped GEMM), bf16 throughput and MFU, the "
+                                        "H_eff sweep, lm-eval and KV-cached generation on "
+                                        "experiment.device; pass/fail/skip with figures. Exit "
+                                        "status 1 when a check fails.")
     parser.add_argument("--only", nargs="+", choices=CHECKS, default=list(CHECKS),
                         help="run only these checks (default: all)")
     parser.add_argument("--skip", nargs="+", choices=CHECKS, default=[],
                         help="leave these checks out")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny CPU-sized workloads, no FlexAttention compile or Triton "
+                             "interpreter (seconds; for tests)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S,
+                        help=f"skip the checks that would start after this many seconds "
+                             f"(default {BUDGET_S:.0f})")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the GPU's dense bf16 peak, when its name is not in the table")
     parser.add_argument("--work-dir", type=Path, default=None,
-                        help="where the checks write their tiny pack and runs (default: a "
+                        help="where the checks write their packs and runs (default: a "
                              "temporary directory, removed afterwards)")
     add_config_args(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workflow.device_check import describe_device, format_report, run_device_check
+    from ..fsio import write_text_atomic
+    from ..workflow.device_check import (
+        describe_device,
+        format_report,
+        report_json,
+        run_device_check,
+    )
 
     cfg = config_from_args(args)
     device = describe_device(cfg.experiment.device)
     only = [name for name in args.only if name not in args.skip]
     with tempfile.TemporaryDirectory(prefix="loopline-device-check-") as tmp:
         work = args.work_dir if args.work_dir is not None else Path(tmp)
-        results = run_device_check(cfg, work, only)
+        results = run_device_check(cfg, work, only, quick=args.quick, budget_s=args.budget_s,
+                                   peak_tflops=args.peak_tflops)
+    doc = report_json(results, device, args.quick)
     print(format_report(results, device))
-    checks = {r.name: {"status": r.status, **r.figures, **({"detail": r.detail} if r.detail
-                                                           else {})} for r in results}
-    print(json.dumps({**device, "checks": checks}))
+    print(json.dumps(doc))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.out, json.dumps(doc, indent=1) + "\n")
     return 1 if any(r.status == "fail" for r in results) else 0

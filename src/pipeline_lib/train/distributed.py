@@ -95,6 +95,12 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def shards_model(world_size: int) -> bool:
+    """Whether training shards the model with FSDP2: several ranks, or one rank inside a
+    process group (``torchrun --nproc_per_node 1``, the device check's one-rank segment)."""
+    return world_size > 1 or (dist.is_available() and dist.is_initialized())
+
+
 def process_device(device_name: str, world_size: int, rank: int) -> torch.device:
     """This process's device: ``experiment.device``, and with several ranks the local
     rank's own accelerator (the process group must be up: torchrun + the train command)."""

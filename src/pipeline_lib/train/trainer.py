@@ -48,7 +48,7 @@ from . import rollback
 from .batch_plan import BatchPlan, make_batch_plan
 from .budget import total_steps as planned_total_steps
 from .diagnostics import due
-from .distributed import RankGroup, process_device, reshard, shard_model
+from .distributed import RankGroup, process_device, reshard, shard_model, shards_model
 from .ema import WeightsEMA
 from .evaluation import generate_samples, samples_jsonl, validation_loss
 from .hooks import StepHooks, installed_step_hooks
@@ -95,7 +95,7 @@ class Trainer:
     eval_cpu_s: float = 0.0
     rng: RNGStreams = field(default_factory=RNGStreams)  # captured right after the last step
     cursors: dict[int, DataCursor] = field(default_factory=dict)  # this segment's, by step
-    group: RankGroup | None = None  # the collectives, when world_size > 1
+    group: RankGroup | None = None  # the collectives, when sharded (see shards_model)
     carried_files: dict[str, bytes] = field(default_factory=dict)  # of a resume point
     precision: Precision | None = None  # experiment.precision on this device (None: fp32)
 
@@ -112,7 +112,7 @@ class Trainer:
         total = planned_total_steps(cfg.train, cfg.model, data.seq_len, data.vocab_size)
         model = build_model(cfg, device)  # the same seeded init on every rank
         group = None
-        if world_size > 1:
+        if shards_model(world_size):
             group = RankGroup.current(device, shard_model(model, precision))
         optimizer = build_optimizer(model, cfg.train)
         guard = SpikeGuard(cfg.train.spike)
