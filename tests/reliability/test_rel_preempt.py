@@ -14,7 +14,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))  # the trainer's helpers
 from support.faults import FAULT_ENV  # noqa: E402
-from trainer_helpers import cli, config_file, make_pack, metrics, snap, tiny_config  # noqa: E402
+from trainer_helpers import (  # noqa: E402
+    cli,
+    config_file,
+    make_pack,
+    metrics,
+    snap,
+    tiny_config,
+    uninterrupted_run,
+)
 
 from pipeline_lib.errors import PREEMPTED_EXIT, Preempted  # noqa: E402
 from pipeline_lib.train.job import train_segment  # noqa: E402
@@ -30,10 +38,7 @@ def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference(pack: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An uninterrupted run 0 → 3 → 6 (its run directory)."""
-    run = tmp_path_factory.mktemp("ref") / "run"
-    train_segment(tiny_config(), pack, None, 3, snap(run, 3))
-    train_segment(tiny_config(), pack, snap(run, 3), 6, snap(run, 6))
-    return run
+    return uninterrupted_run(pack, tmp_path_factory.mktemp("ref") / "run")
 
 
 def resume_point(run: Path, until: int) -> Path:

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 from support.faults import FAULT_ENV, SNAPSHOT_PAUSE_ENV
-from trainer_helpers import cli, config_file, make_pack, metrics, snap, tiny_config
+from trainer_helpers import (
+    cli,
+    config_file,
+    make_pack,
+    metrics,
+    snap,
+    tiny_config,
+    uninterrupted_run,
+)
 
 from pipeline_lib.checkpoint.snapshot import load_snapshot
 from pipeline_lib.cli import main
@@ -26,10 +34,7 @@ def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference(pack: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An uninterrupted in-process run 0 → 3 → 6 (its run directory)."""
-    run = tmp_path_factory.mktemp("ref") / "run"
-    train_segment(tiny_config(), pack, None, 3, snap(run, 3))
-    train_segment(tiny_config(), pack, snap(run, 3), 6, snap(run, 6))
-    return run
+    return uninterrupted_run(pack, tmp_path_factory.mktemp("ref") / "run")
 
 
 def _wait_for(condition, proc, what: str) -> None:
