@@ -37,11 +37,12 @@ log = logging.getLogger(__name__)
 class ConfigPart:
     """The resolved config (``config.yaml``); a resume must keep the exactness keys."""
 
-    def __init__(self, cfg: Config, source: Path | None = None):
+    def __init__(self, cfg: Config, source: Path | None = None, *, text: str | None = None):
         self.cfg, self.source = cfg, source
+        self.text = text  # the YAML of ``cfg`` when the caller has it (dumping takes ~15 ms)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"yaml": config_yaml(self.cfg)}
+        return {"yaml": self.text if self.text is not None else config_yaml(self.cfg)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         where = f"{self.source}/config.yaml" if self.source else "config.yaml"

@@ -21,6 +21,7 @@ run-level files. The rows of every step are the same at any world size.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -36,7 +37,7 @@ from ..checkpoint import state_io
 from ..checkpoint.best import update_best_snapshot
 from ..checkpoint.contents import Snapshot
 from ..checkpoint.rng import RNGStreams
-from ..config import Config
+from ..config import Config, config_yaml
 from ..data.loader import DataCursor, PackedData
 from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import TrainingError
@@ -97,6 +98,11 @@ class Trainer:
     cursors: dict[int, DataCursor] = field(default_factory=dict)  # this segment's, by step
     group: RankGroup | None = None  # the collectives, when sharded (see shards_model)
     carried_files: dict[str, bytes] = field(default_factory=dict)  # of a resume point
+
+    @functools.cached_property
+    def config_text(self) -> str:
+        """The resolved config as YAML (``config.yaml`` of every snapshot it writes)."""
+        return config_yaml(self.cfg)
     precision: Precision | None = None  # experiment.precision on this device (None: fp32)
 
     @classmethod
@@ -135,7 +141,7 @@ class Trainer:
         loaded, for error messages."""
         sharded = self.group is not None
         parts: dict[str, Any] = {
-            "config": ConfigPart(self.cfg, source),
+            "config": ConfigPart(self.cfg, source, text=self.config_text),
             "model": ModelPart(self.model, sharded=sharded, source=source),
             "optimizer": OptimizerPart(self.model, self.optimizer, self.cfg, sharded=sharded,
                                        source=source),
