@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
 
-.PHONY: demo depth-long results test test-fast lint bench ui clean install schema
+.PHONY: demo depth-long results test test-fast lint bench ui ui-screenshot clean install schema
 
 install: $(STAMP)
 
@@ -58,6 +58,17 @@ UI_STORE ?= sqlite:///results/mlflow.db
 ui: $(STAMP)
 	@echo "MLflow UI on http://127.0.0.1:$(UI_PORT) (store $(UI_STORE)); Ctrl-C stops it"
 	$(BIN)/mlflow ui --backend-store-uri $(UI_STORE) --host 127.0.0.1 --port $(UI_PORT) --workers 1
+
+# Screenshots of the MLflow UI over the demo store (run list and chart view, docs/ui/*.png,
+# shown in the README), by headless Chromium; nothing without a store (run `make demo`).
+# Installs Debian's chromium when it is missing (apt-get: as root, else through sudo).
+UI_SHOT_STORE ?= results/mlflow.db
+ui-screenshot: $(STAMP)
+	@if [ ! -f $(UI_SHOT_STORE) ]; then echo "no tracking store at $(UI_SHOT_STORE): run make demo first; no screenshots taken"; exit 0; fi; \
+	if ! command -v chromium >/dev/null; then \
+	  echo "installing chromium (apt-get)"; sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  $$sudo apt-get update -qq && $$sudo apt-get install -y -qq chromium || exit 1; fi; \
+	$(BIN)/python scripts/ui_screenshot.py --store $(UI_SHOT_STORE) --out docs/ui
 
 clean:
 	rm -rf results logs .snakemake

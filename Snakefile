@@ -3,6 +3,7 @@
 from snakemake.utils import min_version
 
 from pipeline_lib.workflow.plan import plan_for_snakemake
+from pipeline_lib.workflow.stages import close_open_parents
 
 min_version("9.0")
 
@@ -30,3 +31,13 @@ rule all:
     input:
         PLAN.all_targets(),
     default_target: True
+
+
+# MLflow parent runs a stage opened and no track_done closed (only some targets asked for, a
+# failed or killed stage) end with the invocation (no cost when none is open).
+onsuccess:
+    close_open_parents(PLAN, "FINISHED")
+
+
+onerror:
+    close_open_parents(PLAN, "FAILED")

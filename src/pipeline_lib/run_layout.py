@@ -8,7 +8,8 @@
       data/{data_id}/                        # one pack per distinct data config
       compare/                               # cross-run table and plots
       {run}/
-        tracking.json  tracking_files/  tracking_outbox.jsonl  tracking_outbox.sync.json
+        tracking.json  tracking_outbox.jsonl  tracking_outbox.sync.json
+        tracking_files/                      # configs, headline.json, parent_running.json, finished.json
         snapshots/step_{step:07d}/           # kept snapshots
         snapshots/transient/step_{step:07d}/  # temporary ones (Snakemake temp())
         snapshots/index.json  snapshots/final  snapshots/best/
@@ -205,6 +206,23 @@ class RunLayout:
     def parent_config(self) -> Path:
         """The config hash the parent run was last brought up to (rule ``track_config``)."""
         return self.tracking_files / "parent.json"
+
+    @property
+    def headline_versions(self) -> Path:
+        """The version and timestamp of each headline group on the parent run
+        (:mod:`pipeline_lib.tracking.headline`)."""
+        return self.tracking_files / "headline.json"
+
+    @property
+    def parent_open(self) -> Path:
+        """Present while the parent run is RUNNING for a pipeline (a stage started it; rule
+        ``track_done`` or the Snakefile's onsuccess/onerror close it)."""
+        return self.tracking_files / "parent_running.json"
+
+    @property
+    def parent_done(self) -> Path:
+        """Written by rule ``track_done`` once every target of the run is built."""
+        return self.tracking_files / "finished.json"
 
     @property
     def outbox(self) -> Path:

@@ -90,8 +90,8 @@ def test_deleted_kept_and_final_snapshots_are_rebuilt(finished: Path, tmp_path: 
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert job_counts(dry.stdout) == {
         "train_segment_temp": 1, "train_segment": 2, "snapshot_index": 1, "eval_heff": 2,
-        "summarize_heff": 1, "bench_downstream": 1, "summarize_bench": 1, "compare_runs": 1,
-        "export": 1, "all": 1}  # no pack_data, tracking_store, track_init
+        "summarize_heff": 1, "bench_downstream": 1, "summarize_bench": 1, "export": 1,
+        "track_done": 1, "compare_runs": 1, "all": 1}  # no pack_data, tracking_store, track_init
 
     result = snakemake(work, "--cores", "2")
     assert result.returncode == 0, failure_report(work, result)

@@ -6,6 +6,7 @@ localrules:
     tracking_store,
     track_init,
     track_config,
+    track_done,
 
 
 rule tracking_store:
@@ -61,3 +62,22 @@ rule track_config:
         "../../envs/track.yaml"
     script:
         "../scripts/track_config.py"
+
+
+# The parent run's lifetime is its variant's pipeline: stages set it RUNNING (FAILED when one
+# fails); once every target of the run is built it is FINISHED here. The Snakefile's
+# onsuccess/onerror handlers close the parents a partial or failed invocation left open.
+rule track_done:
+    input:
+        targets=lambda wc: PLAN.run_targets(wc.run),
+    output:
+        done=RUN.parent_done,
+    params:
+        run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
+    log:
+        RUN.log("track_done"),
+    conda:
+        "../../envs/track.yaml"
+    script:
+        "../scripts/track_done.py"

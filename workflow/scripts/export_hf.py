@@ -1,12 +1,14 @@
-"""Rule export: a run's final snapshot in the Hugging Face format (eval.use_ema: its EMA)."""
+"""Rule export: a run's final snapshot in the Hugging Face format (eval.use_ema: its EMA),
+logged as an MLflow logged model of the run's train run."""
 
 from pathlib import Path
 
-from pipeline_lib.export import export_snapshot
-from pipeline_lib.workflow.io import script_logging
+from pipeline_lib.workflow.io import run_job
+from pipeline_lib.workflow.stages import export_stage
 
 snakemake = globals()["snakemake"]
 
-with script_logging(snakemake.log[0], snakemake.threads):
-    export_snapshot(Path(snakemake.input.snapshot), Path(snakemake.output.export),
-                    use_ema=bool(snakemake.params.use_ema))
+with run_job(snakemake, snakemake.threads) as cfg:
+    export_stage(cfg, snakemake.params.run, Path(snakemake.params.run_dir),
+                 Path(snakemake.input.snapshot), Path(snakemake.output.export),
+                 Path(snakemake.input.data), use_ema=bool(snakemake.params.use_ema))

@@ -2,13 +2,13 @@
 
 from pathlib import Path
 
-from pipeline_lib.workflow.io import run_config, script_logging
+from pipeline_lib.workflow.io import run_job
 from pipeline_lib.workflow.stages import summarize_heff_stage
 
 snakemake = globals()["snakemake"]
 
-with script_logging(snakemake.log[0]):
-    summarize_heff_stage(run_config(snakemake), snakemake.params.run,
+with run_job(snakemake) as cfg:
+    summarize_heff_stage(cfg, snakemake.params.run,
                          Path(snakemake.params.run_dir),
                          [Path(p) for p in snakemake.input.results],
                          Path(snakemake.output.table), Path(snakemake.output.plot),

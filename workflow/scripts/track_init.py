@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from pipeline_lib.workflow.io import run_config, script_logging
+from pipeline_lib.workflow.io import run_job
 from pipeline_lib.workflow.stages import init_tracking
 
 snakemake = globals()["snakemake"]
 
-with script_logging(snakemake.log[0]):
-    init_tracking(run_config(snakemake), snakemake.params.run, Path(snakemake.params.run_dir),
+with run_job(snakemake) as cfg:
+    init_tracking(cfg, snakemake.params.run, Path(snakemake.params.run_dir),
                   Path(snakemake.input.data))

@@ -4,15 +4,15 @@ in this process or as a torchrun job of train.nproc processes."""
 from pathlib import Path
 
 from pipeline_lib.train.launch import run_training_job
-from pipeline_lib.workflow.io import run_config, script_logging
+from pipeline_lib.workflow.io import run_job
 
 snakemake = globals()["snakemake"]
 
-with script_logging(snakemake.log[0], snakemake.threads):
+with run_job(snakemake, snakemake.threads) as cfg:
     out = Path(snakemake.output.snapshot)
     previous = snakemake.input.previous
     run_training_job(
-        run_config(snakemake),
+        cfg,
         data_dir=Path(snakemake.input.data),
         resume_from=Path(previous[0]) if previous else None,
         until_step=int(snakemake.wildcards.step),

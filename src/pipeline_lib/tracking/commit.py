@@ -113,6 +113,36 @@ def commit_points(client: Any, run_id: str, points: Iterable[Point],
     return len(todo)
 
 
+def commit_versioned(client: Any, run_id: str, points: Iterable[Point],
+                     known: dict[str, set[tuple[int, int]]] | None = None) -> int:
+    """Commit the points whose (key, step, timestamp) the run does not hold yet; return how many.
+
+    The rule for results that are replaced rather than extended (the parent's headline
+    metrics, :mod:`.headline`): one version of them is a set of points sharing one
+    timestamp, so a later version is logged at the same steps again and a retried or
+    replayed commit of one version adds nothing. ``known`` caches each key's stored
+    (step, timestamp) pairs (read from the metric history on first use, updated here).
+    """
+    from mlflow.entities import Metric
+
+    known = {} if known is None else known
+    todo: dict[tuple[str, int, int], Point] = {}
+    for point in points:
+        key, _, step, stamp = point
+        if key not in known:
+            history = call(client.get_metric_history, run_id, key, what="get metric history")
+            known[key] = {(int(m.step), int(m.timestamp)) for m in history}
+        if (step, stamp) not in known[key]:
+            todo[(key, step, stamp)] = point
+    batch_points = sorted(todo.values(), key=lambda p: (p[3], p[2], p[0]))
+    for batch in chunks(batch_points):
+        metrics = [Metric(k, float(v), ts, s) for k, v, s, ts in batch]
+        call(client.log_batch, run_id, metrics=metrics, what="log metrics")
+        for key, _, step, stamp in batch:
+            known[key].add((step, stamp))
+    return len(batch_points)
+
+
 def log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> list[str]:
     """Log params that the run lacks; return the keys whose stored value differs.
 

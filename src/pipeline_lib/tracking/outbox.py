@@ -6,8 +6,10 @@ get a local id ``local:<hex>``; records refer to runs by that id or by a real ru
 
 Record kinds (``op``): ``parent`` and ``child`` (create; with experiment name, run name,
 tags, and for a child its parent id), ``params``, ``tags``, ``metrics`` (points
-``[key, value, step, timestamp_ms]``), ``artifact`` (a path relative to the
-run directory, uploaded at sync time; older outboxes hold absolute paths) and ``status``.
+``[key, value, step, timestamp_ms]``; ``versioned: true`` for headline results), ``artifact``
+(a path relative to the run directory, uploaded at sync time; older outboxes hold absolute
+paths), ``status``, ``dataset`` (a dataset input: its fields and context) and ``model`` (a
+logged model: its spec and files relative to the run directory).
 
 Appends take an exclusive ``flock`` and end in ``fsync``: parallel stages of one run may
 share the file, and a record is durable before the stage goes on. A line torn by a crash

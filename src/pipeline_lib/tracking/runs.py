@@ -44,8 +44,9 @@ def find_parent(client: Any, experiment_id: str, run: str) -> str | None:
 
 
 def find_or_create_parent(client: Any, experiment_id: str, run: str,
-                          tags: dict[str, Any]) -> str:
-    """The parent run of ``run`` (tags refreshed), created if missing.
+                          tags: dict[str, Any], start_ms: int | None = None) -> str:
+    """The parent run of ``run`` (tags refreshed), created if missing (at ``start_ms``: an
+    outbox replay creates it at the time it was first made offline).
 
     Callers serialise on a file lock in the run directory; two stores racing remain
     possible only without it, and then the oldest parent is the one found later.
@@ -57,10 +58,12 @@ def find_or_create_parent(client: Any, experiment_id: str, run: str,
         # never overwrites a known data_id; a new parent says it is unknown.
         merged.setdefault(DATA_ID_TAG, "unknown")
         created = call(client.create_run, experiment_id, tags=merged, run_name=run,
-                       what="create parent run")
+                       start_time=start_ms, what="create parent run")
         run_id = created.info.run_id
-        # The parent is a container: mark it finished so the UI does not show it running.
-        call(client.set_terminated, run_id, "FINISHED", what="end parent run")
+        # Finished until a pipeline's stage starts (see .lifecycle): a parent made by a
+        # stage run alone would otherwise be shown running for ever.
+        call(client.set_terminated, run_id, "FINISHED", end_time=created.info.start_time,
+             what="end parent run")
     else:
         from mlflow.entities import RunTag
 
@@ -123,9 +126,9 @@ def run_exists(client: Any, run_id: str) -> bool:
 
 
 def set_status(client: Any, run_id: str, status: str, time_ms: int | None = None) -> None:
-    """RUNNING reopens a run (a continued training run); anything else terminates it."""
-    if status == "RUNNING":
-        call(client.update_run, run_id, status="RUNNING", what="reopen run")
-    else:
-        call(client.set_terminated, run_id, status, end_time=time_ms or int(time.time() * 1000),
-             what="end run")
+    """Set a run's status and its end time to ``time_ms`` (default now). RUNNING reopens a
+    run (a continued training run, a parent whose pipeline runs again): its end time then
+    marks the latest (re)start, so the duration shown covers the run so far."""
+    what = "reopen run" if status == "RUNNING" else "end run"
+    call(client.set_terminated, run_id, status, end_time=time_ms or int(time.time() * 1000),
+         what=what)

@@ -34,11 +34,13 @@ from .commit import (
     clean_params,
     clean_tags,
     commit_points,
+    commit_versioned,
     latest_steps,
     log_params_once,
     select_new,
     set_tags,
 )
+from .lineage import log_dataset, log_model
 from .outbox import LOCAL_PREFIX, Outbox, SyncState, is_local_id, pending_lines
 from .runs import (
     KEY_TAG,
@@ -80,6 +82,7 @@ class Sink:
         self.offline_reason: str | None = None
         self._experiments: dict[str, str] = {}
         self._committed: dict[str, dict[str, int]] = {}  # run id → key → last step
+        self._versioned: dict[str, dict[str, set[tuple[int, int]]]] = {}  # → (step, time)
         reason = probe(uri)
         if reason is not None:
             self._go_offline(reason)
@@ -237,6 +240,49 @@ class Sink:
             for key, _, step, _ in batch:
                 committed[key] = max(step, committed.get(key, step))
         return len(todo)
+
+    def commit_versioned(self, run_id: str, points: list[Point]) -> int:
+        """Commit points whose (key, step, timestamp) the run lacks (:func:`.commit.commit_versioned`:
+        headline results, replaced by version); return how many were new."""
+        if not points:
+            return 0
+        known = self._versioned.setdefault(run_id, {})
+        if self.online and not is_local_id(run_id):
+            try:
+                return commit_versioned(self.client, run_id, points, known)
+            except StoreUnavailable as exc:
+                self._go_offline(str(exc))
+        todo = [p for p in points if (p[2], p[3]) not in known.get(p[0], set())]
+        for batch in chunks(todo):
+            self.outbox.append({"op": "metrics", "versioned": True, "run": run_id,
+                                "points": [list(p) for p in batch], "pid": os.getpid()})
+        for key, _, step, stamp in todo:
+            known.setdefault(key, set()).add((step, stamp))
+        return len(todo)
+
+    def log_dataset(self, run_id: str, dataset: dict[str, str], context: str) -> None:
+        """Attach a dataset (:func:`.lineage.pack_dataset`) to the run as an input."""
+        self._route(run_id, lambda: log_dataset(self.client, run_id, dataset, context),
+                    {"op": "dataset", "run": run_id, "dataset": dataset, "context": context})
+
+    def log_model(self, experiment: str, run_id: str, spec: dict[str, Any],
+                  files: list[Path]) -> str | None:
+        """Find or create the logged model ``spec`` describes (:func:`.lineage.log_model`) as
+        an output of ``run_id``; its id, or None while offline (the outbox keeps it)."""
+        run_id = self.resolve(run_id)
+
+        def online() -> str | None:
+            exp_id = self.experiment_id(experiment)
+            if exp_id is None:
+                raise StoreUnavailable(self.offline_reason or "store unreachable")
+            return log_model(self.client, exp_id, run_id, spec, files)
+
+        def record() -> dict[str, Any]:
+            kept = [k for k in (self._outbox_copy(Path(f).absolute()) for f in files) if k]
+            return {"op": "model", "run": run_id, "experiment": experiment, "spec": spec,
+                    "files": kept}
+
+        return self._route(run_id, online, record)
 
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None) -> None:
         path = Path(path).absolute()

@@ -30,6 +30,8 @@ from typing import Any
 
 from ..config import Config
 from .commit import Point, check_metric_key
+from .headline import Values, log_headline
+from .lineage import DATA_CONTEXT, pack_dataset
 from .parent import parent_for_stage
 from .sink import Sink, get_sink
 from .store import resolve_uri
@@ -43,8 +45,10 @@ class StageRun:
     """One child run (see the module docstring). Not thread-safe."""
 
     def __init__(self, sink: Sink | None, run_id: str | None, stage: str,
-                 parent_run_id: str | None = None, monitor: Any = None) -> None:
+                 parent_run_id: str | None = None, monitor: Any = None,
+                 experiment: str = "") -> None:
         self._sink = sink
+        self._experiment = experiment
         self.run_id = run_id
         self.stage = stage
         self.parent_run_id = parent_run_id
@@ -108,6 +112,34 @@ class StageRun:
         """Log a directory's files now (e.g. the TensorBoard event directory)."""
         self.log_artifact(directory, artifact_path)
 
+    def log_headline(self, group: str, values: Values, info: Mapping[str, Any] | None = None
+                     ) -> int:
+        """Log one version of a headline group to the parent run (:mod:`.headline`):
+        ``values`` is {key: {step: value}}; returns the points newly committed."""
+        if self._sink is None or self.parent_run_id is None:
+            return 0
+        return log_headline(self._sink, self.parent_run_id, group, values, info)
+
+    def log_dataset(self, meta: Mapping[str, Any], data_dir: Path | str, *,
+                    parent: bool = False) -> dict[str, str] | None:
+        """Attach the pack (its ``metadata.json`` as ``meta``) as a dataset input of this run,
+        and with ``parent`` of the parent run too; returns the dataset's fields."""
+        if self._sink is None:
+            return None
+        dataset = pack_dataset(meta, Path(data_dir))
+        targets = [self.run_id] + ([self.parent_run_id] if parent and self.parent_run_id else [])
+        for run_id in targets:
+            assert run_id is not None
+            self._sink.log_dataset(run_id, dataset, DATA_CONTEXT)
+        return dataset
+
+    def log_model(self, run_id: str | None, spec: dict[str, Any], files: list[Path]
+                  ) -> str | None:
+        """Log a model of run ``run_id`` (e.g. the ``train`` run, :func:`.lineage.log_model`)."""
+        if self._sink is None or run_id is None:
+            return None
+        return self._sink.log_model(self._experiment, run_id, spec, files)
+
     def end(self, status: str = "FINISHED") -> None:
         """FINISHED flushes the buffer; any other status discards it. Idempotent."""
         if self._ended:
@@ -163,7 +195,7 @@ def start_stage(cfg: Config, run_dir: Path | str, stage: str, *, run_id: str | N
     if params:
         sink.log_params(child, dict(params))
     monitor = _system_metrics(sink, child) if cfg.tracking.system_metrics else None
-    return StageRun(sink, child, stage, parent, monitor)
+    return StageRun(sink, child, stage, parent, monitor, cfg.experiment.name)
 
 
 def _system_metrics(sink: Sink, run_id: str) -> Any:

@@ -62,6 +62,11 @@ _TRANSIENT_TEXT = ("database is locked", "failed with exception", "max retries e
                    "connection refused", "unable to open database file", "timed out")
 
 
+# An experiment of this kind gets MLflow 3's model-training pages (Training runs: run list,
+# chart view, models) in the UI's navigation beside its GenAI ones.
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
 class StoreUnavailable(TrackingError):
     """The store could not be reached (after retries); the caller falls back to the outbox."""
 
@@ -239,7 +244,7 @@ def ensure_experiment(client: Any, uri: str, name: str) -> str:
         location = (db.parent / "mlartifacts" / _safe_name(name)).as_uri() if db else None
         try:
             return call(client.create_experiment, name, artifact_location=location,
-                        what="create experiment")
+                        tags=EXPERIMENT_TAGS, what="create experiment")
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise

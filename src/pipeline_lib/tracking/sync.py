@@ -2,8 +2,10 @@
 
 Every operation is safe to apply twice: parents are found by their ``loopline.run`` tag,
 children by their ``loopline.key`` tag, params only fill missing keys, tags are mutable,
-artifacts overwrite the same path, and metrics follow the exactly-once rule of
-:mod:`~pipeline_lib.tracking.commit` (a step at or below a key's stored step is dropped).
+artifacts overwrite the same path, metrics follow the exactly-once rule of
+:mod:`~pipeline_lib.tracking.commit` (a step at or below a key's stored step is dropped;
+headline records, ``versioned``, drop a (key, step, timestamp) the run holds), dataset
+inputs and logged models are found again (:mod:`~pipeline_lib.tracking.lineage`).
 On top of that, ``tracking_outbox.sync.json`` records how far each store got, so a second
 sync reads nothing and a sync interrupted half-way resumes where it stopped.
 
@@ -29,7 +31,8 @@ from typing import Any
 from ..credentials import redact_uri
 from ..errors import TrackingError
 from ..run_layout import OUTBOX_FILE, ResultsLayout, RunLayout
-from .commit import commit_points, latest_steps, log_params_once, set_tags
+from .commit import commit_points, commit_versioned, latest_steps, log_params_once, set_tags
+from .lineage import log_dataset, log_model
 from .outbox import Outbox, SyncState, is_local_id
 from .runs import find_or_create_child, find_or_create_parent, set_status
 from .store import StoreUnavailable, call, ensure_store, file_lock, get_client, probe
@@ -74,6 +77,7 @@ class _Replayer:
         self.client, self.uri, self.ids, self.run_dir = client, uri, ids, run_dir
         self.experiments: dict[str, str] = {}
         self.committed: dict[str, dict[str, int]] = {}
+        self.versioned: dict[str, dict[str, set[tuple[int, int]]]] = {}
 
     def _experiment(self, name: str) -> str:
         if name not in self.experiments:
@@ -91,7 +95,8 @@ class _Replayer:
         op = rec["op"]
         if op == "parent":
             exp = self._experiment(rec["experiment"])
-            self.ids[rec["id"]] = find_or_create_parent(self.client, exp, rec["run"], rec["tags"])
+            self.ids[rec["id"]] = find_or_create_parent(self.client, exp, rec["run"], rec["tags"],
+                                                        rec.get("time_ms"))
             report.runs += 1
         elif op == "child":
             exp = self._experiment(rec["experiment"])
@@ -104,11 +109,13 @@ class _Replayer:
         elif op == "tags":
             set_tags(self.client, self._run(rec["run"]), rec["tags"])
         elif op == "metrics":
-            run_id = self._run(rec["run"])
-            if run_id not in self.committed:
-                self.committed[run_id] = latest_steps(self.client, run_id)
-            points = [(k, float(v), int(s), int(t)) for k, v, s, t in rec["points"]]
-            report.metrics += commit_points(self.client, run_id, points, self.committed[run_id])
+            self._metrics(self._run(rec["run"]), rec, report)
+        elif op == "dataset":
+            log_dataset(self.client, self._run(rec["run"]), rec["dataset"], rec["context"])
+        elif op == "model":
+            files = [self._confined(name) for name in rec["files"]]
+            log_model(self.client, self._experiment(rec["experiment"]), self._run(rec["run"]),
+                      rec["spec"], files)
         elif op == "artifact":
             self._artifact(self._run(rec["run"]), self._confined(rec["path"]),
                            rec.get("artifact_path"))
@@ -116,6 +123,16 @@ class _Replayer:
             set_status(self.client, self._run(rec["run"]), rec["status"], rec.get("time_ms"))
         else:
             raise TrackingError(f"unknown outbox operation {op!r}")
+
+    def _metrics(self, run_id: str, rec: dict[str, Any], report: SyncReport) -> None:
+        points = [(k, float(v), int(s), int(t)) for k, v, s, t in rec["points"]]
+        if rec.get("versioned"):  # headline results: one point per (key, step, version)
+            known = self.versioned.setdefault(run_id, {})
+            report.metrics += commit_versioned(self.client, run_id, points, known)
+            return
+        if run_id not in self.committed:
+            self.committed[run_id] = latest_steps(self.client, run_id)
+        report.metrics += commit_points(self.client, run_id, points, self.committed[run_id])
 
     def _confined(self, name: str) -> Path:
         """The record's path (relative to the run directory); OutboxPathError if any file

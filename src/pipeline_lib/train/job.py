@@ -22,7 +22,7 @@ from ..run_layout import RunLayout, run_dir_of
 from . import rollback
 from .metrics import TrainLog
 from .preempt import StopRequest
-from .run_tracking import log_artifacts, start_tracking
+from .run_tracking import log_artifacts, log_final, start_tracking
 from .trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     _check_steps(until_step, trainer, resume_from)
     job_start = trainer.resume_step
     stage = (start_tracking(trainer.cfg, trainer.state, run_dir,
-                            trainer.data.metadata.get("data_id")) if rank == 0 else None)
+                            trainer.data.metadata.get("data_id"), trainer.data.metadata,
+                            data_dir) if rank == 0 else None)
     try:
         _run(trainer, until_step, out, run_dir, attempt, stage, point=point,
              job_start=job_start, wall_start=wall_start)
@@ -136,6 +137,7 @@ def _run(trainer: Trainer, until_step: int, out: Path, run_dir: Path, attempt: i
         train_log.commit(until_step)
         if stage is not None:
             log_artifacts(stage, out, run_dir)
+            log_final(stage, trainer.cfg, trainer.state, trainer.data.seq_len)
     finally:
         train_log.close()
 

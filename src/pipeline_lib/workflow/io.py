@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,6 @@ from .attempt_log import open_attempt_log
 
 def limit_threads(threads: int) -> None:
     """At most ``threads`` compute threads in this process (torch) and its children (OMP)."""
-    import os
-
     os.environ["OMP_NUM_THREADS"] = str(max(threads, 1))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(max(threads, 1))
@@ -62,3 +61,16 @@ def run_config(snakemake: Any):
     from .plan import WorkflowPlan
 
     return WorkflowPlan(snakemake.config).runs[snakemake.params.run].config
+
+
+@contextlib.contextmanager
+def run_job(snakemake: Any, threads: int | None = None) -> Iterator[Any]:
+    """A job of one run's pipeline: :func:`script_logging`, the run's resolved config (yielded),
+    and its MLflow parent run RUNNING while the job runs, FAILED if it fails
+    (:func:`pipeline_lib.tracking.pipeline_job`)."""
+    from ..tracking import pipeline_job
+
+    with script_logging(snakemake.log[0], threads):
+        cfg = run_config(snakemake)
+        with pipeline_job(cfg, Path(snakemake.params.run_dir)):
+            yield cfg

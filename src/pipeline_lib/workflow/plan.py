@@ -195,9 +195,18 @@ class WorkflowPlan:
         """Per run: its training metrics (written beside the snapshots, not a rule output)."""
         return {run: str(self.layout.run(run).metrics) for run in self.runs}
 
+    def run_targets(self, run: str) -> list[str]:
+        """What one run's pipeline builds: kept snapshots, index, H_eff and benchmark
+        summaries, export, its parent run brought up to date with the config (the inputs of
+        rule ``track_done``, which then ends the parent run)."""
+        layout = self.layout.run(run)
+        return self.kept_snapshots(run) + [str(p) for p in (
+            layout.index, layout.heff_table, layout.heff_plot, layout.bench_table,
+            layout.bench_plot, layout.export_dir, layout.parent_config)]
+
     def all_targets(self) -> list[str]:
-        """Every run's kept snapshots, index, H_eff and benchmark summaries, export, its
-        parent run brought up to date with the config, and the comparison.
+        """Every run's targets (:meth:`run_targets`) and its finished parent run, and the
+        comparison.
 
         The kept snapshots are targets themselves: Snakemake does not rerun a job whose
         outputs exist because one of its inputs was deleted (that is what lets ``temp()``
@@ -208,11 +217,7 @@ class WorkflowPlan:
         """
         targets = []
         for run in self.runs:
-            layout = self.layout.run(run)
-            targets += self.kept_snapshots(run)
-            targets += [str(p) for p in (layout.index, layout.heff_table, layout.heff_plot,
-                                         layout.bench_table, layout.bench_plot,
-                                         layout.export_dir, layout.parent_config)]
+            targets += self.run_targets(run) + [str(self.layout.run(run).parent_done)]
         return targets + [str(self.layout.compare_dir / "summary.md")]
 
     # ------------------------------------------------------------------ resources

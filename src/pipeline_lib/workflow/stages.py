@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import Config
 from ..run_layout import RunLayout, job_benchmarks
+from .final_results import bench_values, heff_values, is_final
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
     """Find or create the run's parent run; log the data pack as a ``pack`` child run.
 
     Writes ``{run_dir}/tracking.json``. The pack is shared by every variant with the same
-    data config, so each variant gets its own ``pack`` child with the pack's metadata.
+    data config, so each variant gets its own ``pack`` child with the pack's metadata; the
+    pack is a dataset input (``mlflow.data``) of that child and of the parent.
     """
     from ..tracking import init_parent_run, start_stage
 
@@ -61,6 +63,7 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
         numeric = {f"data/{k}": float(v) for k, v in meta.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         stage.log_metrics(0, numeric)
+        stage.log_dataset(meta, data_dir, parent=True)
         stage.log_artifact(meta_path, "data")
         for tsv in job_benchmarks("pack_data", Path(data_dir).name):
             stage.log_artifact(tsv, "benchmarks")
@@ -92,7 +95,8 @@ def _kernel_tags() -> dict[str, str]:
 def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
                out: Path) -> dict[str, Any]:
     """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``,
-    on ``experiment.device`` in ``experiment.precision``."""
+    on ``experiment.device`` in ``experiment.precision``; the final snapshot's sweep also
+    goes to the parent run (``heff/final_loss`` at step = H_eff, see :mod:`.final_results`)."""
     from ..evaluate.adaptive import AdaptiveSpec
     from ..evaluate.heff import parse_h_eff, run_heff
     from ..tracking import start_stage
@@ -115,6 +119,8 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
             metrics[f"heff/adaptive_loops_t{point['threshold']:g}"] = point["mean_loops"]
         stage.log_metrics(step or 0, metrics)
         stage.log_artifact(out, "eval/heff")
+        if is_final(Path(snapshot)):
+            stage.log_headline("heff", heff_values(result), {"step": step})
     return result
 
 
@@ -151,7 +157,9 @@ def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[
 def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
                 tasks_dir: Path) -> dict[str, Any]:
     """Downstream benchmarks of one snapshot at every ``bench.h_eff``, as child run
-    ``bench/step_…`` with metrics ``bench/{task}/{metric}_h{h}`` at the snapshot's step."""
+    ``bench/step_…`` with metrics ``bench/{task}/{metric}_h{h}`` at the snapshot's step; the
+    final snapshot's scores also go to the parent run (``bench/{task}/{metric}`` at step =
+    H_eff, with their intervals)."""
     from ..bench import run_benchmarks
     from ..bench.scoring import bench_records
     from ..tracking import start_stage
@@ -168,6 +176,8 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
             metrics[f"bench/{row['task']}/{row['metric']}_h{row['h_eff']}{level}"] = row["value"]
         stage.log_metrics(step or 0, metrics)
         stage.log_artifact(out, "bench")
+        if is_final(Path(snapshot)):
+            stage.log_headline("bench", bench_values(result), {"step": step})
     return result
 
 
@@ -185,3 +195,70 @@ def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence
         for tsv in RunLayout.at(run_dir).benchmarks("bench_downstream"):
             stage.log_artifact(tsv, "benchmarks")
     return rows
+
+
+def export_stage(cfg: Config, run: str, run_dir: Path, snapshot: Path, out: Path,
+                 data_dir: Path | None = None, *, use_ema: bool = False) -> dict[str, Any]:
+    """Export ``snapshot`` in the Hugging Face format (child run ``export``) and log it as an
+    MLflow logged model of the ``train`` run that made it (:func:`.final_results.model_spec`:
+    config, step, validation loss on the pack; the weights stay in ``out``)."""
+    from ..export import export_snapshot
+    from ..tracking import start_stage
+    from ..tracking.lineage import pack_digest
+    from .final_results import model_spec
+
+    provenance = export_snapshot(Path(snapshot), Path(out), use_ema=use_ema)
+    dataset = None
+    if data_dir is not None and (Path(data_dir) / "metadata.json").is_file():
+        meta = json.loads((Path(data_dir) / "metadata.json").read_text())
+        dataset = {"name": str(meta.get("data_id") or Path(data_dir).name),
+                   "digest": pack_digest(meta)}
+    train_run = json.loads((Path(snapshot) / "trainer_state.json").read_text()).get(
+        "tracking_run_id")
+    with start_stage(cfg, run_dir, "export", params={"export.use_ema": use_ema},
+                     tags={"loopline.export_dir": str(Path(out).absolute())}) as stage:
+        if stage.enabled and train_run is None:
+            log.warning("%s has no train run id (trained with tracking off); no logged model",
+                        snapshot)
+        spec, files = model_spec(run, Path(snapshot), Path(out), dataset)
+        model_id = stage.log_model(train_run, spec, files)
+        if model_id:
+            stage.set_tags({"loopline.model_id": model_id})
+    return provenance
+
+
+def finish_run(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
+    """Rule ``track_done``: every target of the run is built, so its parent run is FINISHED;
+    ``out`` records when and which parent."""
+    import time
+
+    from ..fsio import write_text_atomic
+    from ..tracking import finish_parent
+
+    parent = finish_parent(cfg, Path(run_dir), "FINISHED")
+    doc = {"parent_run_id": parent, "status": "FINISHED",
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(Path(out), json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return doc
+
+
+def close_open_parents(plan: Any, status: str) -> list[str]:
+    """The Snakefile's onsuccess (FINISHED) and onerror (FAILED) handler: end the parent run
+    of every run whose pipeline stages opened it and no ``track_done`` closed (a run of only
+    some targets, a failed or killed stage). Best effort: a failure is a warning. Returns
+    the runs closed; costs a file check per run when none is open."""
+    closed = []
+    for name, run_plan in plan.runs.items():
+        run_dir = plan.layout.run(name).run_dir
+        if not RunLayout.at(run_dir).parent_open.is_file():
+            continue
+        try:
+            from ..tracking import finish_parent
+
+            finish_parent(run_plan.config, run_dir, status)
+            closed.append(name)
+        except Exception as exc:  # noqa: BLE001 (a handler must not mask the run's outcome)
+            log.warning("could not set the parent run of %s to %s: %s", name, status,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return closed
