@@ -625,6 +625,10 @@ def validate_config(cfg: Config) -> None:
             f"train.global_batch_rows = {t.global_batch_rows} is not a multiple of "
             f"train.micro_batch_rows × train.nproc{nodes[0]} = {t.micro_batch_rows} × "
             f"{t.nproc}{nodes[1]}; use a multiple of {per_pass}")
+    if t.stop_margin_minutes >= t.segment_runtime_minutes:
+        raise ConfigError(f"train.stop_margin_minutes = {t.stop_margin_minutes} leaves no time "
+                          f"of train.segment_runtime_minutes = {t.segment_runtime_minutes}; "
+                          "lower the margin (0 stops only on SIGTERM/SIGUSR1) or raise the runtime")
     ls = t.loop_sampling
     if ls.min_loops > ls.max_loops:
         raise ConfigError(f"train.loop_sampling.min_loops = {ls.min_loops} exceeds max_loops = "

@@ -135,3 +135,11 @@ def test_no_stop_margin_means_no_deadline(pack: Path, tmp_path: Path) -> None:
     train_segment(cfg, pack, None, 3, snap(run, 3))
     assert not resume_point(run, 3).exists()
     assert [m["step"] for m in metrics(run)] == [1, 2, 3]
+
+
+def test_a_margin_that_leaves_no_time_is_a_config_error() -> None:
+    from pipeline_lib.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.stop_margin_minutes = 5.0 leaves no time of "
+                                          r"train.segment_runtime_minutes = 5"):
+        tiny_config("train.segment_runtime_minutes=5")
