@@ -3,6 +3,7 @@ step with a resume point; a retry continues from it and ends bit-identical."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import signal
@@ -129,12 +130,18 @@ def test_a_resume_point_of_another_job_is_not_used(pack: Path, reference: Path,
             == (snap(reference, 6) / "model.safetensors").read_bytes())
 
 
-def test_no_stop_margin_means_no_deadline(pack: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    cfg = tiny_config("train.segment_runtime_minutes=1", "train.stop_margin_minutes=0")
-    train_segment(cfg, pack, None, 3, snap(run, 3))
-    assert not resume_point(run, 3).exists()
-    assert [m["step"] for m in metrics(run)] == [1, 2, 3]
+def test_the_deadline_is_runtime_minus_margin_and_off_at_margin_zero() -> None:
+    from pipeline_lib.train.preempt import StopRequest
+
+    train = tiny_config("train.segment_runtime_minutes=10").train
+    now = time.monotonic()
+    # started 9 minutes ago: inside a 5-minute margin of a 10-minute runtime, not of a 0.5
+    late = dataclasses.replace(train, stop_margin_minutes=5.0)
+    assert StopRequest(late, started=now - 540).requested() is not None
+    early = dataclasses.replace(train, stop_margin_minutes=0.5)
+    assert StopRequest(early, started=now - 540).requested() is None
+    off = dataclasses.replace(train, stop_margin_minutes=0.0)  # only signals stop it
+    assert StopRequest(off, started=now - 36000).requested() is None
 
 
 def test_a_margin_that_leaves_no_time_is_a_config_error() -> None:

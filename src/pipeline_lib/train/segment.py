@@ -9,7 +9,6 @@ top level of ``trainer_state.json``; the other parts are in :mod:`.states`).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import random
 from dataclasses import dataclass, field
@@ -23,8 +22,6 @@ from ..data.loader import DataCursor, PackedData
 from ..errors import CheckpointError, ConfigError, DataError
 from ..model.looped import LoopedLM
 from .spike_guard import json_float
-
-log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
 

@@ -17,7 +17,6 @@ here give it to the rest:
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,6 @@ from ..errors import CheckpointError
 from .distributed import is_dtensor
 from .ema import WeightsEMA
 from .optim import load_optimizer_state, refresh_group_hparams
-
-log = logging.getLogger(__name__)
 
 
 class ConfigPart:
