@@ -8,13 +8,15 @@ process with the same thread count (1 by default), fp32 on the CPU; each side's 
 reported, and the two must produce the same tokens. The model defaults to the project's
 default architecture (``config/config.yaml``: d_model 64, 1 prelude + 1 core block, 4
 loops) with a byte-level vocabulary; ``--h-eff`` reads out after another loop count and
-``--d-model`` widens it. ``speedup`` = uncached / cached time per batch size (target: ≥ 3
-for 64 new tokens); the top-level ``speedup`` is the smallest. The last line is JSON.
+``--d-model`` lists widths to measure (0 = the default's; heads stay at the default count).
+``speedup`` = uncached / cached time per width and batch size (target: ≥ 3 for 64 new
+tokens); the top-level ``speedup`` is the smallest. The last line is JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import statistics
@@ -71,7 +73,7 @@ def measure(model: LoopedLM, batch: int, args: argparse.Namespace) -> dict[str, 
             run(use_cache)
             times[use_cache].append(time.perf_counter() - start)
     cached, plain = statistics.median(times[True]), statistics.median(times[False])
-    return {"batch": batch, "cached_s": round(cached, 4), "uncached_s": round(plain, 4),
+    return {"d_model": model.cfg.d_model, "batch": batch, "cached_s": round(cached, 4), "uncached_s": round(plain, 4),
             "speedup": round(plain / cached, 2),
             "cached_tokens_per_s": round(batch * args.new_tokens / cached, 1)}
 
@@ -82,7 +84,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16],
                         help="prompts decoded together (16: bench.batch_size's default)")
-    parser.add_argument("--d-model", type=int, default=0, help="0 = the default model's width")
+    parser.add_argument("--d-model", type=int, nargs="+", default=[0],
+                        help="widths to measure; 0 = the default model's")
     parser.add_argument("--h-eff", type=int, default=0, help="0 = the model's training loops")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
@@ -90,15 +93,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = load_config().model
     cfg.vocab_size = BYTE_VOCAB
-    cfg.d_model = args.d_model or cfg.d_model
     args.h_eff = args.h_eff or cfg.loops
-    torch.manual_seed(0)
-    model = LoopedLM(cfg).eval()
-    rows = [measure(model, b, args) for b in args.batch]
-    for row in rows:
-        print(f"batch {row['batch']}: {args.new_tokens} new tokens after {args.prompt_tokens}, "
-              f"H_eff {args.h_eff}: cached {row['cached_s']} s, uncached {row['uncached_s']} s "
-              f"→ speedup {row['speedup']}×")
+    default_width, rows = cfg.d_model, []
+    for width in args.d_model:
+        cfg.d_model = width or default_width
+        torch.manual_seed(0)
+        model = LoopedLM(copy.deepcopy(cfg)).eval()
+        for batch in args.batch:
+            row = measure(model, batch, args)
+            rows.append(row)
+            print(f"d_model {row['d_model']}, batch {batch}: {args.new_tokens} new tokens after "
+                  f"{args.prompt_tokens}, H_eff {args.h_eff}: cached {row['cached_s']} s, "
+                  f"uncached {row['uncached_s']} s → speedup {row['speedup']}×", flush=True)
+    cfg.d_model = default_width
     result = {"speedup": min(r["speedup"] for r in rows), "rows": rows,
               "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens,
               "h_eff": args.h_eff, "repeats": args.repeats, "commit": _commit(),

@@ -22,7 +22,7 @@ def test_rope_scores_depend_only_on_relative_position():
     k = torch.randn(1, 1, 1, 8, generator=gen)
 
     def score(m: int, n: int) -> torch.Tensor:
-        cos, sin = rope_tables(torch.tensor([[m, n]]), 8, 10000.0)  # [1, 2, 1, 4]
+        cos, sin = rope_tables(torch.tensor([[m, n]]), 8, 10000.0)  # [1, 2, 1, 8]
         qm = apply_rope(q, cos[:, :1], sin[:, :1])
         kn = apply_rope(k, cos[:, 1:], sin[:, 1:])
         return (qm * kn).sum()
@@ -41,7 +41,7 @@ def test_rope_table_lookup_equals_the_float64_formula():
     for positions in (pos[:, :5] % 40, pos):  # a 64-row table, then a 4096-row one
         cos, sin = rope_tables(positions, 16, 10000.0)
         want_cos, want_sin = _rope_direct(positions, 16, 10000.0)
-        assert cos.shape == (*positions.shape, 1, 8) and cos.dtype == torch.float32
+        assert cos.shape == (*positions.shape, 1, 16) and cos.dtype == torch.float32
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
 
 
@@ -51,3 +51,17 @@ def test_swiglu_value():
     x = torch.randn(2, 3, 6)
     ref = (F.silu(x @ ffn.gate.weight.T) * (x @ ffn.up.weight.T)) @ ffn.down.weight.T
     torch.testing.assert_close(ffn(x), ref)
+
+
+def test_apply_rope_is_the_pairwise_rotation_bit_for_bit():
+    """The tables' (cos ‖ cos), (−sin ‖ sin) form computes (x1·cos − x2·sin, x2·cos + x1·sin)
+    exactly: the same products and sums, in fewer operations."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, 3, 16, generator=gen)
+    pos = torch.randint(0, 500, (2, 7), generator=gen)
+    cos, sin = rope_tables(pos, 16, 10000.0)
+    c, s = cos[..., :8], sin[..., 8:]  # the plain cos, sin of the angles
+    assert torch.equal(sin[..., :8], -s) and torch.equal(cos[..., 8:], c)
+    x1, x2 = x.chunk(2, dim=-1)
+    want = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    assert torch.equal(apply_rope(x, cos, sin), want)

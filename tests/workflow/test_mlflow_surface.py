@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import snakemake
 from support.mlflow_server import Server
+from support.workflow_runs import snakemake
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import snakemake
+from support.workflow_runs import snakemake
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import snakemake
+from support.workflow_runs import snakemake
 
 pytestmark = pytest.mark.slow
 RUNS = ("loops1", "loops2")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import snakemake
+from support.workflow_runs import snakemake
 
 pytestmark = pytest.mark.slow
 BENCH_H_EFF = [1, 2, 4]

@@ -15,6 +15,11 @@ block. A pass with the same H makes the same calls in the same order, which is h
   columns of that document up to itself. Padding columns past a row's length are never
   attended; the row overwrites them as it grows. Buffers double when full.
 
+A decoding pass carries the state as [B, D] (one token per row), which sends
+:class:`~.attention.Attention` down its single-token path, and runs under
+``torch.inference_mode``: at one token a step is a few hundred small operations, bound by
+their per-call overhead rather than arithmetic, so every operation saved counts.
+
 Exact against recomputing the whole window up to float rounding (matmuls of other shapes):
 tests hold the logits within 1e-5 in fp32 and the greedy tokens identical. Adaptive exit
 (every loop read out through the coda) is not cached.
@@ -37,9 +42,9 @@ def attention_calls(cfg: Any, h_eff: int) -> int:
     return cfg.prelude_layers + h_eff * cfg.core_layers + cfg.coda_layers
 
 
-def _grown(buf: Tensor, capacity: int, fill: float | int = 0) -> Tensor:
-    """``buf`` [B, …] with its column dim (2 for K/V, 1 for doc ids) padded to ``capacity``."""
-    dim = 2 if buf.dim() == 4 else 1
+def _grown(buf: Tensor, capacity: int, dim: int = 2, fill: float = 0.0) -> Tensor:
+    """``buf`` with its column dim ``dim`` (2 for K/V [B, H, columns, hd], 3 for the mask
+    bias) padded to ``capacity`` with ``fill``."""
     shape = list(buf.shape)
     shape[dim] = capacity - buf.shape[dim]
     return torch.cat([buf, buf.new_full(shape, fill)], dim=dim)
@@ -48,7 +53,9 @@ def _grown(buf: Tensor, capacity: int, fill: float | int = 0) -> Tensor:
 class KVCache:
     """Keys and values of every attention call of ``h_eff`` loops, per row (see module doc).
 
-    A plain class, not a dataclass: FSDP's input casting must not copy it.
+    A plain class, not a dataclass: FSDP's input casting must not copy it. Decoding attends
+    through an additive mask ``bias`` [B, 1, 1, capacity] (0 where the next token may look,
+    −inf elsewhere), kept up to date in place: a decoding step makes its own column visible.
     """
 
     def __init__(self, h_eff: int, calls: int, doc_mask: DocumentMask, doc_ids: Tensor,
@@ -59,13 +66,19 @@ class KVCache:
         self.capacity = max(capacity, L)
         self.lengths = lengths.clone()  # [B] cached tokens = column of the next token
         self.positions = positions[rows, lengths - 1] + 1  # [B] position of the next token
-        self.doc = doc_ids[rows, lengths - 1]  # [B] document the next token belongs to
-        self.doc_ids = _grown(doc_ids, self.capacity, -1)  # [B, capacity]
+        doc = doc_ids[rows, lengths - 1]  # [B] document the next token belongs to
+        cols = torch.arange(L, device=doc_ids.device)
+        visible = (cols[None] < lengths[:, None]) & (doc_ids == doc[:, None])  # [B, L]
+        bias = torch.zeros(B, 1, 1, L, device=doc_ids.device).masked_fill_(
+            ~visible[:, None, None], float("-inf"))
+        self.bias = _grown(bias, self.capacity, 3, float("-inf"))  # [B, 1, 1, capacity]
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
-        self._mask: DocumentMask | Tensor = doc_mask  # decoding: [B, 1, 1, capacity] bool
+        self._prefill_mask: DocumentMask | None = doc_mask
+        self._column: Tensor | None = None  # decoding: [B, H, 1, hd] index of the new column
+        self._used = 0  # decoding: columns up to the longest row's new token
+        self._bias_used: Tensor | None = None  # decoding: bias[..., :_used]
         self._slot = 0
-        self._decoding = False
 
     @property
     def rows(self) -> int:
@@ -75,51 +88,55 @@ class KVCache:
         """Store k, v [B, H, L, hd] in this call's slot; attention of q → [B, H, L, hd]."""
         slot = self._slot
         self._slot += 1
-        if not self._decoding:  # prefill: keep the keys and values, attend as usual
+        if self._prefill_mask is not None:  # prefill: keep the keys and values, attend as usual
             assert slot == len(self.keys), "prefill runs each attention call once"
+            self.bias = self.bias.to(k.dtype)  # SDPA wants the mask in the query's dtype
             self.keys.append(_grown(k, self.capacity))
             self.values.append(_grown(v, self.capacity))
-            assert isinstance(self._mask, DocumentMask)
-            return document_attention(q, k, v, self._mask)
+            return document_attention(q, k, v, self._prefill_mask)
         keys, values = self.keys[slot], self.values[slot]
-        index = self.lengths.view(-1, 1, 1, 1).expand(-1, k.shape[1], 1, k.shape[3])
-        keys.scatter_(2, index, k.to(keys.dtype))
-        values.scatter_(2, index, v.to(values.dtype))
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=self._mask)
+        keys.scatter_(2, self._column, k.to(keys.dtype))
+        values.scatter_(2, self._column, v.to(values.dtype))
+        used = self._used  # columns past every row's new token are never visible: skip them
+        return F.scaled_dot_product_attention(q, keys[:, :, :used], values[:, :, :used],
+                                              attn_mask=self._bias_used)
 
     def begin_step(self) -> None:
-        """Before a decoding pass: room for one more column, its document id, the mask."""
+        """Before a decoding pass: room for one more column, made visible to its row."""
         needed = int(self.lengths.max()) + 1
         if needed > self.capacity:
             capacity = max(needed, 2 * self.capacity)
             self.keys = [_grown(t, capacity) for t in self.keys]
             self.values = [_grown(t, capacity) for t in self.values]
-            self.doc_ids = _grown(self.doc_ids, capacity, -1)
+            self.bias = _grown(self.bias, capacity, 3, float("-inf"))
             self.capacity = capacity
-        self.doc_ids.scatter_(1, self.lengths[:, None], self.doc[:, None])
-        cols = torch.arange(self.capacity, device=self.lengths.device)
-        visible = (cols[None] <= self.lengths[:, None]) & (self.doc_ids == self.doc[:, None])
-        self._mask = visible[:, None, None, :]  # [B, 1, 1, capacity]: query → cached keys
-        self._decoding, self._slot = True, 0
+        column = self.lengths.view(-1, 1, 1, 1)
+        self.bias.scatter_(3, column, 0.0)
+        self._used = needed
+        self._bias_used = self.bias[..., :needed]
+        _, heads, _, head_dim = self.keys[0].shape
+        self._column = column.expand(-1, heads, 1, head_dim)
+        self._slot = 0
 
     def end_pass(self) -> None:
         """After a pass: every slot was used once; a decoding pass moves each row on."""
         assert self._slot == self.calls, f"{self._slot} attention calls, cache has {self.calls}"
-        if self._decoding:
+        if self._prefill_mask is None:
             self.lengths += 1
             self.positions += 1
-        self._decoding = True  # every pass after the prefill decodes
+        self._prefill_mask = None  # every pass after the prefill decodes
 
+    @torch.inference_mode()
     def select(self, rows: Tensor) -> None:
         """Keep only ``rows`` (indices into the current rows, in the new order)."""
         rows = rows.to(self.lengths.device)
         self.keys = [t.index_select(0, rows) for t in self.keys]
         self.values = [t.index_select(0, rows) for t in self.values]
-        for name in ("lengths", "positions", "doc", "doc_ids"):
+        for name in ("lengths", "positions", "bias"):
             setattr(self, name, getattr(self, name).index_select(0, rows))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def kv_prefill(model: Any, batch: Mapping[str, Tensor] | Tensor, h_eff: int,
                lengths: Tensor | None = None, reserve: int = 0) -> tuple[Tensor, KVCache]:
     """Logits [B, V] at each row's last real token after ``h_eff`` loops, and the cache.
@@ -155,16 +172,17 @@ def kv_prefill(model: Any, batch: Mapping[str, Tensor] | Tensor, h_eff: int,
     return F.linear(last, model.head_weight), cache
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def kv_decode_step(model: Any, cache: KVCache, tokens: Tensor) -> Tensor:
     """Append ``tokens`` [B] (one per row) and return the next-token logits [B, V]."""
     tokens = torch.as_tensor(tokens, device=cache.lengths.device).reshape(-1, 1)
     if tokens.shape[0] != cache.rows:
         raise ValueError(f"decode_step got {tokens.shape[0]} tokens for {cache.rows} rows")
     cache.begin_step()
-    batch = {"input_ids": tokens, "position_ids": cache.positions[:, None]}
-    ctx = model.context(batch, mask=cache)
-    state = model.forward_loops(model.embed(batch, ctx), 0, cache.h_eff)
-    logits = model.readout_logits(state, ctx)[:, 0]  # [B, V]
+    ctx = model.context({"input_ids": tokens, "position_ids": cache.positions[:, None]},
+                        mask=cache)  # RoPE tables [B, 1, 1, hd]
+    # The state is [B, D], one token per row: attention takes its decoding path.
+    state = model.forward_loops(model.embed(tokens[:, 0], ctx), 0, cache.h_eff)
+    logits = model.readout_logits(state, ctx)  # [B, V]
     cache.end_pass()
     return logits

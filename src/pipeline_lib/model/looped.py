@@ -317,6 +317,8 @@ class LoopedLM(nn.Module):
                 if isinstance(m, MoEFFN)]
 
     def _drop_aux_terms(self) -> None:
+        if not self.cfg.moe_experts:  # dense: nothing to drop (skips a walk over the modules)
+            return
         for _, layer in self.moe_layers():
             layer.take_aux_terms()
 

@@ -212,8 +212,8 @@ class MoEFFN(nn.Module):
         return self._experts(xs, counts, grouped=True)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, L, D = x.shape
-        flat = x.reshape(B * L, D)  # [N, D]
+        D = x.shape[-1]
+        flat = x.reshape(-1, D)  # [N, D]: every token of x [B, L, D] (or [B, D] when decoding)
         N, k = flat.shape[0], self.top_k
         top_idx, gates, probs = self.route(flat)
         flat_ids = top_idx.reshape(-1)  # [N·k]
@@ -229,7 +229,7 @@ class MoEFFN(nn.Module):
         inverse[order] = torch.arange(order.numel(), device=order.device)
         y = ys[inverse].view(N, k, D)  # back to token order
         y = (y * gates[..., None].to(y.dtype)).sum(dim=1)  # [N, D]
-        return y.view(B, L, D)
+        return y.view(x.shape)
 
     # ------------------------------------------------------------------ balancing
 
