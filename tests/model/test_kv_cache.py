@@ -113,3 +113,32 @@ def test_prefill_rejects_bad_lengths(build) -> None:
         model.prefill(torch.ones(2, 3, dtype=torch.long), 2, torch.tensor([3, 0]))
     with pytest.raises(ValueError, match="h_eff must be at least 1"):
         model.prefill(torch.ones(1, 3, dtype=torch.long), 0)
+
+
+def test_a_decoding_step_dispatches_far_fewer_operations_than_the_window() -> None:
+    """At one token a step is bound by per-call overhead, not arithmetic (README,
+    bench_generate), so the number of operator calls is what the cache's speed-up rests on:
+    a step of the default model must stay well under a 64-token window's (179 vs 296 when
+    written; the decoding path before its [B, D] form took 380, more than the window)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pipeline_lib.config import load_config
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = load_config().model
+    cfg.vocab_size = 258
+    torch.manual_seed(0)
+    model = LoopedLM(cfg).eval()
+    ids = torch.randint(1, 258, (1, 64), generator=torch.Generator().manual_seed(0))
+    logits, cache = model.prefill(ids[:, :32], cfg.loops, reserve=32)
+    with Count() as step:
+        model.decode_step(cache, logits.argmax(-1))
+    with torch.no_grad(), Count() as window:
+        model.logits_at(ids, cfg.loops)
+    assert step.calls <= 0.65 * window.calls, (step.calls, window.calls)

@@ -51,7 +51,7 @@ def test_quick_check_runs_every_check_on_the_cpu(quick) -> None:
     assert rc == 0, table
     assert table[0].startswith("device check: device cpu, resolved cpu, torch ")
     checks = result["checks"]
-    assert list(checks) == list(CHECKS) and result["quick"] is True
+    assert list(checks) == list(CHECKS) and result["quick"] is True and result["complete"]
     status = {name: c["status"] for name, c in checks.items()}
     assert status == {name: "skip" if name == "flex_attention" else "pass" for name in CHECKS}
     assert [row.split()[:2] for row in table[2:]] == [[n, s] for n, s in status.items()]
@@ -156,3 +156,24 @@ def test_the_benchmark_script_runs_every_check(tmp_path: Path) -> None:
     assert interpreted["interpreted"] is True and interpreted["triton_grad_diff"] <= 1e-4
     assert set(result["skipped"]) == {"cross_entropy.peak_memory", "flex_attention.backward",
                                       "train_throughput.mfu", "heff_sweep.vs_cpu"}
+
+
+def test_a_run_cut_short_keeps_what_it_measured(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Each finished check is written to --out at once (``complete`` false) and its row goes
+    to stderr: a device run killed by its time limit still leaves its figures."""
+    from pipeline_lib.workflow.device_check import runner
+
+    def killed(ctx):  # what a time limit's interrupt looks like to the runner
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(runner.RUNS, "kv_cache", killed)
+    out = tmp_path / "check.json"
+    with pytest.raises(KeyboardInterrupt):
+        main(["device-check", "--only", "moe_grouped_mm", "kv_cache", "--work-dir",
+              str(tmp_path / "work"), "--out", str(out), "experiment.device=cpu"])
+    partial = json.loads(out.read_text())
+    assert partial["complete"] is False and list(partial["checks"]) == ["moe_grouped_mm"]
+    assert partial["checks"]["moe_grouped_mm"]["status"] == "pass"
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1].split()[:2] == ["moe_grouped_mm", "pass"]
+    assert captured.out == ""  # stdout keeps its contract: the table and JSON come at the end

@@ -1,10 +1,13 @@
 """`device-check`: the accelerator paths on the configured device, one command (see
-:mod:`pipeline_lib.workflow.device_check`); a table, then the results as one JSON line."""
+:mod:`pipeline_lib.workflow.device_check`); a table, then the results as one JSON line.
+While it runs, each finished check prints its row on stderr and ``--out`` holds the results
+so far (``"complete": false``), so a run cut short by a time limit keeps what it measured."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -53,14 +56,22 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     device = describe_device(cfg.experiment.device)
     only = [name for name in args.only if name not in args.skip]
+
+    def write(doc: dict) -> None:
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(args.out, json.dumps(doc, indent=1) + "\n")
+
+    def progress(results: list) -> None:  # a run killed by a time limit keeps what it did
+        print(format_report(results[-1:], device).splitlines()[-1], file=sys.stderr, flush=True)
+        write(report_json(results, device, args.quick, complete=False))
+
     with tempfile.TemporaryDirectory(prefix="loopline-device-check-") as tmp:
         work = args.work_dir if args.work_dir is not None else Path(tmp)
         results = run_device_check(cfg, work, only, quick=args.quick, budget_s=args.budget_s,
-                                   peak_tflops=args.peak_tflops)
+                                   peak_tflops=args.peak_tflops, on_result=progress)
     doc = report_json(results, device, args.quick)
     print(format_report(results, device))
     print(json.dumps(doc))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(args.out, json.dumps(doc, indent=1) + "\n")
+    write(doc)
     return 1 if any(r.status == "fail" for r in results) else 0

@@ -46,11 +46,15 @@ def _run_one(name: str, ctx: Context) -> CheckResult:
 
 def run_device_check(cfg: Config, work_dir: Path, only: Sequence[str] = CHECKS, *,
                      quick: bool = False, budget_s: float = BUDGET_S,
-                     peak_tflops: float | None = None) -> list[CheckResult]:
+                     peak_tflops: float | None = None,
+                     on_result: Callable[[list[CheckResult]], None] | None = None,
+                     ) -> list[CheckResult]:
     """Run the ``only`` checks (in :data:`CHECKS` order) in ``work_dir``; one result each.
 
     ``quick``: CPU-sized workloads that skip FlexAttention's compile and the Triton
     interpreter (tests). A check that would start after ``budget_s`` seconds is skipped.
+    ``on_result(results so far)`` runs after every check, so a run cut short by a time limit
+    still leaves what it measured.
     """
     device = resolve_device(cfg.experiment.device)
     ctx = Context(check_config(cfg), device, Path(work_dir), quick=quick,
@@ -61,9 +65,11 @@ def run_device_check(cfg: Config, work_dir: Path, only: Sequence[str] = CHECKS, 
         if spent > budget_s:
             results.append(CheckResult(name, "skip", detail=f"time budget spent ({spent:.0f} s "
                                                             f"of {budget_s:.0f} s)"))
-            continue
-        log.info("device check: %s", name)
-        results.append(_run_one(name, ctx))
+        else:
+            log.info("device check: %s", name)
+            results.append(_run_one(name, ctx))
+        if on_result is not None:
+            on_result(results)
     return results
 
 
@@ -98,9 +104,10 @@ def format_report(results: Sequence[CheckResult], device: dict[str, str]) -> str
 
 
 def report_json(results: Sequence[CheckResult], device: dict[str, str],
-                quick: bool) -> dict[str, Any]:
+                quick: bool, complete: bool = True) -> dict[str, Any]:
     """The JSON document: the device, every check's status and figures, and ``skipped``
-    (``check`` or ``check.part`` → the reason it did not run)."""
+    (``check`` or ``check.part`` → the reason it did not run); ``complete`` is false in the
+    partial documents written while the checks run."""
     checks, skipped = {}, {}
     for r in results:
         checks[r.name] = {"status": r.status, **r.figures,
@@ -110,4 +117,5 @@ def report_json(results: Sequence[CheckResult], device: dict[str, str],
             skipped[r.name] = r.detail
         skipped.update({f"{r.name}.{part}": why for part, why in r.skipped.items()})
     seconds = round(sum(float(r.figures.get("seconds", 0.0)) for r in results), 1)
-    return {**device, "quick": quick, "seconds": seconds, "checks": checks, "skipped": skipped}
+    return {**device, "quick": quick, "complete": complete, "seconds": seconds,
+            "checks": checks, "skipped": skipped}
