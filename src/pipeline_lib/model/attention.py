@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +32,14 @@ from .flex import (
 )
 from .layers import apply_rope
 
-if TYPE_CHECKING:
-    from .kv_cache import KVCache
-
 log = logging.getLogger(__name__)
+
+
+class AttendsCached(Protocol):
+    """What attention needs of a KV cache (:class:`~.kv_cache.KVCache`): keep this call's
+    keys and values, then attend over every cached one."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
 
 
 def resolve_attention_kernel(requested: str, device: torch.device) -> str:
@@ -109,7 +113,7 @@ class Attention(nn.Module):
         self.out = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor],
-                mask: DocumentMask | KVCache) -> Tensor:
+                mask: DocumentMask | AttendsCached) -> Tensor:
         """x [B, L, D] → [B, L, D]; a decoding step passes x [B, D] (one token per row) and
         its KV cache as ``mask``."""
         if x.dim() == 2:
@@ -127,7 +131,7 @@ class Attention(nn.Module):
             y = mask.attend(q, k, v)
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
-    def _decode(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache) -> Tensor:
+    def _decode(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: AttendsCached) -> Tensor:
         """One new token per row, x [B, D]: the same arithmetic as :meth:`forward` on
         [B, 1, D], in the fewer operations a single token allows (decoding is bound by
         per-operation overhead, not arithmetic)."""
