@@ -1,7 +1,7 @@
 """The Hugging Face export of a snapshot: its files, loading it with transformers alone (no
 loopline importable), logits equal to LoopedLM's at H_eff 1, 4 and 8 for dense and MoE
-models, ``generate(num_loops=…)`` equal to loopline's greedy decoding, and sharded snapshots
-exporting the same weights as unsharded ones."""
+models, ``generate(num_loops=…)`` equal to loopline's greedy decoding, its KV cache equal to
+recomputing the window, and sharded snapshots exporting the same weights as unsharded ones."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_export_holds_the_hf_files_and_the_loop_count(exports) -> None:
     assert config["loopline"] == {"snapshot": str(snap.resolve()), "step": 5, "weights": "model",
                                   "train_loops": 3, "seq_len": SEQ_LEN}
     assert json.loads((out / "generation_config.json").read_text()) == {
-        "eos_token_id": 256, "pad_token_id": 257, "do_sample": False, "use_cache": False}
+        "eos_token_id": 256, "pad_token_id": 257, "do_sample": False, "use_cache": True}
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert tok_config["split_special_tokens"] is True
@@ -94,6 +94,29 @@ def test_transformers_alone_loads_the_export_with_loopline_logits(exports, tmp_p
         assert got["prompt_ids"] == tok.encode("a=1;b=").ids
         assert got["generated_text"] == ours.text, name
         assert got["generated_ids"][:len(ours.ids)] == ours.ids and len(ours.ids) == 6
+
+
+@pytest.mark.slow
+def test_the_exports_kv_cache_generates_what_recomputing_the_window_does(exports,
+                                                                        tmp_path) -> None:
+    """transformers' generate() with the export's own cache (LoopKVCache) against
+    use_cache=False on left-padded rows: the same tokens greedy (at the training loop count,
+    fewer and more), with beam search (the cache reorders) and seeded sampling; the cached
+    steps' logits equal one forward pass over the finished sequences within 1e-5."""
+    loops = [4, 1, 7]
+    request = {"exports": [{"dir": str(out), "ids": [[1, 2]], "loops": [],
+                            "cache": {"prompts": ["a=1;b=", "x=12;y=3;z=a;"], "loops": loops,
+                                      "max_new": 10}}
+                           for _, _, out in exports.values()]}
+    answer = run_hf_worker(request, tmp_path)
+    assert answer["pipeline_lib_modules"] == []
+    for name, got in zip(exports, answer["answers"], strict=True):
+        cache = got["cache"]
+        assert cache["identical"] == {**{f"greedy_{h}": True for h in loops}, "beam": True,
+                                      "sample": True}, name
+        assert cache["cache_class"] == "LoopKVCache"
+        assert cache["cached_tokens"] == 13 + 10 - 1  # the last token is never fed back
+        assert cache["max_logit_diff"] <= 1e-5, name
 
 
 def test_sharded_snapshot_exports_the_weights_of_its_unsharded_twin(exports, tmp_path) -> None:

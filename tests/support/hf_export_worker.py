@@ -2,7 +2,7 @@
 imported, and answer with their logits, generations and loading info.
 
 Run as ``python hf_export_worker.py REQUEST.json ANSWER.json``. The request lists exports
-(``{"dir", "ids", "loops", "generate"}``); any import of ``pipeline_lib`` fails here (a
+(``{"dir", "ids", "loops", "generate", "cache"}``); any import of ``pipeline_lib`` fails here (a
 meta-path finder refuses it and src/ directories are dropped from sys.path), and the answer
 records that it never got into ``sys.modules``.
 """
@@ -45,7 +45,42 @@ def _answer(item: dict) -> dict:
         out["generated_ids"] = new.tolist()
         out["generated_text"] = tok.decode(new, skip_special_tokens=True)
         out["prompt_ids"] = prompt["input_ids"][0].tolist()
+    if item.get("cache"):
+        out["cache"] = _cache_answer(model, AutoTokenizer.from_pretrained(item["dir"]),
+                                     item["cache"])
     return out
+
+
+def _cache_answer(model, tok, ask: dict) -> dict:
+    """generate() with the model's KV cache against use_cache=False on a left-padded batch
+    (greedy at each loop count, beam search, seeded sampling), and the logits of the cached
+    steps against one forward pass over the finished sequences."""
+    import torch
+
+    tok.padding_side = "left"
+    enc = tok(ask["prompts"], return_tensors="pt", padding=True)
+    new = ask["max_new"]
+
+    def both(seed: int = 0, **kw) -> bool:
+        runs = []
+        for use_cache in (True, False):
+            torch.manual_seed(seed)
+            runs.append(model.generate(**enc, max_new_tokens=new, use_cache=use_cache, **kw))
+        return torch.equal(*runs)
+
+    same = {f"greedy_{h}": both(num_loops=h, do_sample=False) for h in ask["loops"]}
+    same["beam"] = both(num_loops=ask["loops"][0], num_beams=3, do_sample=False)
+    same["sample"] = both(seed=1, num_loops=ask["loops"][0], do_sample=True, top_p=0.9)
+    gen = model.generate(**enc, num_loops=ask["loops"][0], max_new_tokens=new, do_sample=False,
+                         eos_token_id=None, return_dict_in_generate=True, output_logits=True)
+    mask = torch.cat([enc["attention_mask"], enc["attention_mask"].new_ones(len(enc["input_ids"]),
+                                                                              new)], dim=1)
+    with torch.no_grad():
+        full = model(gen.sequences, attention_mask=mask, num_loops=ask["loops"][0]).logits
+    start = enc["input_ids"].shape[1] - 1
+    diff = (torch.stack(gen.logits, dim=1) - full[:, start:start + new]).abs().max()
+    return {"identical": same, "cache_class": type(gen.cache).__name__,
+            "cached_tokens": gen.cache.get_seq_length(), "max_logit_diff": diff.item()}
 
 
 def main(request_path: str, answer_path: str) -> None:

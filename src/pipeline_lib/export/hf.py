@@ -3,7 +3,7 @@
 ``export_snapshot(snapshot, out)`` writes::
 
     config.json              LooplineConfig fields, auto_map → modeling_loopline.py
-    generation_config.json   EOS/PAD ids, greedy, no KV cache
+    generation_config.json   EOS/PAD ids, greedy, KV cache on
     model.safetensors        the LoopedLM state dict (EMA weights with use_ema), fp32
     modeling_loopline.py     the model for transformers (torch + transformers only)
     tokenizer.json  tokenizer_config.json  special_tokens_map.json   (PreTrainedTokenizerFast)
@@ -121,7 +121,7 @@ def _write_export(tmp: Path, loaded: Any, provenance: dict[str, Any]) -> None:
     (tmp / CONFIG_JSON).write_text(json.dumps(config, indent=2) + "\n")
     generation = {"eos_token_id": config["eos_token_id"],
                   "pad_token_id": config["pad_token_id"], "do_sample": False,
-                  "use_cache": False}
+                  "use_cache": True}
     (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
     for name, text in tokenizer_files(tok, loaded.seq_len).items():

@@ -17,7 +17,13 @@ weights are its state dict as is. Logits equal ``LoopedLM.logits_at`` (fp32, tes
 
 ``attention_mask`` marks padding (left or right): padded keys are never attended to and
 positions count real tokens only, so a padded row gives the logits of the unpadded one.
-No KV cache: every generation step recomputes the whole window (small models, short texts).
+
+``generate`` keeps a KV cache (:class:`LoopKVCache`, ``use_cache``, on by default): the keys
+and values of every attention call — prelude blocks, each core block once per loop (every
+loop sees a different state), coda blocks — so each step runs only the new token. A cache
+is bound to the loop count it was filled with. Greedy, sampling, beam search (the cache
+reorders) and assisted decoding (it crops) work with it; ``use_cache=False`` recomputes the
+window every step.
 """
 
 from __future__ import annotations
@@ -86,6 +92,58 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
+class LoopKVCache:
+    """Keys and values [B, H, T, hd] of every attention call of a forward pass, in call order
+    (prelude blocks; core blocks, loop by loop; coda blocks), for one loop count.
+
+    A forward pass calls :meth:`update` once per attention call, in the same order every
+    time: the call's new keys and values are appended and all of them returned.
+    """
+
+    is_compileable = False  # generate() must not try to compile around it
+    is_croppable = True
+
+    def __init__(self, num_loops: int) -> None:
+        self.num_loops = num_loops
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._call = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens cached so far."""
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def begin_pass(self, num_loops: int) -> int:
+        """Start a forward pass at ``num_loops``; returns the tokens already cached."""
+        if num_loops != self.num_loops:
+            raise ValueError(f"this cache holds {self.num_loops} loops; the pass asks for "
+                             f"{num_loops} (start a new cache for another loop count)")
+        self._call = 0
+        return self.get_seq_length()
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this call's k, v [B, H, L, hd]; all keys and values of the call so far."""
+        i, self._call = self._call, self._call + 1
+        if i == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[i] = torch.cat([self.keys[i], k], dim=2)
+            self.values[i] = torch.cat([self.values[i], v], dim=2)
+        return self.keys[i], self.values[i]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Keep the rows ``beam_idx`` (beam search)."""
+        self.keys = [k.index_select(0, beam_idx.to(k.device)) for k in self.keys]
+        self.values = [v.index_select(0, beam_idx.to(v.device)) for v in self.values]
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first ``max_length`` tokens (negative: drop that many from the end)."""
+        keep = max_length if max_length >= 0 else self.get_seq_length() + max_length
+        self.keys = [k[:, :, :keep] for k in self.keys]
+        self.values = [v[:, :, :keep] for v in self.values]
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with RoPE, fused q/k/v projection, no biases."""
 
@@ -96,11 +154,13 @@ class Attention(nn.Module):
         self.out = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor) -> torch.Tensor:
+                mask: torch.Tensor, cache: LoopKVCache | None = None) -> torch.Tensor:
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, self.head_dim).unbind(2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, L, hd]
+        if cache is not None:  # the cached tokens' keys and values come first
+            k, v = cache.update(k, v)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
@@ -164,8 +224,8 @@ class Block(nn.Module):
             self.ffn = SwiGLU(d, config.intermediate_size)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, mask)
+                mask: torch.Tensor, cache: LoopKVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, mask, cache)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -189,22 +249,25 @@ class LooplinePreTrainedModel(PreTrainedModel):
 
 
 def padding_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                   position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions [B, L], attention mask [B, 1, L, L] bool) of a causal, maybe padded batch.
+                   position_ids: torch.Tensor | None, past: int = 0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions [B, L], attention mask [B, 1, L, past + L] bool) of a causal, maybe padded
+    batch whose first ``past`` tokens are cached (``attention_mask`` covers all of them).
 
     A query attends to earlier real tokens; a padding query to itself only (stays finite).
     """
     B, L = input_ids.shape
-    dev = input_ids.device
-    mask = torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None].expand(B, L, L)
+    T, dev = past + L, input_ids.device
+    mask = torch.ones(L, T, dtype=torch.bool, device=dev).tril(past)[None].expand(B, L, T)
     if attention_mask is None:
-        positions = torch.arange(L, device=dev).expand(B, L)
+        positions = torch.arange(past, T, device=dev).expand(B, L)
     else:
-        real = attention_mask.to(dev).bool()  # [B, L]
-        positions = (real.long().cumsum(-1) - 1).clamp_min(0)
-        mask = (mask & real[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)
+        real = attention_mask.to(dev).bool()[:, -T:]  # [B, T]
+        positions = (real.long().cumsum(-1) - 1).clamp_min(0)[:, past:]
+        itself = torch.eye(L, T, dtype=torch.bool, device=dev).roll(past, dims=1)
+        mask = (mask & real[:, None, :]) | itself
     if position_ids is not None:
-        positions = position_ids.to(dev)
+        positions = position_ids.to(dev)[:, -L:]
     return positions, mask[:, None]
 
 
@@ -237,7 +300,8 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Module | None:
         return self.head
 
-    def _loop(self, state: torch.Tensor, e: torch.Tensor, t: int, rope, mask) -> torch.Tensor:
+    def _loop(self, state: torch.Tensor, e: torch.Tensor, t: int, rope, mask,
+              cache: LoopKVCache | None) -> torch.Tensor:
         if self.injection_proj is not None:
             x = self.injection_proj(torch.cat([state, e], dim=-1))
         else:
@@ -245,43 +309,57 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
         if self.step_emb is not None:  # loops past the table reuse its last row
             x = x + self.step_emb.weight[min(t, self.step_emb.num_embeddings - 1)]
         for block in self.core:
-            x = block(x, rope, mask)
+            x = block(x, rope, mask, cache)
         return x
 
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None,
                 labels: torch.LongTensor | None = None, num_loops: int | None = None,
+                cache: LoopKVCache | None = None, use_cache: bool | None = None,
                 **kwargs) -> CausalLMOutputWithPast:
         """Logits [B, L, V] after ``num_loops`` core loops (default ``config.num_loops``);
-        with ``labels`` also the mean next-token loss (labels shifted inside, -100 ignored)."""
+        with ``labels`` also the mean next-token loss (labels shifted inside, -100 ignored).
+
+        ``cache``: a :class:`LoopKVCache` holding the tokens before ``input_ids`` (whose
+        ``attention_mask`` then covers the cached tokens too); ``use_cache=True`` starts one
+        when none is given. The output's ``cache`` is the cache after this pass."""
         loops = int(self.config.num_loops if num_loops is None else num_loops)
         if loops < 1:
             raise ValueError(f"num_loops must be at least 1, got {num_loops}")
-        positions, mask = padding_inputs(input_ids, attention_mask, position_ids)
+        if cache is None and use_cache:
+            cache = LoopKVCache(loops)
+        past = 0 if cache is None else cache.begin_pass(loops)
+        positions, mask = padding_inputs(input_ids, attention_mask, position_ids, past)
         cfg = self.config
         rope = rope_tables(positions, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta)
         e = self.tok_emb(input_ids)  # [B, L, D]
         for block in self.prelude:
-            e = block(e, rope, mask)
+            e = block(e, rope, mask, cache)
         state = torch.zeros_like(e) if cfg.state_init == "zeros" else e
         for t in range(loops):
-            state = self._loop(state, e, t, rope, mask)
+            state = self._loop(state, e, t, rope, mask, cache)
         for block in self.coda:
-            state = block(state, rope, mask)
+            state = block(state, rope, mask, cache)
         head = self.tok_emb.weight if self.head is None else self.head.weight
         logits = F.linear(self.norm(state), head)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
                                    labels[:, 1:].flatten().to(logits.device), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor,
                                       attention_mask: torch.Tensor | None = None,
-                                      num_loops: int | None = None, **kwargs) -> dict:
-        """The whole sequence every step (no cache), its mask and the loop count."""
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "num_loops": num_loops}
+                                      num_loops: int | None = None,
+                                      cache: LoopKVCache | None = None,
+                                      use_cache: bool | None = None, **kwargs) -> dict:
+        """The tokens not yet cached (all of them without a cache), the whole mask, the loop
+        count and the cache (``use_cache`` starts one on the first step)."""
+        if cache is not None:
+            input_ids = input_ids[:, cache.get_seq_length():]
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "num_loops": num_loops,
+                "cache": cache, "use_cache": use_cache}
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # generate() must not build a KV cache this model would ignore
+        return False  # the model keeps its own cache (LoopKVCache), not transformers' layers
