@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
 
-.PHONY: demo depth-long results test test-fast lint bench ui ui-screenshot clean install schema
+.PHONY: demo depth-long results device-results test test-fast lint bench ui ui-screenshot clean install schema
 
 install: $(STAMP)
 
@@ -35,6 +35,12 @@ depth-long: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/depth_long.yaml
 	$(BIN)/python -m pipeline_lib results-doc --results results_long --readme README.md \
 	  --docs docs/results_long --section depth-long
+
+# README's device section from a device check's JSON (run on the device with
+# `python benchmarks/device_check.py --out docs/device/device_check.json`, then copied here).
+DEVICE_REPORT ?= docs/device/device_check.json
+device-results: $(STAMP)
+	$(BIN)/python -m pipeline_lib device-results --report $(DEVICE_REPORT) --readme README.md
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

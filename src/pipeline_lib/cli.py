@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "results_doc",
     "schema",
     "device_check",
+    "device_results",
 ]
 
 

@@ -177,3 +177,66 @@ def test_a_run_cut_short_keeps_what_it_measured(tmp_path: Path, monkeypatch, cap
     captured = capsys.readouterr()
     assert captured.err.splitlines()[-1].split()[:2] == ["moe_grouped_mm", "pass"]
     assert captured.out == ""  # stdout keeps its contract: the table and JSON come at the end
+
+
+def _readme(tmp_path: Path) -> Path:
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n\ntext\n<!-- results:device:begin -->\nold\n"
+                      "<!-- results:device:end -->\nafter\n")
+    return readme
+
+
+def test_device_results_write_the_cpu_report_without_gpu_figures(quick, tmp_path) -> None:
+    """`device-results` turns a check's JSON into README's section: a stamp with the commit
+    and device, every GPU target "not measured" on the CPU, a row per check."""
+    _, _, result, work = quick
+    readme = _readme(tmp_path)
+    assert main(["device-results", "--report", str(work / "report" / "check.json"),
+                 "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# title\n\ntext\n<!-- results:device:begin -->\n")
+    assert text.endswith("<!-- results:device:end -->\nafter\n") and "\nold\n" not in text
+    section = text.split("<!-- results:device:begin -->")[1]
+    assert f"the device check of commit `{result['commit']}` on {result['date']}" in section
+    assert "device: cpu (`cpu`)" in section and "10 pass, 1 skip" in section
+    assert section.count("| not measured (device: cpu) | — |") == 5
+    for name in CHECKS:
+        assert f"| `{name}` | " in section
+    assert "mfu: no bf16 peak for a cpu device" in section
+
+
+def test_device_results_judge_each_gpu_target(quick, tmp_path) -> None:
+    """On a CUDA report every target row shows what was measured and whether it holds."""
+    from pipeline_lib.workflow.device_check.doc import device_markdown
+
+    doc = json.loads(json.dumps(quick[2]))
+    doc.update(resolved="cuda:0", name="NVIDIA H200", complete=False)
+    checks = doc["checks"]
+    checks["train_throughput"]["mfu"] = 0.43
+    checks["cross_entropy"]["shapes"] = [
+        {"v": 32768, "triton_speedup_vs_eager": 1.8, "triton_peak_ratio": 0.05},
+        {"v": 131072, "triton_speedup_vs_eager": 1.4, "triton_peak_ratio": 0.04}]
+    checks["flex_attention"]["kernel_alone"] = {"flex_speedup": 1.2}
+    del checks["heff_sweep"]["status"]
+    section = device_markdown(doc, "x.json")
+    rows = {line.split(" | ")[0]: line for line in section.splitlines() if line.startswith("| `")}
+    assert rows["| `train_throughput.mfu` (bf16; stated for d_model 1024, the check runs 768)"
+                ].endswith("| 0.43 | ✓ |")
+    speed = next(r for k, r in rows.items() if "triton_speedup_vs_eager" in k)
+    assert speed.endswith("| 1.8 / 1.4 | ✗ |")  # one vocabulary misses the bar
+    peak = next(r for k, r in rows.items() if "triton_peak_ratio" in k)
+    assert peak.endswith("| 0.05 / 0.04 | ✓ |")
+    assert next(r for k, r in rows.items() if "flex_speedup" in k).endswith("| 1.2 | ✓ |")
+    assert next(r for k, r in rows.items() if "speedup_vs_cpu" in k).endswith(
+        "| not in the report (check failed or skipped) | — |")
+    assert "device: NVIDIA H200 (`cuda:0`)" in section and "cut short: partial results" in section
+
+
+def test_device_results_refuse_a_file_that_is_no_report(tmp_path, capsys) -> None:
+    readme = _readme(tmp_path)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"checks": {}}')
+    assert main(["device-results", "--report", str(bad), "--readme", str(readme)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lacks resolved, torch: not a device check report" in err[0]
+    assert "\nold\n" in readme.read_text()  # nothing written

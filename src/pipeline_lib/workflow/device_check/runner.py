@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +76,28 @@ def run_device_check(cfg: Config, work_dir: Path, only: Sequence[str] = CHECKS, 
     return results
 
 
+def _commit() -> str:
+    """The checkout's commit: ``LOOPLINE_COMMIT`` (a copy of the tree without .git, as on a
+    lent device machine), else ``git rev-parse``, else "unknown"."""
+    if os.environ.get("LOOPLINE_COMMIT"):
+        return os.environ["LOOPLINE_COMMIT"]
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30, cwd=Path(__file__).parent)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
 def describe_device(name: str) -> dict[str, str]:
-    """``experiment.device``, what it resolved to, its model name (CUDA) and torch's version."""
+    """``experiment.device``, what it resolved to, its model name (CUDA), torch's version,
+    the commit checked and the date (UTC)."""
     device = resolve_device(name)
     info = {"device": name, "resolved": str(device), "torch": torch.__version__}
     if device.type == "cuda":
         info["name"] = torch.cuda.get_device_name(device)
+    info["commit"] = _commit()
+    info["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return info
 
 
