@@ -84,7 +84,7 @@ SHAPE_FIGURES = ("v", "dtype", "eager_ms", "torch_ms", "triton_ms", "triton_spee
 
 def _brief(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.3g}"
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k} {_brief(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list) and value and isinstance(value[0], dict):
