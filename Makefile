@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
 
-.PHONY: demo depth-long results device-results test test-fast lint bench ui ui-screenshot clean install schema
+.PHONY: demo depth-long results device-results device-wheels test test-fast lint bench ui ui-screenshot clean install schema
 
 install: $(STAMP)
 
@@ -41,6 +41,12 @@ depth-long: $(STAMP)
 DEVICE_REPORT ?= docs/device/device_check.json
 device-results: $(STAMP)
 	$(BIN)/python -m pipeline_lib device-results --report $(DEVICE_REPORT) --readme README.md
+
+# The one wheel scripts/device_check_from_source.sh carries to a GPU machine that has CUDA
+# torch but not loopline's dependencies (its Python: 3.12).
+device-wheels: $(STAMP)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 -d .whl omegaconf==2.4.0
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

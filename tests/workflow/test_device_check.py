@@ -240,3 +240,15 @@ def test_device_results_refuse_a_file_that_is_no_report(tmp_path, capsys) -> Non
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "lacks resolved, torch: not a device check report" in err[0]
     assert "\nold\n" in readme.read_text()  # nothing written
+
+
+def test_bf16_fsdp_segment_is_judged_by_the_bf16_tolerance(tmp_path, capsys) -> None:
+    """In bf16, FSDP2's bf16 parameters and one device's autocast round differently, so the
+    one-rank FSDP2 segment is held to bf16's tolerance, not to bit-identity (which the fp32
+    check on the CPU still demands)."""
+    rc = main(["device-check", "--only", "fsdp_segment", "--quick", "--work-dir", str(tmp_path),
+               "experiment.device=cpu", "experiment.precision=bf16"])
+    _, result = report(capsys)
+    fsdp = result["checks"]["fsdp_segment"]
+    assert rc == 0 and fsdp["status"] == "pass", fsdp
+    assert fsdp["sharded"] is True and 0 < fsdp["max_weight_diff"] <= 3e-2

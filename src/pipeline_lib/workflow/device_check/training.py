@@ -66,10 +66,11 @@ def _compare_runs(reference: Path, other: Path) -> dict[str, Any]:
             "max_weight_diff": weight_diff, "tensors": len(wa)}
 
 
-def _judged(name: str, ctx: Context, figures: dict[str, Any], what: str) -> CheckResult:
-    """Bit-identical required on the CPU; elsewhere losses (relative) and weights (absolute)
-    within the precision's tolerance."""
-    if ctx.device.type == "cpu":
+def _judged(name: str, ctx: Context, figures: dict[str, Any], what: str,
+            exact: bool) -> CheckResult:
+    """Bit-identical required where ``exact``; elsewhere losses (relative) and weights
+    (absolute) within the precision's tolerance."""
+    if exact:
         ok = figures["identical"]
     else:
         tol = ctx.tolerance()
@@ -94,7 +95,7 @@ def snapshot_resume(ctx: Context) -> CheckResult:
                **_compare_runs(whole, split)}
     figures["losses_identical"] = figures["max_loss_diff"] == 0.0
     return _judged("snapshot_resume", ctx, figures,
-                   "2 + 2 steps differ from 4 steps in one segment")
+                   "2 + 2 steps differ from 4 steps in one segment", ctx.device.type == "cpu")
 
 
 def fsdp_segment(ctx: Context) -> CheckResult:
@@ -127,7 +128,11 @@ def fsdp_segment(ctx: Context) -> CheckResult:
     verify_snapshot(out)
     figures = {"backend": backend, "world_size": 1, "sharded": (out / "model_dcp").is_dir(),
                **_compare_runs(whole, out)}
-    result = _judged("fsdp_segment", ctx, figures, "the FSDP2 run differs from the unsharded one")
+    # bit-identical on the CPU in fp32; in bf16 FSDP2's bf16 parameters and the unsharded
+    # run's autocast round differently
+    exact = ctx.device.type == "cpu" and ctx.precision == "fp32"
+    result = _judged("fsdp_segment", ctx, figures, "the FSDP2 run differs from the unsharded one",
+                     exact)
     if not figures["sharded"]:
         result.status, result.detail = "fail", "the snapshot is not sharded (no model_dcp/)"
     return result
