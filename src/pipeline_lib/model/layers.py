@@ -61,7 +61,8 @@ def _rope_table(positions: int, head_dim: int, theta: float,
     half = head_dim // 2
     inv_freq = 1.0 / (theta ** (torch.arange(half, dtype=torch.float64) / half))
     angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq  # [P, half]
-    return tuple(t.to(device) for t in _signed_tables(angles))  # type: ignore[return-value]
+    cos, sin = _signed_tables(angles)
+    return cos.to(device), sin.to(device)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
