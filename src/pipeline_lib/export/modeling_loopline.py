@@ -21,8 +21,8 @@ positions count real tokens only, so a padded row gives the logits of the unpadd
 ``generate`` keeps a KV cache (:class:`LoopKVCache`, ``use_cache``, on by default): the keys
 and values of every attention call — prelude blocks, each core block once per loop (every
 loop sees a different state), coda blocks — so each step runs only the new token. A cache
-is bound to the loop count it was filled with. Greedy, sampling, beam search (the cache
-reorders) and assisted decoding (it crops) work with it; ``use_cache=False`` recomputes the
+is bound to the loop count it was filled with. Greedy, sampling and beam search (the cache
+reorders) work with it; assisted decoding does not; ``use_cache=False`` recomputes the
 window every step.
 """
 
@@ -101,7 +101,7 @@ class LoopKVCache:
     """
 
     is_compileable = False  # generate() must not try to compile around it
-    is_croppable = True
+    is_croppable = False  # assisted decoding, which crops, is not supported
 
     def __init__(self, num_loops: int) -> None:
         self.num_loops = num_loops
@@ -136,12 +136,6 @@ class LoopKVCache:
         """Keep the rows ``beam_idx`` (beam search)."""
         self.keys = [k.index_select(0, beam_idx.to(k.device)) for k in self.keys]
         self.values = [v.index_select(0, beam_idx.to(v.device)) for v in self.values]
-
-    def crop(self, max_length: int) -> None:
-        """Keep the first ``max_length`` tokens (negative: drop that many from the end)."""
-        keep = max_length if max_length >= 0 else self.get_seq_length() + max_length
-        self.keys = [k[:, :, :keep] for k in self.keys]
-        self.values = [v[:, :, :keep] for v in self.values]
 
 
 class Attention(nn.Module):
