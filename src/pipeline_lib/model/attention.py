@@ -117,6 +117,7 @@ class Attention(nn.Module):
         """x [B, L, D] → [B, L, D]; a decoding step passes x [B, D] (one token per row) and
         its KV cache as ``mask``."""
         if x.dim() == 2:
+            assert not isinstance(mask, DocumentMask), "a [B, D] state decodes with a KV cache"
             return self._decode(x, rope, mask)
         B, L, D = x.shape  # batch, tokens, channels
         H = self.n_heads
