@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -29,29 +27,14 @@ import torch
 from pipeline_lib.config import load_config
 from pipeline_lib.model.generate import greedy_generate
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.provenance import cpu_model, git_output
 
 BYTE_VOCAB = 258
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    return f"{cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
 
 
 def measure(model: LoopedLM, batch: int, args: argparse.Namespace) -> dict[str, float]:
@@ -108,7 +91,7 @@ def main() -> None:
     cfg.d_model = default_width
     result = {"speedup": min(r["speedup"] for r in rows), "rows": rows,
               "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens,
-              "h_eff": args.h_eff, "repeats": args.repeats, "commit": _commit(),
+              "h_eff": args.h_eff, "repeats": args.repeats, "commit": git_output(ROOT, "rev-parse", "--short", "HEAD") or "unknown",
               "machine": _machine(), "date": time.strftime("%Y-%m-%d"),
               "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "prelude_layers",
                                                      "core_layers", "coda_layers", "loops")}}

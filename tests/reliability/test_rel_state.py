@@ -23,15 +23,13 @@ import yaml
 from support.rel_state_helpers import (
     CONFIG,
     KEPT,
-    ROOT,
     RUN,
-    SNAKEMAKE,
     failure_report,
-    job_counts,
     runs_by_stage,
     snakemake,
     store,
 )
+from support.workflow_runs import ROOT, SNAKEMAKE, job_counts
 
 from pipeline_lib.config import Config, ExperimentConfig, TrackingConfig
 from pipeline_lib.tracking import init_parent_run, start_stage

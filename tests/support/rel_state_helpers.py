@@ -3,14 +3,12 @@ the smallest one-variant pipeline, a Snakemake runner, an MLflow reader."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+from . import workflow_runs
+
 RUN = "solo"
 SEGMENT_ENDS = [2, 4, 6]
 KEPT = [4, 6]  # keep_last 2 (+ final); step 2 is a temporary snapshot
@@ -49,33 +47,14 @@ runs:
 def snakemake(workdir: Path, *args: str, configs: tuple[Path, ...] = (),
               timeout: int = 900) -> subprocess.CompletedProcess:
     """``snakemake --directory workdir --configfile workdir/config.yaml [configs] …``."""
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "HF_HOME": str(workdir / ".hf"), "OMP_NUM_THREADS": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [str(SNAKEMAKE), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(workdir / "config.yaml"), *map(str, configs), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=workdir)
+    return workflow_runs.snakemake(workdir, *args, extra_configs=configs, timeout=timeout,
+                                   config=workdir / "config.yaml")
 
 
 def failure_report(workdir: Path, result: subprocess.CompletedProcess) -> str:
     logs = "\n".join(f"== {p}\n{p.read_text()[-2000:]}"
                      for p in sorted((workdir / "logs").rglob("*.log")))
     return f"{result.stderr[-5000:]}\n{logs[-10000:]}"
-
-
-def job_counts(output: str) -> dict[str, int]:
-    """Job counts from the 'Job stats' table Snakemake prints (dry run or real)."""
-    lines = output.splitlines()
-    if "Job stats:" not in lines:
-        return {}
-    jobs = {}
-    for line in lines[lines.index("Job stats:") + 3:]:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        jobs[parts[0]] = int(parts[1])
-    return jobs
 
 
 def store(workdir: Path) -> Any:

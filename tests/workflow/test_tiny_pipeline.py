@@ -8,25 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.workflow_runs import snakemake
+from support.workflow_runs import job_counts, snakemake
 
 pytestmark = pytest.mark.slow
 RUNS = ("loops1", "loops2")
 KEPT = [20, 30]  # tiny.yaml: 30 steps, segments of 10, keep_last 2 (+ final)
-
-
-def _jobs(dry_run_output: str) -> dict[str, int]:
-    """Job counts from a dry run's 'Job stats' table."""
-    lines = dry_run_output.splitlines()
-    jobs = {}
-    if "Job stats:" not in lines:
-        return jobs
-    for line in lines[lines.index("Job stats:") + 3:]:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        jobs[parts[0]] = int(parts[1])
-    return jobs
 
 
 def test_segments_and_rotation(tiny_pipeline: Path):
@@ -76,7 +62,7 @@ def test_changing_eval_settings_retrains_nothing(tiny_pipeline: Path, tmp_path: 
     extra.write_text("eval:\n  max_tokens: 1024\n")
     result = snakemake(tiny_pipeline, "--cores", "1", "-n", extra_configs=(extra,))
     assert result.returncode == 0, result.stderr[-3000:]
-    jobs = _jobs(result.stdout)
+    jobs = job_counts(result.stdout)
     assert jobs.get("eval_heff") == 4
     assert not any(name.startswith("train_segment") for name in jobs), jobs
 
@@ -84,7 +70,7 @@ def test_changing_eval_settings_retrains_nothing(tiny_pipeline: Path, tmp_path: 
 def test_forcerun_eval_heff_reruns_only_the_sweep(tiny_pipeline: Path):
     result = snakemake(tiny_pipeline, "--cores", "1", "-n", "--forcerun", "eval_heff")
     assert result.returncode == 0, result.stderr[-3000:]
-    jobs = _jobs(result.stdout)
+    jobs = job_counts(result.stdout)
     # track_done: the runs' parent runs end (FINISHED) again once their sweeps are rebuilt
     assert set(jobs) == {"eval_heff", "summarize_heff", "track_done", "compare_runs", "all"}, jobs
 

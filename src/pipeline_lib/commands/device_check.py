@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from ..workflow.device_check import (
         describe_device,
         format_report,
+        format_row,
         report_json,
         run_device_check,
     )
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             write_text_atomic(args.out, json.dumps(doc, indent=1) + "\n")
 
     def progress(results: list) -> None:  # a run killed by a time limit keeps what it did
-        print(format_report(results[-1:], device).splitlines()[-1], file=sys.stderr, flush=True)
+        print(format_row(results[-1]), file=sys.stderr, flush=True)
         write(report_json(results, device, args.quick, complete=False))
 
     with tempfile.TemporaryDirectory(prefix="loopline-device-check-") as tmp:

@@ -76,8 +76,7 @@ class KVCache:
         self.values: list[Tensor] = []
         self._prefill_mask: DocumentMask | None = doc_mask
         self._column: Tensor | None = None  # decoding: [B, H, 1, hd] index of the new column
-        self._used = 0  # decoding: columns up to the longest row's new token
-        self._bias_used: Tensor | None = None  # decoding: bias[..., :_used]
+        self._visible: Tensor | None = None  # decoding: the bias up to the longest row's token
         self._slot = 0
 
     @property
@@ -90,16 +89,17 @@ class KVCache:
         self._slot += 1
         if self._prefill_mask is not None:  # prefill: keep the keys and values, attend as usual
             assert slot == len(self.keys), "prefill runs each attention call once"
-            self.bias = self.bias.to(k.dtype)  # SDPA wants the mask in the query's dtype
+            if slot == 0:
+                self.bias = self.bias.to(k.dtype)  # SDPA wants the mask in the query's dtype
             self.keys.append(_grown(k, self.capacity))
             self.values.append(_grown(v, self.capacity))
             return document_attention(q, k, v, self._prefill_mask)
         keys, values = self.keys[slot], self.values[slot]
         keys.scatter_(2, self._column, k.to(keys.dtype))
         values.scatter_(2, self._column, v.to(values.dtype))
-        used = self._used  # columns past every row's new token are never visible: skip them
+        used = self._visible.shape[-1]  # later columns are never visible: skip them
         return F.scaled_dot_product_attention(q, keys[:, :, :used], values[:, :, :used],
-                                              attn_mask=self._bias_used)
+                                              attn_mask=self._visible)
 
     def begin_step(self) -> None:
         """Before a decoding pass: room for one more column, made visible to its row."""
@@ -112,8 +112,7 @@ class KVCache:
             self.capacity = capacity
         column = self.lengths.view(-1, 1, 1, 1)
         self.bias.scatter_(3, column, 0.0)
-        self._used = needed
-        self._bias_used = self.bias[..., :needed]
+        self._visible = self.bias[..., :needed]
         _, heads, _, head_dim = self.keys[0].shape
         self._column = column.expand(-1, heads, 1, head_dim)
         self._slot = 0

@@ -37,9 +37,10 @@ from .runner import (
     CHECKS,
     describe_device,
     format_report,
+    format_row,
     report_json,
     run_device_check,
 )
 
 __all__ = ["BUDGET_S", "CHECKS", "CheckResult", "check_config", "describe_device",
-           "format_report", "report_json", "run_device_check"]
+           "format_report", "format_row", "report_json", "run_device_check"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ import torch
 
 from ...config import Config
 from ...device import resolve_device
+from ...provenance import git_output
 from .core import CheckResult, Context, Sizes, check_config, first_line
 from .evaluation import generation, heff_sweep, kv_cache, lm_eval
 from .kernels import flex_attention, moe_grouped_mm
@@ -79,14 +79,8 @@ def run_device_check(cfg: Config, work_dir: Path, only: Sequence[str] = CHECKS, 
 def _commit() -> str:
     """The checkout's commit: ``LOOPLINE_COMMIT`` (a copy of the tree without .git, as on a
     lent device machine), else ``git rev-parse``, else "unknown"."""
-    if os.environ.get("LOOPLINE_COMMIT"):
-        return os.environ["LOOPLINE_COMMIT"]
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=30, cwd=Path(__file__).parent)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return done.stdout.strip() if done.returncode == 0 else "unknown"
+    return (os.environ.get("LOOPLINE_COMMIT")
+            or git_output(Path(__file__).parent, "rev-parse", "--short", "HEAD") or "unknown")
 
 
 def describe_device(name: str) -> dict[str, str]:
@@ -109,17 +103,19 @@ def _brief(value: Any) -> str:
     return str(value)
 
 
+def format_row(r: CheckResult) -> str:
+    """One check as a row of the text table: name, status, figures, detail, skipped parts."""
+    figures = ", ".join(f"{k}={_brief(v)}" for k, v in r.figures.items())
+    notes = [r.detail] if r.detail else []
+    notes += [f"skipped {part}: {why}" for part, why in r.skipped.items()]
+    return f"{r.name:<17} {r.status:<6} {figures}" + (f"  ({'; '.join(notes)})" if notes else "")
+
+
 def format_report(results: Sequence[CheckResult], device: dict[str, str]) -> str:
     """The results as a text table (check, status, figures, detail, skipped parts)."""
     where = ", ".join(f"{k} {v}" for k, v in device.items())
     lines = [f"device check: {where}", f"{'check':<17} {'status':<6} figures"]
-    for r in results:
-        figures = ", ".join(f"{k}={_brief(v)}" for k, v in r.figures.items())
-        notes = [r.detail] if r.detail else []
-        notes += [f"skipped {part}: {why}" for part, why in r.skipped.items()]
-        lines.append(f"{r.name:<17} {r.status:<6} {figures}"
-                     + (f"  ({'; '.join(notes)})" if notes else ""))
-    return "\n".join(lines)
+    return "\n".join([*lines, *map(format_row, results)])
 
 
 def report_json(results: Sequence[CheckResult], device: dict[str, str],

@@ -1,0 +1,29 @@
+"""Where a figure was made: the checkout's git state and the CPU's name (stamps of README's
+generated sections, the device check's JSON, the benchmarks). Imports nothing of loopline."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+
+
+def git_output(repo: Path, *args: str) -> str | None:
+    """``git -C repo ARGS``'s stripped output, or None (no git, not a checkout, an error)."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
