@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "summarize_bench",
     "lm_eval",
     "export",
+    "import_hf",
     "generate",
     "track_init",
     "sync_tracking",

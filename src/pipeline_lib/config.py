@@ -145,6 +145,24 @@ class DataConfig:
 
 
 @dataclass
+class InitFromConfig:
+    """Start from a pretrained Hugging Face Llama-family model (``import-hf``): its chosen
+    layers become prelude, core and coda; the architecture keys of ``model`` come from it."""
+
+    source: str = _f("", "Hugging Face model directory (config.json + *.safetensors) or a "
+                     ".gguf file; empty = random init.")
+    prelude: list[int] = _f([], "Source layers of the prelude as [start, end] (half-open); "
+                            "[] = none (or, with core and coda empty too, the whole model as "
+                            "the core).")
+    core: list[int] = _f([], "Source layers of the looped core as [start, end] (half-open); "
+                         "[] with prelude and coda empty = every layer.")
+    coda: list[int] = _f([], "Source layers of the coda as [start, end] (half-open); [] = none.")
+    adapter: str = _f("add", "Input injection of the retrofitted loop: add (state + λ·e) or "
+                      "linear (W[state; e], W = [I | λI] at the start); sets model.injection.",
+                      choices=["add", "linear"])
+
+
+@dataclass
 class ModelConfig:
     """Looped transformer: prelude → core × loops (input injection) → coda → norm → head."""
 
@@ -180,6 +198,10 @@ class ModelConfig:
     loss_chunk_size: int = _f(1024, "Tokens per chunk of the chunked cross-entropy.", minimum=1)
     attention: str = _f("auto", "Attention kernel: auto (flex on CUDA, else sdpa), sdpa or flex.",
                         choices=["auto", "sdpa", "flex"])
+    init_from: InitFromConfig = _f(InitFromConfig(), "Pretrained start (empty source = random "
+                                   "init); the source fixes vocab_size, d_model, n_heads, "
+                                   "n_kv_heads, ffn_hidden, norm_eps, rope_*, tie_embeddings "
+                                   "and the layer counts.")
 
 
 @dataclass

@@ -287,6 +287,12 @@ class RunLayout:
 
     # ------------------------------------------------------------------ job logs, benchmark TSVs
 
+    @property
+    def init_dir(self) -> Path:
+        """The snapshot imported from ``model.init_from`` (the first segment warm-starts
+        from it)."""
+        return self.run_dir / "init"
+
     def _job_name(self, step: int | str | None, kept: bool) -> str:
         if step is None:
             return self.run

@@ -1,12 +1,34 @@
 # One job per training segment; each resumes the previous segment's snapshot exactly.
 # Kept snapshots: snapshots/step_{step}; the others are temp() under snapshots/transient/
-# and deleted once the next segment has consumed them.
+# and deleted once the next segment has consumed them. A model.init_from run first imports
+# the pretrained model (init/), and its first segment warm-starts from that.
+
+
+rule import_init:
+    input:
+        source=lambda wc: PLAN.init_source(wc.run),
+        tracking=ancient(RUN.tracking_json),
+    output:
+        snapshot=directory(RUN.init_dir),
+    params:
+        run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
+        signature=lambda wc: PLAN.init_signature(wc.run),
+    log:
+        RUN.log("import_init"),
+    resources:
+        mem_mb=lambda wc: PLAN.runs[wc.run].config.resources.train_mem_mb,
+    conda:
+        "../../envs/train.yaml"
+    script:
+        "../scripts/import_init.py"
 
 
 rule train_segment:
     input:
         data=lambda wc: PLAN.data_dir(wc.run),
         previous=lambda wc: PLAN.previous_snapshot(wc.run, int(wc.step)),
+        init=lambda wc: PLAN.init_snapshot(wc.run, int(wc.step)),
         tracking=ancient(RUN.tracking_json),
     output:
         snapshot=directory(RUN.snapshot(STEP)),

@@ -1,5 +1,6 @@
-"""Rule train_segment(_temp): train one segment from the previous snapshot (or from scratch),
-in this process or as a torchrun job of train.nproc processes."""
+"""Rule train_segment(_temp): train one segment from the previous snapshot (or from scratch,
+or warm-started from the imported init/ snapshot), in this process or as a torchrun job of
+train.nproc processes."""
 
 from pathlib import Path
 
@@ -11,6 +12,7 @@ snakemake = globals()["snakemake"]
 with run_job(snakemake, snakemake.threads) as cfg:
     out = Path(snakemake.output.snapshot)
     previous = snakemake.input.previous
+    init = snakemake.input.init
     run_training_job(
         cfg,
         data_dir=Path(snakemake.input.data),
@@ -19,4 +21,5 @@ with run_job(snakemake, snakemake.threads) as cfg:
         out=out,
         run_dir=Path(snakemake.params.run_dir),
         attempt=int(snakemake.resources.attempt),
+        warm_start=Path(init[0]) if init else None,
     )

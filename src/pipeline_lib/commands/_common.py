@@ -42,6 +42,10 @@ def config_from_args(args: argparse.Namespace, snapshot: Path | None = None):
         cfg = load_config(args.config, args.overrides)
     if args.run:
         cfg = config_for_run(cfg, args.run)
+    if snapshot is None or args.config is not None:  # a snapshot's config is resolved already
+        from ..export.hf_import import resolve_init_from
+
+        cfg = resolve_init_from(cfg)
     if getattr(args, "no_track", False):
         cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
     return cfg

@@ -26,6 +26,7 @@ from ..config import (
 )
 from ..data.identity import data_id as compute_data_id
 from ..errors import ConfigError, PipelineError
+from ..export.hf_import import fingerprint_id, resolve_init_from
 from ..run_layout import ResultsLayout, RunLayout
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .snapshots_policy import kept_steps, previous_end, segment_ends, total_steps
@@ -109,6 +110,10 @@ class WorkflowPlan:
 
     def _plan_run(self, name: str) -> RunPlan:
         cfg = config_for_run(self.config, name) if self.config.runs else self.config
+        try:
+            cfg = resolve_init_from(cfg)
+        except PipelineError as exc:
+            raise type(exc)(f"runs.{name}: {exc}" if self.config.runs else str(exc)) from None
         steps = total_steps(cfg.train, cfg.model, cfg.data.seq_len, planned_vocab_size(cfg.data))
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, total_steps=steps))
         ends = segment_ends(steps, cfg.train.steps_per_segment)
@@ -148,8 +153,11 @@ class WorkflowPlan:
     # ------------------------------------------------------------------ snapshots
 
     def snapshot_path(self, run: str, step: int) -> str:
-        """Kept snapshots at ``snapshots/step_…``, temporary ones under ``transient/``."""
+        """Kept snapshots at ``snapshots/step_…``, temporary ones under ``transient/``; step 0
+        of a ``model.init_from`` run is its imported snapshot (``init/``)."""
         plan = self.runs[run]
+        if step == 0 and self.has_init(run):
+            return str(self.layout.run(run).init_dir)
         if step not in plan.segment_ends:
             raise ValueError(f"step {step} is not a segment end of run {run}")
         return str(self.layout.run(run).snapshot(step, kept=step in plan.kept_steps))
@@ -158,6 +166,34 @@ class WorkflowPlan:
         """The snapshot the segment ending at ``step`` resumes from ([] for the first)."""
         previous = previous_end(self.runs[run].segment_ends, step)
         return [] if previous is None else [self.snapshot_path(run, previous)]
+
+    def has_init(self, run: str) -> bool:
+        """Whether ``run`` starts from a pretrained model (``model.init_from.source``)."""
+        return bool(self.runs[run].config.model.init_from.source)
+
+    def init_source(self, run: str) -> list[str]:
+        """The pretrained source's files ([] without ``init_from``): inputs of rule
+        ``import_init``, so a changed source is imported again."""
+        if not self.has_init(run):
+            return []
+        source = Path(self.runs[run].config.model.init_from.source).expanduser()
+        files = [source] if source.is_file() else sorted(
+            p for p in source.iterdir() if p.suffix in (".json", ".safetensors"))
+        return [str(p) for p in files]
+
+    def init_snapshot(self, run: str, step: int) -> list[str]:
+        """The imported snapshot the segment ending at ``step`` warm-starts from: only the
+        first segment of an ``init_from`` run has one."""
+        plan = self.runs[run]
+        if not self.has_init(run) or previous_end(plan.segment_ends, step) is not None:
+            return []
+        return [str(self.layout.run(run).init_dir)]
+
+    def init_signature(self, run: str) -> str:
+        """What determines the imported snapshot: source fingerprint, model section, seed."""
+        cfg = self.runs[run].config
+        return config_hash({"source": fingerprint_id(cfg.model.init_from.source),
+                            "model": to_dict(cfg.model), "seed": cfg.experiment.seed})
 
     def final_snapshot(self, run: str) -> str:
         """The snapshot of the run's last segment (always kept): what rule export exports."""
@@ -175,7 +211,8 @@ class WorkflowPlan:
     def heff_results(self, run: str) -> list[str]:
         """The H_eff sweep of every kept snapshot of ``run``."""
         layout = self.layout.run(run)
-        return [str(layout.heff_result(s)) for s in self.runs[run].kept_steps]
+        steps = ([0] if self.has_init(run) else []) + self.runs[run].kept_steps
+        return [str(layout.heff_result(s)) for s in steps]
 
     def bench_results(self, run: str) -> list[str]:
         layout = self.layout.run(run)
@@ -256,7 +293,7 @@ class WorkflowPlan:
         cfg = self.runs[run].config
         train = {k: v for k, v in to_dict(cfg.train).items() if k not in JOB_TIME_KEYS}
         relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
-                    "data_id": self.runs[run].data_id, "model": to_dict(cfg.model),
+                    "data_id": self.runs[run].data_id, "model": model_signature(cfg.model),
                     "train": train, "keep_best": cfg.snapshots.keep_best}
         return config_hash({**relevant, **self._precision(run)})
 
@@ -284,6 +321,24 @@ class WorkflowPlan:
         """Files of the run's ``bench.include_path`` tasks (YAMLs, includes, data): inputs of
         the bench rule, so editing them reruns the benchmarks."""
         return self._bench_inputs[run]
+
+
+# Model keys added after runs were made, at their defaults: left out of the train signature
+# so that a finished run does not retrain because the code learned a new option.
+LATER_MODEL_DEFAULTS = {"n_kv_heads": 0, "rope_scaling": "none", "rope_scaling_factor": 1.0,
+                        "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+                        "rope_original_max_position": 8192}
+
+
+def model_signature(model: Any) -> dict[str, Any]:
+    """The model section as the train signature hashes it: keys at :data:`LATER_MODEL_DEFAULTS`
+    and an empty ``init_from`` left out; an init source by its fingerprint."""
+    data = {k: v for k, v in to_dict(model).items()
+            if k not in LATER_MODEL_DEFAULTS or v != LATER_MODEL_DEFAULTS[k]}
+    init = data.pop("init_from", None) or {}
+    if init.get("source"):
+        data["init_from"] = {**init, "fingerprint": fingerprint_id(init["source"])}
+    return data
 
 
 def multi_node_resources(nnodes: int, nproc: int, gpus_per_node: int,

@@ -197,6 +197,30 @@ def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence
     return rows
 
 
+def import_stage(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
+    """Rule ``import_init``: ``model.init_from`` imported as a snapshot at ``out`` (child run
+    ``import``: source, layers, fingerprint as params, import time and size as metrics, the
+    import record as an artifact)."""
+    from ..export.hf_import import IMPORT_RECORD, import_checkpoint
+    from ..export.hf_layout import layer_choice, source_arch
+    from ..tracking import start_stage
+
+    init = cfg.model.init_from
+    arch = source_arch(init.source)
+    choice = layer_choice(arch.layers, init.prelude or None, init.core or None,
+                          init.coda or None, where="model.init_from.")
+    record = import_checkpoint(init.source, out, cfg, choice, adapter=init.adapter)
+    params = {"import.source": record["source"]["source"],
+              "import.fingerprint": record["fingerprint"],
+              "import.architecture": record["architecture"],
+              **{f"import.{part}": str(value) for part, value in record["layers"].items()}}
+    with start_stage(cfg, run_dir, "import", params=params) as stage:
+        stage.log_metrics(0, {"import/seconds": record["seconds"],
+                              "import/parameters": float(record["parameters"])})
+        stage.log_artifact(Path(out) / IMPORT_RECORD)
+    return record
+
+
 def export_stage(cfg: Config, run: str, run_dir: Path, snapshot: Path, out: Path,
                  data_dir: Path | None = None, *, use_ema: bool = False) -> dict[str, Any]:
     """Export ``snapshot`` in the Hugging Face format (child run ``export``) and log it as an

@@ -1,0 +1,60 @@
+"""`import-hf`: a pretrained Hugging Face Llama-family model (an HF directory or a GGUF file)
+as a loopline snapshot that training warm-starts from (the rule ``import_init`` calls the
+same :func:`pipeline_lib.export.hf_import.import_checkpoint` for ``model.init_from``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "import-hf", help="import a Hugging Face Llama/Mistral checkpoint or GGUF file",
+        description="Write a verified loopline snapshot (weights, config.yaml with the model "
+                    "section derived from the source, tokenizer.json, import.json, MANIFEST) "
+                    "from a Hugging Face model directory (safetensors, sharded or not) or a "
+                    "GGUF file. Layer ranges (half-open START:END) pick the source layers of "
+                    "the prelude, the looped core and the coda; none = every layer as the core "
+                    "(with one loop: the original model). --out appears complete or not at all.")
+    parser.add_argument("--source", type=Path, required=True,
+                        help="Hugging Face model directory or .gguf file")
+    parser.add_argument("--out", type=Path, required=True, help="snapshot directory (new)")
+    parser.add_argument("--prelude", default=None, metavar="A:B", help="prelude layers")
+    parser.add_argument("--core", default=None, metavar="C:D", help="looped core layers")
+    parser.add_argument("--coda", default=None, metavar="E:F", help="coda layers")
+    parser.add_argument("--adapter", choices=["add", "linear"], default="add",
+                        help="input injection: add (state + λ·e) or linear (W[state; e])")
+    parser.add_argument("--loops", type=int, default=1,
+                        help="training loop count written to the snapshot's config (default 1)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="config file whose other settings the snapshot's config takes")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from ..config import load_config
+    from ..errors import ConfigError
+    from ..export.hf_import import import_checkpoint
+    from ..export.hf_layout import layer_choice, source_arch
+
+    if args.loops < 1:
+        raise ConfigError(f"--loops {args.loops} must be at least 1")
+    cfg = load_config(args.config, args.overrides)
+    arch = source_arch(args.source)
+    choice = layer_choice(arch.layers, args.prelude, args.core, args.coda)
+    source = str(Path(args.source).expanduser().resolve())
+    cfg = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, loops=args.loops,
+                                       init_from=dataclasses.replace(
+                                           cfg.model.init_from, source=source,
+                                           **choice.as_lists(), adapter=args.adapter)),
+        data=dataclasses.replace(cfg.data, tokenizer=dataclasses.replace(
+            cfg.data.tokenizer, type="file", path=source)))
+    record = import_checkpoint(args.source, args.out, cfg, choice, adapter=args.adapter)
+    print(json.dumps({"out": str(args.out), **record}))
+    return 0

@@ -1,0 +1,300 @@
+"""Import a Hugging Face Llama-family checkpoint as a loopline snapshot (``import-hf``).
+
+``import_checkpoint(source, out, cfg, choice)`` reads the pretrained weights (safetensors of
+an HF directory, sharded or not, or a GGUF file dequantized to fp32 by the ``gguf``
+package), maps them by the table in :mod:`.hf_layout` onto a :class:`LoopedLM` whose model
+section comes from the source (:func:`init_model_config`), and writes a verified snapshot::
+
+    model.safetensors  config.yaml  tokenizer.json  import.json  MANIFEST.json
+    (+ empty optimizer and RNG records: training warm-starts from the weights only)
+
+The chosen layers become prelude, core and coda (``choice``); the input-injection adapter
+(``add``: state + λ·e; ``linear``: W[state; e] with W = [I | λI]) and any per-loop step
+embedding are new and start from the seeded init. With every layer in order and one loop,
+additive injection with λ = 1 and a zero initial state, the snapshot IS the source model
+(the exactness tests compare logits against transformers).
+
+Everything is checked before anything is written; the snapshot is built in a hidden sibling
+and renamed (see :func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, config_yaml
+from ..errors import CheckpointError, ConfigError, DataError, UsageError
+from .hf_layout import (
+    BLOCK_TENSORS,
+    GGUF_PERMUTED,
+    TOP_TENSORS,
+    LayerChoice,
+    SourceArch,
+    gguf_block_prefix,
+    hf_block_prefix,
+    is_gguf,
+    layer_choice,
+    model_fields,
+    source_arch,
+)
+
+log = logging.getLogger(__name__)
+
+IMPORT_RECORD = "import.json"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+# --------------------------------------------------------------------------- identity and config
+
+
+def source_fingerprint(source: str | Path) -> dict[str, Any]:
+    """What identifies a source cheaply: resolved path, size and mtime of its weight and
+    config files (no content hash: the Snakefile computes this on every call)."""
+    source = Path(source).expanduser().resolve()
+    files = [source] if source.is_file() else sorted(
+        p for p in source.iterdir() if p.suffix in (".json", ".safetensors", ".gguf"))
+    return {"source": str(source),
+            "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+
+
+def fingerprint_id(source: str | Path) -> str:
+    blob = json.dumps(source_fingerprint(source), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def init_model_config(cfg: Config, arch: SourceArch, choice: LayerChoice,
+                      adapter: str | None = None) -> Config:
+    """``cfg`` with the model keys the source fixes (:func:`.hf_layout.model_fields`), the
+    layer counts of ``choice`` and ``adapter`` as the injection; other model keys (loops,
+    λ, state_init, step embedding, kernels) stay ``cfg``'s."""
+    fields = model_fields(arch, choice)
+    if adapter is not None:
+        fields["injection"] = adapter
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **fields))
+
+
+def resolve_init_from(cfg: Config) -> Config:
+    """``cfg`` with its model section completed from ``model.init_from.source`` (unchanged
+    without one); the layer ranges and the tokenizer are checked against the source."""
+    init = cfg.model.init_from
+    if not init.source:
+        return cfg
+    arch = source_arch(init.source)
+    choice = layer_choice(arch.layers, init.prelude or None, init.core or None,
+                          init.coda or None, where="model.init_from.")
+    tok = cfg.data.tokenizer
+    if tok.type != "file":
+        raise ConfigError(f"model.init_from.source = {init.source!r} brings its own tokenizer, "
+                          f"but data.tokenizer.type is {tok.type!r}; set data.tokenizer: "
+                          f"{{type: file, path: {init.source}}} (a {tok.type} tokenizer does "
+                          "not match the pretrained embedding)")
+    return init_model_config(cfg, arch, choice, init.adapter)
+
+
+# --------------------------------------------------------------------------- reading tensors
+
+
+class _HFTensors:
+    """Tensors of an HF directory by name (``model.safetensors`` or its sharded index)."""
+
+    def __init__(self, directory: Path) -> None:
+        index = directory / SAFETENSORS_INDEX
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.files = {name: directory / shard for name, shard in weight_map.items()}
+        else:
+            shards = sorted(directory.glob("*.safetensors"))
+            if not shards:
+                bins = sorted(p.name for p in directory.glob("*.bin"))
+                hint = (f" (it has {', '.join(bins)}: pickled weights, which loopline never "
+                        "loads; convert them to safetensors with transformers' save_pretrained)"
+                        if bins else "")
+                raise DataError(f"model source {directory} has no *.safetensors weights{hint}")
+            self.files = {}
+            from safetensors import safe_open
+
+            for shard in shards:
+                with safe_open(str(shard), "pt") as fh:
+                    self.files.update({name: shard for name in fh.keys()})  # noqa: SIM118
+
+    def names(self) -> set[str]:
+        return set(self.files)
+
+    def get(self, name: str) -> Any:
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[name]), "pt") as fh:
+            return fh.get_tensor(name).float()
+
+
+class _GGUFTensors:
+    """Tensors of a GGUF file by name, dequantized to fp32 (llama.cpp's q/k row order undone)."""
+
+    def __init__(self, path: Path, arch: SourceArch) -> None:
+        import gguf
+
+        self.path, self.arch, self.gguf = path, arch, gguf
+        self.tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+
+    def names(self) -> set[str]:
+        return set(self.tensors)
+
+    def get(self, name: str) -> Any:
+        import torch
+
+        tensor = self.tensors[name]
+        try:
+            array = self.gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except (NotImplementedError, ValueError) as exc:
+            raise DataError(f"{self.path}: tensor {name} is stored as "
+                            f"{tensor.tensor_type.name}, which the gguf package cannot "
+                            f"dequantize ({exc}); use a file quantized as F32, F16, BF16, "
+                            "Q8_0 or Q4_0/Q4_1/Q5_x/Qk_K") from None
+        out = torch.from_numpy(array.astype("float32", copy=False).copy())
+        heads = GGUF_PERMUTED.get(name.split(".", 2)[-1])
+        if heads is not None:
+            out = unpermute_rows(out, self.arch.heads if heads == "heads" else self.arch.kv_heads)
+        return out
+
+
+def unpermute_rows(weight: Any, heads: int) -> Any:
+    """Undo llama.cpp's permutation of q/k rows: per head, its converter interleaves the two
+    halves (rows r and r + hd/2 become rows 2r and 2r + 1) so that adjacent-pair RoPE rotates
+    what HF's rotate_half rotates; this puts them back."""
+    rows = weight.shape[0]
+    return (weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:])
+            .transpose(1, 2).reshape(weight.shape))
+
+
+def _reader(source: Path, arch: SourceArch) -> _HFTensors | _GGUFTensors:
+    return _GGUFTensors(source, arch) if is_gguf(source) else _HFTensors(source)
+
+
+# --------------------------------------------------------------------------- mapping
+
+
+def mapped_state(reader: Any, arch: SourceArch, choice: LayerChoice, source: Path
+                 ) -> dict[str, Any]:
+    """loopline's tensors (names of :class:`LoopedLM`'s state dict) read from the source."""
+    import torch
+
+    gguf = is_gguf(source)
+    available = reader.names()
+    out: dict[str, Any] = {}
+
+    def read(names: tuple[str, ...], where: str) -> Any:
+        missing = [n for n in names if n not in available]
+        if missing:
+            raise DataError(f"model source {source} lacks tensor {missing[0]} ({where}); the "
+                            "checkpoint is incomplete or not a Llama-family model")
+        parts = [reader.get(n) for n in names]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+    for ours, (hf_name, gguf_name) in TOP_TENSORS.items():
+        if ours == "head.weight" and arch.tie_embeddings:
+            continue
+        out[ours] = read((gguf_name if gguf else hf_name,), ours)
+    for part in ("prelude", "core", "coda"):
+        for j, layer in enumerate(choice.layers(part)):
+            prefix = gguf_block_prefix(layer) if gguf else hf_block_prefix(layer)
+            for ours, (hf_names, gguf_names) in BLOCK_TENSORS.items():
+                names = tuple(prefix + n for n in (gguf_names if gguf else hf_names))
+                out[f"{part}.{j}.{ours}"] = read(names, f"layer {layer}, {part}.{j}")
+    return out
+
+
+def build_imported_model(cfg: Config, state: dict[str, Any]) -> Any:
+    """A seeded :class:`LoopedLM` of ``cfg.model`` with ``state`` loaded over it (the adapter
+    and step embedding keep their init)."""
+    import torch
+
+    from ..model.looped import LoopedLM
+
+    torch.manual_seed(cfg.experiment.seed)
+    model = LoopedLM(cfg.model)
+    own = model.state_dict()
+    shapes = [f"{k}: source {tuple(v.shape)}, model {tuple(own[k].shape)}"
+              for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    unknown = sorted(set(state) - set(own))
+    if shapes or unknown:
+        raise DataError("imported tensors do not fit the model derived from the source ("
+                        + "; ".join((shapes + unknown)[:4]) + "); the source's config.json "
+                        "does not describe its weights")
+    model.load_state_dict({**own, **state})
+    return model
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _check_out(out: Path, source: Path) -> None:
+    """``out`` must be new or a snapshot this command wrote (its import.json)."""
+    if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
+        raise UsageError(f"--out {out} lies inside the source {source}; pass another path")
+    if os.path.lexists(out) and not (out / IMPORT_RECORD).is_file():
+        raise UsageError(f"--out {out} exists and is not a snapshot written by import-hf; "
+                         "pass a new path or remove it")
+
+
+def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
+                      choice: LayerChoice | None = None, *, adapter: str | None = None
+                      ) -> dict[str, Any]:
+    """Write the loopline snapshot of ``source`` to ``out``; returns the import record.
+
+    ``cfg``: the run's config (its model section is completed from the source by
+    :func:`init_model_config`; its data section's tokenizer must be the source's or a file
+    of the same vocabulary). Raises :class:`DataError` / :class:`UsageError` /
+    :class:`~pipeline_lib.errors.ConfigError` before anything is written.
+    """
+    from ..checkpoint.snapshot import write_snapshot
+    from ..data.tokenizer import TOKENIZER_FILE, tokenizer_from_source
+
+    started = time.perf_counter()
+    source, out = Path(source).expanduser(), Path(out)
+    arch = source_arch(source)
+    choice = choice or LayerChoice.whole(arch.layers)
+    _check_out(out, source)
+    cfg = init_model_config(cfg, arch, choice, adapter)
+    tok_cfg = cfg.data.tokenizer
+    tok, info = tokenizer_from_source(Path(tok_cfg.path).expanduser()
+                                      if tok_cfg.type == "file" and tok_cfg.path else source)
+    if info.vocab_size > arch.vocab_size:
+        raise DataError(f"the tokenizer of {source} has {info.vocab_size} ids, the model "
+                        f"{arch.vocab_size} embedding rows; the tokenizer does not belong to "
+                        "this model")
+    state = mapped_state(_reader(source, arch), arch, choice, source)
+    model = build_imported_model(cfg, state)
+    record = {"source": source_fingerprint(source), "fingerprint": fingerprint_id(source),
+              "architecture": arch.architecture, "source_layers": arch.layers,
+              "layers": choice.as_lists(), "injection": cfg.model.injection,
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "tokenizer": info.as_dict() if hasattr(info, "as_dict") else dict(vars(info))}
+    write_snapshot(
+        out, model_state=model.state_dict(), optimizer_state={"state": {}, "param_groups": []},
+        trainer_state={"format": 1, "step": 0, "imported": record["fingerprint"]},
+        rng_state={}, config_yaml=config_yaml(cfg),
+        extra_files={TOKENIZER_FILE: tok.to_str(), IMPORT_RECORD: json.dumps(record, indent=2)})
+    record["seconds"] = round(time.perf_counter() - started, 2)
+    log.info("imported %s (%s, layers %s) → %s in %.1f s", source, arch.architecture,
+             choice.as_lists(), out, record["seconds"])
+    return record
+
+
+def read_import_record(snapshot: str | Path) -> dict[str, Any]:
+    """The ``import.json`` of a snapshot written by :func:`import_checkpoint`."""
+    path = Path(snapshot) / IMPORT_RECORD
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is missing or unreadable ({exc}); re-run import-hf")
+
+
+__all__ = ["import_checkpoint", "init_model_config", "resolve_init_from", "read_import_record", "source_fingerprint",
+           "unpermute_rows"]

@@ -1,0 +1,106 @@
+"""Tiny pretrained-model sources for the import tests: a random Llama saved by transformers'
+``save_pretrained`` (with a byte-level tokenizer) and the same weights written as a GGUF file
+the way llama.cpp's converter writes them (q/k rows permuted for its RoPE layout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline_lib.data.tokenizer import EOS_TOKEN, PAD_TOKEN, byte_level_tokenizer
+
+VOCAB = 264  # the byte-level tokenizer's 258 ids, padded like many pretrained embeddings
+
+
+def llama_config(**overrides):
+    from transformers import LlamaConfig
+
+    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=256,
+                bos_token_id=None, eos_token_id=256, pad_token_id=257)
+    return LlamaConfig(**{**base, **overrides})
+
+
+def save_tiny_llama(directory: Path, seed: int = 0, **overrides):
+    """A random ``LlamaForCausalLM`` (weights ~ N(0, 0.1): logits far from uniform) and its
+    tokenizer saved to ``directory``; returns the model (fp32, eval mode)."""
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config(**overrides)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.8, 1.2)
+            else:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(directory)
+    tok = PreTrainedTokenizerFast(tokenizer_object=byte_level_tokenizer(), eos_token=EOS_TOKEN,
+                                  pad_token=PAD_TOKEN)
+    tok.save_pretrained(directory)
+    return model
+
+
+def _permute_like_llama_cpp(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (written out independently
+    of the importer's inverse)."""
+    return (weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def write_tiny_gguf(model, path: Path, *, f16: bool = False) -> Path:
+    """``model`` (a transformers Llama) as a GGUF file: llama.cpp's names, permuted q/k rows,
+    F32 (or F16) tensors and the tokenizer metadata of the byte-level tokenizer."""
+    import gguf
+
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    tok = byte_level_tokenizer()
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    tokens = [t for t, _ in vocab] + [f"<unused{i}>" for i in range(cfg.vocab_size - len(vocab))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3] * (len(tokens) - 256))
+    writer.add_token_merges([])
+    writer.add_eos_token_id(256)
+    writer.add_pad_token_id(257)
+    writer.add_add_bos_token(False)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+             "output_norm.weight", "lm_head.weight": "output.weight"}
+    block = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, tensor in model.state_dict().items():
+        array = tensor.detach().float().numpy()
+        if name.startswith("model.layers."):
+            _, _, layer, rest = name.split(".", 3)
+            module = rest.removesuffix(".weight")
+            gguf_name = f"blk.{layer}.{block[module]}.weight"
+            if module == "self_attn.q_proj":
+                array = _permute_like_llama_cpp(array, cfg.num_attention_heads)
+            elif module == "self_attn.k_proj":
+                array = _permute_like_llama_cpp(array, cfg.num_key_value_heads)
+        else:
+            gguf_name = names[name]
+        if f16 and array.ndim == 2:
+            array = array.astype(np.float16)
+        writer.add_tensor(gguf_name, np.ascontiguousarray(array))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

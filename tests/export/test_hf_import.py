@@ -1,0 +1,199 @@
+"""import-hf: a Hugging Face Llama (directory or GGUF) becomes a loopline snapshot whose model,
+with every layer in order and one loop, gives the source model's logits; layer ranges pick
+prelude, core and coda; bad sources fail in one line before anything is written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from hf_import_helpers import save_tiny_llama, write_tiny_gguf
+
+from pipeline_lib.config import Config
+from pipeline_lib.errors import ConfigError, DataError, UsageError
+from pipeline_lib.evaluate.loading import load_for_eval
+from pipeline_lib.export.hf_import import import_checkpoint, unpermute_rows
+from pipeline_lib.export.hf_layout import layer_choice, source_arch
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """(directory, transformers model): GQA 4/2 heads, untied head, 4 layers."""
+    root = tmp_path_factory.mktemp("tiny_llama")
+    return root, save_tiny_llama(root)
+
+
+@pytest.fixture(scope="module")
+def tied_llama3(tmp_path_factory):
+    """A tied-embedding Llama 3 with RoPE scaling and no GQA."""
+    root = tmp_path_factory.mktemp("tiny_llama3")
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+            "rope_theta": 50000.0}
+    return root, save_tiny_llama(root, seed=1, tie_word_embeddings=True,
+                                 num_key_value_heads=4, rope_parameters=rope)
+
+
+def _import(source, out, **ranges):
+    arch = source_arch(source)
+    choice = layer_choice(arch.layers, ranges.get("prelude"), ranges.get("core"),
+                          ranges.get("coda"))
+    record = import_checkpoint(source, out, Config(), choice, adapter=ranges.get("adapter"))
+    return record, load_for_eval(out).model
+
+
+def _scale_close(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    """Max abs difference relative to the logit scale (max |logit|)."""
+    return float((ours - theirs).abs().max() / theirs.abs().max())
+
+
+IDS = torch.tensor([[72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 10, 65, 66],
+                    [3, 200, 17, 99, 255, 0, 1, 2, 45, 46, 47, 48, 49, 50, 51, 52]])
+
+
+@pytest.mark.parametrize("fixture", ["llama", "tied_llama3"])
+def test_whole_model_at_one_loop_gives_the_hf_logits(request, tmp_path, fixture):
+    source, hf = request.getfixturevalue(fixture)
+    _, model = _import(source, tmp_path / "snap")
+    ours = model.logits_at(IDS, 1)
+    with torch.no_grad():
+        theirs = hf(IDS).logits
+    assert _scale_close(ours, theirs) <= 1e-4
+
+
+def test_packed_rows_give_each_documents_own_hf_logits(llama, tmp_path):
+    """Two documents in one row (positions restart, attention stays inside each document)
+    give the logits HF computes for each document alone."""
+    source, hf = llama
+    _, model = _import(source, tmp_path / "snap")
+    a, b = IDS[0, :9], IDS[1, :7]
+    batch = {"input_ids": torch.cat([a, b])[None],
+             "position_ids": torch.cat([torch.arange(9), torch.arange(7)])[None],
+             "doc_ids": torch.tensor([0] * 9 + [1] * 7)[None]}
+    ours = model.logits_at(batch, 1)[0]
+    with torch.no_grad():
+        theirs = torch.cat([hf(a[None]).logits[0], hf(b[None]).logits[0]])
+    assert _scale_close(ours, theirs) <= 1e-4
+
+
+def test_prelude_core_coda_in_order_at_one_loop_is_still_the_original(llama, tmp_path):
+    source, hf = llama
+    record, model = _import(source, tmp_path / "snap", prelude="0:1", core="1:3", coda="3:4")
+    assert (model.cfg.prelude_layers, model.cfg.core_layers, model.cfg.coda_layers) == (1, 2, 1)
+    assert record["layers"] == {"prelude": [0, 1], "core": [1, 3], "coda": [3, 4]}
+    with torch.no_grad():
+        assert _scale_close(model.logits_at(IDS, 1), hf(IDS).logits) <= 1e-4
+
+
+def test_a_retrofit_keeps_the_chosen_layers_and_drops_the_rest(llama, tmp_path):
+    source, hf = llama
+    record, model = _import(source, tmp_path / "snap", prelude="0:1", core="1:2", coda="3:4",
+                            adapter="linear")
+    sd, theirs = model.state_dict(), hf.state_dict()
+    assert torch.equal(sd["coda.0.ffn.down.weight"], theirs["model.layers.3.mlp.down_proj.weight"])
+    assert torch.equal(sd["core.0.attn.out.weight"], theirs["model.layers.1.self_attn.o_proj.weight"])
+    assert torch.equal(sd["core.0.attn.qkv.weight"], torch.cat(
+        [theirs[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"]))
+    assert not any(k.startswith("core.1.") for k in sd)
+    d = model.cfg.d_model  # the linear adapter starts as state + λ·e
+    assert torch.equal(sd["injection_proj.weight"], torch.cat([torch.eye(d), torch.eye(d)], 1))
+    full = sum(p.numel() for p in hf.parameters())
+    assert record["parameters"] < full
+
+
+def test_gguf_import_undoes_llama_cpps_qk_permutation(llama, tmp_path):
+    """The same weights through a GGUF file (llama.cpp's names and q/k row order) give the
+    HF logits; without the inverse permutation they would not."""
+    source, hf = llama
+    gguf_file = write_tiny_gguf(hf, tmp_path / "tiny.gguf")
+    arch = source_arch(gguf_file)
+    assert (arch.heads, arch.kv_heads, arch.layers, arch.tie_embeddings) == (4, 2, 4, False)
+    _, model = _import(gguf_file, tmp_path / "snap")
+    with torch.no_grad():
+        theirs = hf(IDS).logits
+    assert _scale_close(model.logits_at(IDS, 1), theirs) <= 1e-4
+
+
+def test_unpermute_inverts_the_llama_cpp_permutation():
+    from hf_import_helpers import _permute_like_llama_cpp
+
+    w = torch.arange(32 * 3, dtype=torch.float32).reshape(32, 3)
+    permuted = torch.from_numpy(_permute_like_llama_cpp(w.numpy(), 4))
+    assert not torch.equal(permuted, w)
+    assert torch.equal(unpermute_rows(permuted, 4), w)
+
+
+def test_snapshot_is_verified_and_records_its_source(llama, tmp_path):
+    from pipeline_lib.checkpoint.manifest import verify_snapshot
+
+    source, _ = llama
+    record, _ = _import(source, tmp_path / "snap")
+    manifest = verify_snapshot(tmp_path / "snap")
+    assert {"model.safetensors", "config.yaml", "tokenizer.json", "import.json"} <= set(
+        manifest["files"])
+    saved = json.loads((tmp_path / "snap" / "import.json").read_text())
+    assert saved["fingerprint"] == record["fingerprint"]
+    assert saved["architecture"] == "LlamaForCausalLM"
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_unsupported_architecture_names_the_supported_ones(llama, tmp_path):
+    source, _ = llama
+    bad = tmp_path / "qwen"
+    bad.mkdir()
+    config = json.loads((source / "config.json").read_text())
+    config["architectures"] = ["Qwen2ForCausalLM"]
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DataError, match="LlamaForCausalLM, MistralForCausalLM") as err:
+        source_arch(bad)
+    assert "biases" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("ranges, match", [
+    ({"prelude": "0:2", "core": "1:3"}, "overlaps"),
+    ({"core": "2:9"}, "out of range"),
+    ({"core": "3:1"}, "out of range"),
+    ({"core": "2:2"}, "empty"),
+    ({"prelude": "0:1"}, "core is missing"),
+    ({"core": "a-b"}, "not a layer range"),
+    ({"core": "2:4", "coda": "0:1"}, "overlaps or follows"),
+])
+def test_bad_layer_ranges_are_one_line_errors(ranges, match):
+    with pytest.raises(ConfigError, match=match):
+        layer_choice(4, ranges.get("prelude"), ranges.get("core"), ranges.get("coda"))
+
+
+def test_a_failed_import_writes_nothing(llama, tmp_path):
+    source, _ = llama
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(source):
+        if name != "tokenizer.json":
+            (broken / name).write_bytes((source / name).read_bytes())
+    with pytest.raises(DataError, match="tokenizer"):
+        _import(broken, tmp_path / "snap")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken"]
+
+
+def test_out_that_is_not_an_import_is_refused(llama, tmp_path):
+    source, _ = llama
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not a snapshot written by import-hf"):
+        _import(source, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+
+
+def test_pickled_weights_are_refused(tmp_path, llama):
+    source, _ = llama
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "config.json").write_bytes((source / "config.json").read_bytes())
+    (d / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    with pytest.raises(DataError, match="pickled weights"):
+        _import(d, tmp_path / "snap")
