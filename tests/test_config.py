@@ -152,12 +152,35 @@ def test_run_variant_applies_override_and_clears_runs():
          r"eval\.adaptive_thresholds = \[0\.01, nan\] needs finite numbers >= 0"),
         (["eval.adaptive_max_loops=-1"], r"eval\.adaptive_max_loops = -1 is below its minimum 0"),
         (["eval.adaptive_criterion=margin"], r"eval\.adaptive_criterion = 'margin' is not allowed"),
+        (["train.optimizer=muon", "train.nproc=2", "train.micro_batch_rows=8"],
+         r"train\.optimizer = muon runs in one process, not train\.nproc × train\.nnodes = 2"),
+        (["train.optimizer=muon", "train.nnodes=2", "train.micro_batch_rows=8"],
+         r"set train\.nproc=1 and train\.nnodes=1"),
+        (["train.muon_momentum=1.5"], r"train\.muon_momentum = 1\.5 is above its maximum 1"),
+        (["train.freeze=[core,mlp]"], r"train\.freeze\[1\] = 'mlp' is not allowed"),
+        (["train.freeze=[head]"], r"train\.freeze lists head, but model\.tie_embeddings shares"),
+        (["model.tie_embeddings=false", "model.coda_layers=0", "train.freeze=[coda]"],
+         r"train\.freeze lists coda, which this model has no parameters for"),
+        (["train.freeze=[adapter]"], r"train\.freeze lists adapter, which this model has no"),
+        (["train.freeze=[embeddings,prelude,core,norm]"],
+         r"freezes every part of the model; nothing would train"),
     ],
 )
 def test_bad_config_is_one_clear_line(overrides: list[str], pattern: str):
     with pytest.raises(ConfigError, match=pattern) as info:
         load_config(None, overrides)
     assert "\n" not in str(info.value)
+
+
+def test_freeze_accepts_what_the_model_has():
+    cfg = load_config(None, ["model.tie_embeddings=true", "train.freeze=[head,embeddings]",
+                             "train.optimizer=muon"])
+    assert cfg.train.freeze == ["head", "embeddings"] and cfg.train.optimizer == "muon"
+    linear = load_config(None, ["model.injection=linear", "model.tie_embeddings=false",
+                                "model.coda_layers=1",
+                                "train.freeze=[embeddings,prelude,coda,head,norm]"])
+    assert linear.train.freeze[-1] == "norm"  # core and the adapter still train
+    load_config(None, ["model.learn_injection_scale=true", "train.freeze=[adapter]"])
 
 
 def test_bad_run_name_and_missing_file(tmp_path: Path):

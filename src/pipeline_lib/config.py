@@ -26,6 +26,7 @@ from typing import Any
 
 from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
+from .config_rules import FREEZE_PARTS, check_optimizer_and_freeze
 from .credentials import redact_config, redact_text
 from .errors import ConfigError
 
@@ -261,7 +262,25 @@ class TrainConfig:
                      minimum=1)
     rdzv_endpoint: str = _f("", "host:port of the torchrun rendezvous when nnodes > 1 "
                             "(empty = $MASTER_ADDR:$MASTER_PORT).")
-    optimizer: str = _f("adamw", "adamw or adamatan2.", choices=["adamw", "adamatan2"])
+    optimizer: str = _f(
+        "adamw", "adamw, adamatan2, or muon (torch.optim.Muon on the blocks' hidden matrices: "
+        "attention, FFN, per-expert MoE matrices; AdamW on the rest: embeddings, norms, head, "
+        "injection adapter, λ, router; one process only).",
+        choices=["adamw", "adamatan2", "muon"])
+    muon_lr: float = _f(0.0, "muon: peak learning rate of the hidden matrices (0 = same as lr).",
+                        minimum=0)
+    muon_momentum: float = _f(0.95, "muon: momentum μ of the hidden matrices (Nesterov).",
+                              minimum=0, maximum=1)
+    muon_adjust_lr: str = _f(
+        "match_rms_adamw", "muon: per-matrix lr scale, match_rms_adamw (0.2·√max(rows, cols): "
+        "update RMS like AdamW's, so lr and weight_decay carry over) or original "
+        "(√max(1, rows/cols), Keller Jordan's; wants lr near 0.02).",
+        choices=["match_rms_adamw", "original"])
+    freeze: list[str] = _f(
+        [], "Model parts kept fixed (requires_grad off, no optimizer state; still saved): "
+        "embeddings (token and step embeddings), prelude, core, coda, head (untied), norm "
+        "(final), adapter (injection_proj and a learnable λ).",
+        items={"choices": list(FREEZE_PARTS)})
     lr: float = _f(3e-3, "Peak learning rate.", exclusive_minimum=0)
     min_lr_ratio: float = _f(0.1, "Final learning rate as a fraction of the peak.", minimum=0, maximum=1)
     injection_lr: float = _f(0.0, "Peak learning rate of λ (0 = same as lr).", minimum=0)
@@ -651,6 +670,7 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"train.stop_margin_minutes = {t.stop_margin_minutes} leaves no time "
                           f"of train.segment_runtime_minutes = {t.segment_runtime_minutes}; "
                           "lower the margin (0 stops only on SIGTERM/SIGUSR1) or raise the runtime")
+    check_optimizer_and_freeze(t, cfg.model)
     ls = t.loop_sampling
     if ls.min_loops > ls.max_loops:
         raise ConfigError(f"train.loop_sampling.min_loops = {ls.min_loops} exceeds max_loops = "

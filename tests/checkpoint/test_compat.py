@@ -69,6 +69,21 @@ def test_vocab_size_zero_means_from_tokenizer():
     assert diffs == [("model.vocab_size", 260, 300)]
 
 
+def test_freeze_list_is_compared_as_a_set_and_muon_momentum_only_under_muon():
+    cfg = _replace(Config(), "train", freeze=["core", "embeddings"])
+    assert resume_mismatches(cfg, _replace(cfg, "train", freeze=["embeddings", "core"])) == []
+    assert resume_mismatches(cfg, _replace(cfg, "train", freeze=["core"])) == [
+        ("train.freeze", ["core", "embeddings"], ["core"])]
+    assert resume_mismatches(cfg, _replace(cfg, "train", muon_momentum=0.9)) == []  # adamw
+    muon = _replace(cfg, "train", optimizer="muon")
+    assert resume_mismatches(muon, _replace(muon, "train", muon_momentum=0.9, muon_lr=0.02,
+                                            muon_adjust_lr="original")) == [
+        ("train.muon_momentum", 0.95, 0.9)]
+    with pytest.raises(CheckpointError, match=r"train\.freeze: snapshot \['core', "
+                       r"'embeddings'\], now \[\]\); restore these values, or warm-start"):
+        check_resume_compatible(cfg, Config())
+
+
 def test_config_from_yaml_round_trip_and_errors():
     cfg = _replace(Config(), "train", lr=1e-4)
     text = OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))

@@ -209,3 +209,18 @@ def test_two_to_four_reshards_the_dcp_snapshot(runs: dict[str, Path]) -> None:
     assert a[6]["val_loss"] == pytest.approx(b[6]["val_loss"], rel=1e-5)
     files = verify_snapshot(snap(root / "four", 6))["files"]
     assert sum(n.startswith("model_dcp/") for n in files) == 4
+
+
+def test_frozen_parts_stay_fixed_under_fsdp(tmp_path: Path) -> None:
+    """train.freeze with FSDP2: a whole frozen block (coda), the embedding and the replicated
+    scalar λ (the adapter) keep their initial values on two ranks, the rest trains."""
+    from pipeline_lib.train.trainer import Trainer
+
+    cfg = tiny_config(*RICH, "model.coda_layers=1", "train.freeze=[embeddings,adapter,coda]")
+    pack = make_pack(tmp_path / "data" / data_id(cfg.data))
+    out = run_training_job(replace(cfg, train=replace(cfg.train, nproc=2)), pack, None, 2,
+                           snap(tmp_path / "two", 2), tmp_path / "two")
+    initial = Trainer.build(cfg, pack).model.state_dict()
+    for name, value in load_model_state(out).items():
+        fixed = name.startswith(("coda.", "tok_emb.", "injection_scale"))
+        assert torch.equal(value, initial[name]) == fixed, name

@@ -72,6 +72,29 @@ def test_compile_keeps_torchs_own_optimizer():
     assert type(build_optimizer(model, TrainConfig())) is EagerAdamW
 
 
+def test_muon_steps_and_round_trips_without_importing_dynamo():
+    result = _fresh_python("""
+        import json, sys, torch
+        from pipeline_lib.config import ModelConfig, TrainConfig
+        from pipeline_lib.model.looped import LoopedLM
+        from pipeline_lib.train.optim import build_optimizer
+
+        model = LoopedLM(ModelConfig(vocab_size=40, d_model=16, n_heads=2, moe_experts=2))
+        opt = build_optimizer(model, TrainConfig(optimizer="muon"))
+        for _ in range(2):
+            for p in model.parameters():
+                p.grad = torch.ones_like(p)
+            opt.step()
+            opt.load_state_dict(opt.state_dict())
+            opt.zero_grad()
+        print(json.dumps({"inner": type(opt._adamw).__name__,
+                          "dynamo_imported": "torch._dynamo" in sys.modules}))
+    """)
+    assert result == {"inner": "EagerAdamW", "dynamo_imported": False}
+    compiled = build_optimizer(torch.nn.Linear(3, 3), TrainConfig(optimizer="muon", compile=True))
+    assert type(compiled._adamw) is torch.optim.AdamW
+
+
 def test_a_training_segment_never_imports_dynamo(tmp_path):
     """The CLI segment (restore, steps, validation, samples, save) stays dynamo-free: the
     import costs about 1.1 s of the 3 s a segment may spend outside its steps."""

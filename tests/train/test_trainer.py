@@ -35,14 +35,21 @@ CURRICULA = ["train.loop_sampling.mode=uniform", "train.loop_sampling.min_loops=
              "train.objective=answer_deep_supervision"]
 
 
-@pytest.mark.parametrize("variant", ["plain", "rich", "curricula"])
+# Muon on the blocks' matrices (MoE experts per expert), AdamW on router, norms and λ; the
+# tied embedding (and so the head) frozen
+MUON = [*RICH, "train.optimizer=muon", "train.muon_lr=0.01", "train.freeze=[embeddings]"]
+
+
+@pytest.mark.parametrize("variant", ["plain", "rich", "curricula", "muon"])
 def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant: str) -> None:
-    cfg = tiny_config(*{"plain": [], "rich": RICH, "curricula": CURRICULA}[variant])
+    cfg = tiny_config(*{"plain": [], "rich": RICH, "curricula": CURRICULA, "muon": MUON}[variant])
     one = run_segments(cfg, pack, tmp_path / "one", [6])
     three = run_segments(cfg, pack, tmp_path / "three", [2, 4, 6])
     assert (one / "model.safetensors").read_bytes() == (three / "model.safetensors").read_bytes()
     assert (one / "optimizer.safetensors").read_bytes() == \
         (three / "optimizer.safetensors").read_bytes()
+    if variant == "muon":
+        _check_muon_and_freeze(cfg, pack, one)
     if variant == "rich":
         assert (one / "ema.safetensors").read_bytes() == (three / "ema.safetensors").read_bytes()
         state = weights(one)
@@ -68,6 +75,24 @@ def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant
     assert state["step"] == 6 and state["cursor"] == [0, 48]
     assert state["tokens_seen"] == 6 * 8 * 32
     assert [s["end_step"] for s in state["segments"]] == [2, 4, 6]
+
+
+def _check_muon_and_freeze(cfg, pack: Path, out: Path) -> None:
+    """The frozen embedding is bit for bit its initial value, the rest moved; the hidden
+    matrices carry a Muon momentum buffer, the others Adam moments."""
+    from pipeline_lib.train.trainer import Trainer
+
+    initial = Trainer.build(cfg, pack).model.state_dict()
+    final = weights(out)
+    assert torch.equal(final["tok_emb.weight"], initial["tok_emb.weight"])
+    assert not torch.equal(final["core.0.attn.qkv.weight"], initial["core.0.attn.qkv.weight"])
+    assert not torch.equal(final["core.0.ffn.w_up"], initial["core.0.ffn.w_up"])
+    assert not torch.equal(final["norm.weight"], initial["norm.weight"])
+    moments = weights(out, "optimizer.safetensors")
+    kinds = {k.rsplit("/", 1)[-1] for k in moments}
+    assert kinds == {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"}
+    groups = json.loads((out / "optimizer.json").read_text())["param_groups"]
+    assert [g["name"] for g in groups] == ["decay", "no_decay", "injection_scale", "muon"]
 
 
 def test_metrics_lines_and_segment_end_evaluation(pack: Path, tmp_path: Path) -> None:
@@ -180,6 +205,19 @@ def test_warm_start_copies_weights_only(pack: Path, tmp_path: Path) -> None:
     assert state["step"] == 2 and state["warm_start"]["warm_start_from"] == str(source)
     with pytest.raises(ConfigError, match="exclude each other"):
         train_segment(changed, pack, out, 4, tmp_path / "x" / "step_0000004", warm_start=source)
+
+
+def test_a_changed_freeze_list_is_a_warm_start_that_keeps_the_frozen_weights(
+        pack: Path, tmp_path: Path) -> None:
+    source = train_segment(tiny_config(), pack, None, 2, snap(tmp_path / "run", 2))
+    frozen = tiny_config("train.freeze=[core,norm]", "train.optimizer=muon")
+    with pytest.raises(CheckpointError, match=r"train\.freeze: snapshot \[\], now \['core', "):
+        train_segment(frozen, pack, source, 4, snap(tmp_path / "run", 4))
+    out = train_segment(frozen, pack, None, 2, snap(tmp_path / "warm", 2), warm_start=source)
+    before, after = weights(source), weights(out)
+    assert set(before) == set(after)
+    for key in before:
+        assert torch.equal(before[key], after[key]) == key.startswith(("core.", "norm.")), key
 
 
 def test_corrupted_snapshot_is_refused_naming_the_file(pack: Path, tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ keys that give those states their meaning must be unchanged:
   when both sides give it (0 means "from the tokenizer");
 - ``train.optimizer`` (state layout), ``train.beta1``, ``train.beta2``, ``train.eps`` (the
   moments are estimates under these), ``train.global_batch_rows`` (a step's meaning: rows
-  per step, tokens seen, where the cursor moves).
+  per step, tokens seen, where the cursor moves), ``train.freeze`` (which parameters have
+  optimizer groups and state; compared as a set), and with ``train.optimizer = muon`` on
+  both sides ``train.muon_momentum`` (the momentum buffers average under it).
 
 Everything else may change between segments on purpose: ``total_steps`` (extend a run),
 ``steps_per_segment``, the schedule and peak lr, warmup, weight decay, grad clipping,
@@ -36,7 +38,9 @@ log = logging.getLogger(__name__)
 
 RESUME_MODEL_EXEMPT = frozenset({"model.attention", "model.loss_chunk_size"})
 RESUME_TRAIN_KEYS = ("train.optimizer", "train.beta1", "train.beta2", "train.eps",
-                     "train.global_batch_rows")
+                     "train.global_batch_rows", "train.freeze")
+RESUME_MUON_KEYS = ("train.muon_momentum",)  # compared when both sides train with muon
+RESUME_SET_KEYS = frozenset({"train.freeze"})  # order and repeats carry no meaning
 
 
 def _flat(data: Any, prefix: str) -> dict[str, Any]:
@@ -59,9 +63,12 @@ def resume_mismatches(snapshot_config: Config, current: Config) -> list[tuple[st
     old, new = to_dict(snapshot_config), to_dict(current)
     a = {**_flat(old["data"], "data"), **_flat(old["model"], "model")}
     b = {**_flat(new["data"], "data"), **_flat(new["model"], "model")}
-    for key in RESUME_TRAIN_KEYS:
+    muon = old["train"]["optimizer"] == new["train"]["optimizer"] == "muon"
+    for key in RESUME_TRAIN_KEYS + (RESUME_MUON_KEYS if muon else ()):
         section, name = key.split(".")
         a[key], b[key] = old[section][name], new[section][name]
+        if key in RESUME_SET_KEYS:
+            a[key], b[key] = sorted(set(a[key])), sorted(set(b[key]))
     out = []
     for key in sorted(set(a) | set(b)):
         if key in RESUME_MODEL_EXEMPT:

@@ -7,9 +7,13 @@ Groups, each a dict with ``name``, ``peak_lr`` (read by :class:`~.schedule.LRSch
 - ``no_decay``: norms' weights, biases, embeddings (token and per-loop step embeddings,
   and a head tied to the token embedding), any parameter with fewer than 2 dimensions;
 - ``injection_scale``: parameters whose name contains ``injection_scale`` (the learnable λ),
-  no decay, peak lr ``train.injection_lr`` (0 = ``train.lr``).
+  no decay, peak lr ``train.injection_lr`` (0 = ``train.lr``);
+- ``muon`` (``train.optimizer = muon`` only): the hidden matrices, taken out of ``decay``:
+  2-D and 3-D (MoE expert stacks) weights of the ``prelude``/``core``/``coda`` blocks
+  except the MoE router; decay ``train.weight_decay``, peak lr ``train.muon_lr``
+  (0 = ``train.lr``); updated by Muon (:mod:`.muon`), every other group by AdamW.
 
-Both peak lrs are scaled by ``train.lr_scaling`` from ``train.reference_batch_rows`` to the
+Every peak lr is scaled by ``train.lr_scaling`` from ``train.reference_batch_rows`` to the
 global batch. Resuming: ``optimizer.load_state_dict`` restores the *snapshot's* group
 hyper-parameters; :func:`load_optimizer_state` loads and then re-applies the current
 config's (peak lr, weight decay may legitimately change between segments).
@@ -26,18 +30,28 @@ from torch import nn
 from ..config import TrainConfig
 from ..errors import CheckpointError, ConfigError
 from .eager import EagerAdamW, skip_dynamo_import
+from .muon import MUON_GROUP, MuonAdamW
 from .schedule import scale_lr
 
-GROUP_ORDER = ("decay", "no_decay", "injection_scale")
+GROUP_ORDER = ("decay", "no_decay", "injection_scale", MUON_GROUP)
 INJECTION_MARK = "injection_scale"
+HIDDEN_STACKS = ("prelude", "core", "coda")  # LoopedLM's block lists
+ROUTER_MARK = "router"
 
 
 def _is_no_decay_module(module: nn.Module) -> bool:
     return isinstance(module, nn.Embedding) or type(module).__name__.endswith("Norm")
 
 
-def classify_parameters(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    """``{group name: [(parameter name, parameter)]}`` for trainable parameters (see module doc).
+def _is_hidden_matrix(name: str, p: nn.Parameter) -> bool:
+    return (name.split(".", 1)[0] in HIDDEN_STACKS and p.ndim in (2, 3)
+            and ROUTER_MARK not in name)
+
+
+def classify_parameters(model: nn.Module, *, muon: bool = False
+                        ) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """``{group name: [(parameter name, parameter)]}`` for trainable parameters (see module doc);
+    ``muon``: the blocks' hidden matrices form the ``muon`` group.
 
     A parameter shared by several modules (tied embedding and head) appears once, under its
     first name, and is ``no_decay`` when any owner is an embedding or a norm.
@@ -56,15 +70,20 @@ def classify_parameters(model: nn.Module) -> dict[str, list[tuple[str, nn.Parame
               or any(_is_no_decay_module(m) or "bias" in local for m, local in owners[id(p)])):
             group = "no_decay"
         else:
-            group = "decay"
+            group = MUON_GROUP if muon and _is_hidden_matrix(name, p) else "decay"
         groups[group].append((name, p))
     return {g: ps for g, ps in groups.items() if ps}
 
 
-def _group_hparams(name: str, train: TrainConfig, global_batch_rows: int) -> dict[str, float]:
-    base = train.injection_lr if name == "injection_scale" and train.injection_lr > 0 else train.lr
-    peak = scale_lr(base, global_batch_rows, train.reference_batch_rows, train.lr_scaling)
-    return {"peak_lr": peak, "weight_decay": train.weight_decay if name == "decay" else 0.0}
+def _group_hparams(name: str, train: TrainConfig, global_batch_rows: int) -> dict[str, Any]:
+    own = {"injection_scale": train.injection_lr, MUON_GROUP: train.muon_lr}.get(name, 0.0)
+    peak = scale_lr(own or train.lr, global_batch_rows, train.reference_batch_rows,
+                    train.lr_scaling)
+    out: dict[str, Any] = {"peak_lr": peak, "weight_decay": (
+        train.weight_decay if name in ("decay", MUON_GROUP) else 0.0)}
+    if name == MUON_GROUP:
+        out.update(momentum=train.muon_momentum, adjust_lr_fn=train.muon_adjust_lr)
+    return out
 
 
 def param_groups(model: nn.Module, train: TrainConfig, *,
@@ -72,40 +91,48 @@ def param_groups(model: nn.Module, train: TrainConfig, *,
     """Optimizer parameter groups with ``name``, ``peak_lr``, ``lr`` and ``weight_decay``."""
     g = train.global_batch_rows if global_batch_rows is None else global_batch_rows
     out = []
-    for name, params in classify_parameters(model).items():
+    for name, params in classify_parameters(model, muon=train.optimizer == "muon").items():
         hp = _group_hparams(name, train, g)
         out.append({"params": [p for _, p in params], "name": name, "lr": hp["peak_lr"], **hp})
     if not out:
-        raise ConfigError("the model has no trainable parameters; nothing to optimize")
+        raise ConfigError("the model has no trainable parameters; nothing to optimize: "
+                          "leave parts out of train.freeze")
     return out
 
 
 def build_optimizer(model: nn.Module, train: TrainConfig, *,
                     global_batch_rows: int | None = None) -> torch.optim.Optimizer:
-    """AdamW or AdamATan2 (``train.optimizer``) over :func:`param_groups`.
+    """AdamW, AdamATan2 or Muon + AdamW (``train.optimizer``) over :func:`param_groups`.
 
-    Without ``train.compile`` both skip torch's ``torch._dynamo`` import (see :mod:`.eager`):
+    Without ``train.compile`` they skip torch's ``torch._dynamo`` import (see :mod:`.eager`):
     the same arithmetic, about 1.1 s less per process."""
     if not train.compile:
         skip_dynamo_import()
     groups = param_groups(model, train, global_batch_rows=global_batch_rows)
     betas = (train.beta1, train.beta2)
+    adamw = torch.optim.AdamW if train.compile else EagerAdamW
     if train.optimizer == "adamw":
-        adamw = torch.optim.AdamW if train.compile else EagerAdamW
         return adamw(groups, lr=train.lr, betas=betas, eps=train.eps,
                      weight_decay=train.weight_decay)
+    if train.optimizer == "muon":
+        return MuonAdamW(groups, adamw=adamw, lr=train.lr, betas=betas, eps=train.eps,
+                         weight_decay=train.weight_decay, momentum=train.muon_momentum,
+                         adjust_lr_fn=train.muon_adjust_lr)
     if train.optimizer == "adamatan2":
         return AdamATan2(groups, lr=train.lr, betas=betas, weight_decay=train.weight_decay)
-    raise ConfigError(f"train.optimizer = {train.optimizer!r} is unknown; use adamw or adamatan2")
+    raise ConfigError(f"train.optimizer = {train.optimizer!r} is unknown; use adamw, "
+                      "adamatan2 or muon")
 
 
 def refresh_group_hparams(optimizer: torch.optim.Optimizer, train: TrainConfig, *,
                           global_batch_rows: int | None = None) -> None:
-    """Set every group's ``peak_lr``, ``weight_decay``, betas and eps from the current config."""
+    """Set every group's ``peak_lr``, ``weight_decay``, betas and eps (Muon's: momentum and
+    lr adjustment) from the current config."""
     g = train.global_batch_rows if global_batch_rows is None else global_batch_rows
     for group in optimizer.param_groups:
         group.update(_group_hparams(group["name"], train, g))
-        group["betas"] = (train.beta1, train.beta2)
+        if group["name"] != MUON_GROUP:
+            group["betas"] = (train.beta1, train.beta2)
         if "eps" in group:
             group["eps"] = train.eps
 

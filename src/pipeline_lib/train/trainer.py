@@ -52,6 +52,7 @@ from .diagnostics import due
 from .distributed import RankGroup, process_device, reshard, shard_model, shards_model
 from .ema import WeightsEMA
 from .evaluation import generate_samples, samples_jsonl, validation_loss
+from .freeze import freeze_parts
 from .hooks import StepHooks, installed_step_hooks
 from .metrics import TrainLog
 from .optim import build_optimizer
@@ -117,6 +118,9 @@ class Trainer:
         plan = make_batch_plan(cfg.train, world_size)
         total = planned_total_steps(cfg.train, cfg.model, data.seq_len, data.vocab_size)
         model = build_model(cfg, device)  # the same seeded init on every rank
+        if cfg.train.freeze:  # before sharding, the optimizer and the EMA see the flags
+            frozen = freeze_parts(model, cfg.train.freeze)
+            log.info("train.freeze %s: %d parameters fixed", cfg.train.freeze, frozen)
         group = None
         if shards_model(world_size):
             group = RankGroup.current(device, shard_model(model, precision))

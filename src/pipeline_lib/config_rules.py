@@ -1,0 +1,48 @@
+"""Cross-field rules of ``train.optimizer = muon`` and ``train.freeze``, run by
+:func:`pipeline_lib.config.validate_config` when a config is loaded (before any job starts).
+
+Below :mod:`pipeline_lib.config` in the layers, so the sections come in as arguments (a
+``TrainConfig`` and a ``ModelConfig``, read by attribute) and nothing here imports them.
+:data:`FREEZE_PARTS` is the vocabulary of ``train.freeze``; what each part holds in the
+model is :mod:`pipeline_lib.train.freeze`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ConfigError
+
+FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
+
+
+def model_parts(model: Any) -> list[str]:
+    """The :data:`FREEZE_PARTS` the architecture ``model`` (a ``ModelConfig``) has parameters
+    for: no prelude or coda without layers, no head of its own when tied to the embedding,
+    an adapter only with linear injection (``injection_proj``) or a learnable λ."""
+    has = {"prelude": model.prelude_layers > 0, "coda": model.coda_layers > 0,
+           "head": not model.tie_embeddings,
+           "adapter": model.injection == "linear" or model.learn_injection_scale}
+    return [part for part in FREEZE_PARTS if has.get(part, True)]
+
+
+def check_optimizer_and_freeze(train: Any, model: Any) -> None:
+    """Muon runs in one process; ``train.freeze`` names parts the model has, and not all of
+    them (``train``: a ``TrainConfig``, ``model``: a ``ModelConfig``). Raises ConfigError."""
+    world = train.nproc * train.nnodes
+    if train.optimizer == "muon" and world > 1:
+        raise ConfigError(f"train.optimizer = muon runs in one process, not train.nproc × "
+                          f"train.nnodes = {world} (FSDP shards each matrix, Newton–Schulz "
+                          "needs it whole); set train.nproc=1 and train.nnodes=1 or use adamw")
+    present = model_parts(model)
+    if "head" in train.freeze and model.tie_embeddings and "embeddings" not in train.freeze:
+        raise ConfigError("train.freeze lists head, but model.tie_embeddings shares the head "
+                          "with the token embedding, which would freeze it too; list "
+                          "embeddings as well, or remove head")
+    for part in train.freeze:
+        if part not in present and part != "head":  # a tied head: checked above
+            raise ConfigError(f"train.freeze lists {part}, which this model has no parameters "
+                              f"for (it has {present}); remove it")
+    if not set(present) - set(train.freeze):
+        raise ConfigError(f"train.freeze = {train.freeze} freezes every part of the model; "
+                          "nothing would train: leave at least one part out")
