@@ -26,7 +26,11 @@ from typing import Any
 
 from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
-from .config_rules import FREEZE_PARTS, check_optimizer_and_freeze
+from .config_rules import (
+    FREEZE_PARTS,
+    check_optimizer_and_freeze,
+    check_source_fields,
+)
 from .credentials import redact_config, redact_text
 from .errors import ConfigError
 
@@ -34,7 +38,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "config.yaml"
 RUN_NAME_PATTERN = r"^(?!data$|compare$)[A-Za-z_][A-Za-z0-9_]*$"
 OBJECTIVES = ["last", "deep_supervision", "answer_last", "answer_deep_supervision"]
-ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 
 
 # --------------------------------------------------------------------------- sections
@@ -681,7 +684,7 @@ def validate_config(cfg: Config) -> None:
                               "set it to a file glob")
         if src.min_difficulty > src.max_difficulty:
             raise ConfigError(f"data.sources[{i}].min_difficulty exceeds max_difficulty; swap them")
-        _check_source_fields(i, src)
+        check_source_fields(i, src)
     if not d.sources:
         raise ConfigError("data.sources is empty; list at least one corpus source")
     if d.curriculum_fraction > 0 and not any(s.type == "reasoning" or s.level_field
@@ -703,18 +706,3 @@ def validate_config(cfg: Config) -> None:
         if not re.match(RUN_NAME_PATTERN, name):
             raise ConfigError(f"runs.{name}: run names must be identifiers other than 'data' "
                               "and 'compare' (letters, digits, underscores)")
-
-
-def _check_source_fields(i: int, src: SourceConfig) -> None:
-    """prompt_field/answer_field come as a pair, and only jsonl/parquet read them."""
-    fields = {"prompt_field": src.prompt_field, "answer_field": src.answer_field,
-              "level_field": src.level_field}
-    used = [name for name, value in fields.items() if value]
-    if used and src.type not in ANSWER_FIELD_SOURCE_TYPES:
-        raise ConfigError(f"data.sources[{i}].{used[0]} is set on a {src.type} source; only "
-                          "jsonl and parquet sources read it, remove it")
-    if bool(src.prompt_field) != bool(src.answer_field):
-        given, missing = (("prompt_field", "answer_field") if src.prompt_field
-                          else ("answer_field", "prompt_field"))
-        raise ConfigError(f"data.sources[{i}].{given} is set without {missing}; set both "
-                          "(the document is prompt + answer) or neither")

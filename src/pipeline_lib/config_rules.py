@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import ConfigError
 
+ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
 
 
@@ -46,3 +47,18 @@ def check_optimizer_and_freeze(train: Any, model: Any) -> None:
     if not set(present) - set(train.freeze):
         raise ConfigError(f"train.freeze = {train.freeze} freezes every part of the model; "
                           "nothing would train: leave at least one part out")
+
+
+def check_source_fields(i: int, src: Any) -> None:
+    """prompt_field/answer_field come as a pair, and only jsonl/parquet read them."""
+    fields = {"prompt_field": src.prompt_field, "answer_field": src.answer_field,
+              "level_field": src.level_field}
+    used = [name for name, value in fields.items() if value]
+    if used and src.type not in ANSWER_FIELD_SOURCE_TYPES:
+        raise ConfigError(f"data.sources[{i}].{used[0]} is set on a {src.type} source; only "
+                          "jsonl and parquet sources read it, remove it")
+    if bool(src.prompt_field) != bool(src.answer_field):
+        given, missing = (("prompt_field", "answer_field") if src.prompt_field
+                          else ("answer_field", "prompt_field"))
+        raise ConfigError(f"data.sources[{i}].{given} is set without {missing}; set both "
+                          "(the document is prompt + answer) or neither")
