@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from hf_import_helpers import save_tiny_llama, write_tiny_gguf
+from support.hf_import_helpers import save_tiny_llama, write_tiny_gguf
 
 from pipeline_lib.config import Config
 from pipeline_lib.errors import ConfigError, DataError, UsageError
@@ -117,7 +117,7 @@ def test_gguf_import_undoes_llama_cpps_qk_permutation(llama, tmp_path):
 
 
 def test_unpermute_inverts_the_llama_cpp_permutation():
-    from hf_import_helpers import _permute_like_llama_cpp
+    from support.hf_import_helpers import _permute_like_llama_cpp
 
     w = torch.arange(32 * 3, dtype=torch.float32).reshape(32, 3)
     permuted = torch.from_numpy(_permute_like_llama_cpp(w.numpy(), 4))

@@ -293,7 +293,7 @@ def read_import_record(snapshot: str | Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is missing or unreadable ({exc}); re-run import-hf")
+        raise CheckpointError(f"{path} is missing or unreadable ({exc}); re-run import-hf") from None
 
 
 __all__ = ["import_checkpoint", "init_model_config", "resolve_init_from", "read_import_record", "source_fingerprint",
