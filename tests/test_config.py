@@ -142,6 +142,10 @@ def test_run_variant_applies_override_and_clears_runs():
         (["model.d_model=abc"], r"config key 'model\.d_model'"),
         (["data.seq_len=1"], r"data\.seq_len = 1 is below its minimum 2"),
         (["model.n_heads=5"], r"not divisible by model\.n_heads"),
+        (["model.n_kv_heads=3"], r"model\.n_kv_heads = 3 does not divide model\.n_heads = 4; "
+                                 r"pick a divisor of n_heads \(0 = n_heads\)"),
+        (["model.rope_scaling=ntk"], r"model\.rope_scaling = 'ntk' is not allowed"),
+        (["model.rope_scaling_factor=0"], r"model\.rope_scaling_factor = 0"),
         (["model.moe_experts=2", "model.moe_top_k=3"], r"moe_top_k = 3 must be between 1 and model.moe_experts = 2"),
         (["train.global_batch_rows=12", "train.micro_batch_rows=8"], r"multiple of 8"),
         (["train.optimizer=sgd"], r"train\.optimizer = 'sgd' is not allowed"),

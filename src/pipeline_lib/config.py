@@ -173,6 +173,8 @@ class ModelConfig:
     vocab_size: int = _f(0, "Vocabulary size; 0 = taken from the packed data's tokenizer.", minimum=0)
     d_model: int = _f(128, "Residual stream width.", minimum=8)
     n_heads: int = _f(4, "Attention heads; must divide d_model.", minimum=1)
+    n_kv_heads: int = _f(0, "Key/value heads (grouped-query attention); 0 = n_heads; must "
+                         "divide n_heads.", minimum=0)
     prelude_layers: int = _f(1, "Blocks before the loop (run once).", minimum=0)
     core_layers: int = _f(1, "Blocks in the looped core.", minimum=1)
     coda_layers: int = _f(1, "Blocks after the loop (run once per readout).", minimum=0)
@@ -197,6 +199,19 @@ class ModelConfig:
                          choices=["zeros", "embedding"])
     tie_embeddings: bool = _f(True, "Share the token embedding with the output head.")
     rope_theta: float = _f(10000.0, "RoPE base frequency.", exclusive_minimum=0)
+    rope_scaling: str = _f("none", "RoPE frequency scaling: none, linear (every frequency / "
+                           "rope_scaling_factor) or llama3 (Llama 3.1's: low frequencies / "
+                           "factor, high ones kept, smooth in between).",
+                           choices=["none", "linear", "llama3"])
+    rope_scaling_factor: float = _f(1.0, "linear and llama3: the factor frequencies are divided "
+                                    "by (context extension ratio).", exclusive_minimum=0)
+    rope_low_freq_factor: float = _f(1.0, "llama3: wavelengths over rope_original_max_position / "
+                                     "this are divided by the factor.", exclusive_minimum=0)
+    rope_high_freq_factor: float = _f(4.0, "llama3: wavelengths under rope_original_max_position "
+                                      "/ this are kept; must exceed rope_low_freq_factor.",
+                                      exclusive_minimum=0)
+    rope_original_max_position: int = _f(8192, "llama3: context length (tokens) of the original "
+                                         "pretraining.", minimum=1)
     norm_eps: float = _f(1e-6, "RMSNorm epsilon.", exclusive_minimum=0)
     init_std: float = _f(0.02, "Standard deviation of the normal weight init.", exclusive_minimum=0)
     loss_chunk_size: int = _f(1024, "Tokens per chunk of the chunked cross-entropy.", minimum=1)
@@ -652,6 +667,13 @@ def check_model_shape(cfg: ModelConfig) -> None:
     if (cfg.d_model // cfg.n_heads) % 2:
         raise ConfigError(f"model.d_model / model.n_heads = {cfg.d_model // cfg.n_heads} must be "
                           "even for RoPE; change d_model or n_heads")
+    if cfg.n_kv_heads and cfg.n_heads % cfg.n_kv_heads:
+        raise ConfigError(f"model.n_kv_heads = {cfg.n_kv_heads} does not divide model.n_heads = "
+                          f"{cfg.n_heads}; pick a divisor of n_heads (0 = n_heads)")
+    if cfg.rope_scaling == "llama3" and cfg.rope_high_freq_factor <= cfg.rope_low_freq_factor:
+        raise ConfigError(f"model.rope_high_freq_factor = {cfg.rope_high_freq_factor} must exceed "
+                          f"model.rope_low_freq_factor = {cfg.rope_low_freq_factor} for llama3 "
+                          "RoPE scaling; raise it (Llama 3.1 uses 4 and 1)")
     if cfg.moe_experts and not 1 <= cfg.moe_top_k <= cfg.moe_experts:
         raise ConfigError(f"model.moe_top_k = {cfg.moe_top_k} must be between 1 and "
                           f"model.moe_experts = {cfg.moe_experts}; lower top_k or add experts")

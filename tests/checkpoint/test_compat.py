@@ -116,3 +116,26 @@ def test_load_weights_only_lists_misfits(tmp_path):
     wider.mix = torch.nn.Linear(8, 9)
     with pytest.raises(CheckpointError, match=r"mix.weight shape \(8, 8\) vs model \(9, 8\)"):
         load_weights_only(snap, wider, strict=False)
+
+
+NEW_MODEL_KEYS = ("n_kv_heads", "rope_scaling", "rope_scaling_factor", "rope_low_freq_factor",
+                  "rope_high_freq_factor", "rope_original_max_position")
+
+
+def test_a_snapshot_from_before_gqa_and_rope_scaling_resumes_under_their_defaults(tmp_path):
+    """config.yaml files written before model.n_kv_heads and the rope_* keys existed load
+    with the defaults (plain multi-head attention, unscaled RoPE) and resume under the same
+    config; a grouped-query run does not resume from them."""
+    from pipeline_lib.checkpoint.compat import snapshot_config
+
+    data = to_dict(Config())
+    for key in NEW_MODEL_KEYS:
+        del data["model"][key]
+    text = OmegaConf.to_yaml(OmegaConf.create(data))
+    (tmp_path / "config.yaml").write_text(text)
+    for old in (config_from_yaml(text, "snap/config.yaml"), snapshot_config(tmp_path)):
+        assert old == Config()
+        assert (old.model.n_kv_heads, old.model.rope_scaling) == (0, "none")
+        assert resume_mismatches(old, Config()) == []
+        assert resume_mismatches(old, _replace(Config(), "model", n_kv_heads=2)) == [
+            ("model.n_kv_heads", 0, 2)]

@@ -1,7 +1,8 @@
 """The Hugging Face export of a snapshot: its files, loading it with transformers alone (no
-loopline importable), logits equal to LoopedLM's at H_eff 1, 4 and 8 for dense and MoE
-models, ``generate(num_loops=…)`` equal to loopline's greedy decoding, its KV cache equal to
-recomputing the window, and sharded snapshots exporting the same weights as unsharded ones."""
+loopline importable), logits equal to LoopedLM's at H_eff 1, 4 and 8 for dense, MoE and
+grouped-query (Llama 3 RoPE) models, ``generate(num_loops=…)`` equal to loopline's greedy
+decoding, its KV cache equal to recomputing the window, sharded snapshots exporting the same
+weights as unsharded ones, and config.json files of older exports still loading."""
 
 from __future__ import annotations
 
@@ -25,15 +26,17 @@ from pipeline_lib.export import export_snapshot
 from pipeline_lib.export.hf import EXPORT_FILES, MODELING_FILE
 
 H_EFFS = [1, 4, 8]
+ROPE_KEYS = ("rope_scaling_type", "rope_scaling_factor", "rope_low_freq_factor",
+             "rope_high_freq_factor", "rope_original_max_position")
 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory) -> dict[str, tuple[torch.nn.Module, Path, Path]]:
-    """name → (model, its snapshot, its export) for the dense and the MoE model."""
+    """name → (model, its snapshot, its export) for the dense, the MoE and the GQA model."""
     root = tmp_path_factory.mktemp("exports")
     tok = byte_level_tokenizer()
     out = {}
-    for name in ("dense", "moe"):
+    for name in ("dense", "moe", "gqa"):
         model = random_model(name)
         snap = write_model_snapshot(root / name / "snapshots" / "step_0000005", model, tok)
         export_snapshot(snap, root / name / "export")
@@ -68,6 +71,58 @@ def test_export_holds_the_hf_files_and_the_loop_count(exports) -> None:
     assert "head.weight" not in dense  # tied: the head is the token embedding
     assert dense["injection_scale"].item() == pytest.approx(
         exports["dense"][0].injection_scale.item())
+
+
+
+def test_grouped_query_export_names_its_kv_heads_and_rope_scaling(exports) -> None:
+    _, _, out = exports["gqa"]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
+    assert {k: config[k] for k in ROPE_KEYS} == {
+        "rope_scaling_type": "llama3", "rope_scaling_factor": 4.0, "rope_low_freq_factor": 1.0,
+        "rope_high_freq_factor": 4.0, "rope_original_max_position": 64}
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["core.0.attn.qkv.weight"].shape == ((4 + 2 * 2) * 8, 32)
+    dense = json.loads((exports["dense"][2] / "config.json").read_text())
+    assert (dense["num_key_value_heads"], dense["rope_scaling_type"]) == (2, "none")
+
+
+@pytest.mark.parametrize("scaling", [{}, {"rope_scaling": "linear", "rope_scaling_factor": 3.0},
+                                     {"rope_scaling": "llama3", "rope_scaling_factor": 8.0,
+                                      "rope_low_freq_factor": 2.0, "rope_high_freq_factor": 8.0,
+                                      "rope_original_max_position": 200}])
+def test_the_exported_rope_tables_equal_loopline_s(scaling) -> None:
+    """The modelling file's own RoPE, read from config.json's keys, gives loopline's tables
+    bit for bit (at head width 32 every llama3 regime occurs over a 200-token context)."""
+    from pipeline_lib.config import Config
+    from pipeline_lib.export import modeling_loopline as exported
+    from pipeline_lib.export.hf import hf_config
+    from pipeline_lib.model.layers import RopeScaling, rope_tables
+
+    cfg = Config()
+    for key, value in {"vocab_size": 258, "d_model": 64, "n_heads": 2, **scaling}.items():
+        setattr(cfg.model, key, value)
+    config = exported.LooplineConfig(**hf_config(cfg, 256, 257, {}))
+    positions = torch.randint(0, 5000, (2, 40), generator=torch.Generator().manual_seed(0))
+    cos, sin = rope_tables(positions, 32, cfg.model.rope_theta, RopeScaling.of(cfg.model))
+    got_cos, got_sin = exported.rope_tables(positions, config)  # plain cos, sin [B, L, 1, 16]
+    assert torch.equal(got_cos, cos[..., :16]) and torch.equal(got_sin, sin[..., 16:])
+
+
+def test_a_config_json_from_before_gqa_and_rope_scaling_loads_as_before(exports) -> None:
+    """An export written before num_key_value_heads and the rope_* keys existed: multi-head
+    attention, unscaled RoPE, its weights fit."""
+    from pipeline_lib.export import modeling_loopline as exported
+
+    _, _, out = exports["dense"]
+    config = json.loads((out / "config.json").read_text())
+    for key in ("num_key_value_heads", *ROPE_KEYS):
+        config.pop(key)
+    old = exported.LooplineConfig(**config)
+    assert (old.num_key_value_heads, old.rope_scaling_type) == (2, "none")
+    model = exported.LooplineForCausalLM(old)
+    result = model.load_state_dict(load_file(str(out / "model.safetensors")), strict=False)
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ itself: tests/model/test_flex.py)."""
 from __future__ import annotations
 
 import torch
+from support.gqa_helpers import grouped_kv_grad, repeated_kv
 
 from pipeline_lib.model.attention import (
     Attention,
@@ -56,3 +57,36 @@ def test_kernel_choice_by_request_and_device():
     mask = DocumentMask.build(torch.zeros(2, 40, dtype=torch.long), "flex")
     assert mask.flex_len == 256 and mask.block_mask.seq_lengths == (256, 256)
     assert mask.block_mask.kv_num_blocks.device == cpu  # built where the batch lives
+
+
+def test_grouped_query_projection_holds_q_then_k_then_v_heads():
+    attn = Attention(32, 4, 2)  # hd 8: 4 q heads, 2 k heads, 2 v heads
+    assert (attn.n_heads, attn.n_kv_heads, attn.head_dim) == (4, 2, 8)
+    assert attn.qkv.weight.shape == ((4 + 2 + 2) * 8, 32)
+    assert Attention(32, 4).qkv.weight.shape == (3 * 32, 32)  # 0 = n_heads: plain multi-head
+
+
+def test_grouped_query_attention_equals_multi_head_with_repeated_kv_heads():
+    """Packed documents, prefill path: the output equals (bit for bit where SDPA allows) the
+    KV = H module whose k/v heads are the grouped ones repeated per group, and the input
+    gradient agrees; the grouped weight's gradient is the repeated one's summed per group."""
+    torch.manual_seed(0)
+    gqa, mha = Attention(32, 4, 2), Attention(32, 4)
+    with torch.no_grad():
+        mha.qkv.weight.copy_(repeated_kv(gqa.qkv.weight, 4, 2))
+        mha.out.weight.copy_(gqa.out.weight)
+    lengths = [5, 9, 6]
+    pos = torch.cat([torch.arange(n) for n in lengths])[None].expand(2, -1)
+    doc = torch.cat([torch.full((n,), d) for d, n in enumerate(lengths)])[None].expand(2, -1)
+    rope, mask = rope_tables(pos, 8, 10000.0), DocumentMask.build(doc, "sdpa")
+    x = torch.randn(2, sum(lengths), 32, requires_grad=True)
+    y_gqa = gqa(x, rope, mask)
+    (dx_gqa,) = torch.autograd.grad(y_gqa.square().sum(), x)
+    y_mha = mha(x, rope, mask)
+    (dx_mha,) = torch.autograd.grad(y_mha.square().sum(), x)
+    torch.testing.assert_close(y_gqa, y_mha, atol=1e-6, rtol=0)
+    torch.testing.assert_close(dx_gqa, dx_mha, atol=1e-5, rtol=1e-6)
+    gqa(x, rope, mask).square().sum().backward()
+    mha(x, rope, mask).square().sum().backward()
+    torch.testing.assert_close(gqa.qkv.weight.grad, grouped_kv_grad(mha.qkv.weight.grad, 4, 2),
+                               atol=1e-5, rtol=1e-5)

@@ -121,7 +121,7 @@ def test_the_probe_draws_no_random_numbers() -> None:
     torch.manual_seed(7)
     q = torch.zeros(2, 2, 40, 8)
     with torch.no_grad():
-        assert flex.use_flex(q)
+        assert flex.use_flex(q, 2)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -133,3 +133,36 @@ def test_uncompiled_flex_on_the_block_mask_equals_the_dense_mask(make_batch) -> 
     got = flex_attention(q, k, v, block_mask=flex.document_block_mask(doc))
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_document_mask(doc))
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_uncompiled_flex_with_grouped_kv_heads_equals_sdpa(make_batch) -> None:
+    """enable_gqa on the block mask: query head i reads kv head i // 2, as SDPA's."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    doc = flex.pad_doc_ids(make_batch([[100, 60, 96], [256]])["doc_ids"], 256)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 256, 8, generator=gen)
+    k, v = torch.randn(2, 2, 2, 256, 8, generator=gen).unbind(0)
+    got = flex_attention(q, k, v, block_mask=flex.document_block_mask(doc), enable_gqa=True)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_document_mask(doc),
+                                          enable_gqa=True)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    repeated = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(
+        2, 1), attn_mask=dense_document_mask(doc))
+    torch.testing.assert_close(got, repeated, atol=1e-6, rtol=1e-5)
+
+
+def test_compiled_flex_with_grouped_query_attention_equals_sdpa(make_config, make_batch) -> None:
+    """A grouped-query model on compiled flex (its probe at 4 query and 2 kv heads) gives
+    SDPA's logits, at lengths on both sides of a block."""
+    torch.manual_seed(0)
+    gqa = {"d_model": 32, "n_heads": 4, "n_kv_heads": 2}
+    model = LoopedLM(make_config(attention="flex", **gqa)).eval()
+    ref = LoopedLM(make_config(attention="sdpa", **gqa)).eval()
+    ref.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for lengths in ([[40], [13, 27]], [[130], [70, 60]]):
+            batch = make_batch(lengths)
+            torch.testing.assert_close(model.logits_at(batch, 3), ref.logits_at(batch, 3),
+                                       atol=2e-5, rtol=1e-5)
+    assert kernel_tags() == {"loopline.attention_kernel": "flex"}

@@ -17,6 +17,9 @@ VARIANTS = {
     "linear_zeros_nocoda": {"injection": "linear", "state_init": "zeros", "coda_layers": 0},
     "step_emb_2core": {"step_embedding": True, "core_layers": 2, "state_init": "embedding",
                        "tie_embeddings": False},
+    # grouped-query attention (the cache holds the 2 kv heads) and Llama 3 RoPE scaling
+    "gqa_llama3_rope": {"n_heads": 4, "n_kv_heads": 2, "rope_scaling": "llama3",
+                        "rope_scaling_factor": 8.0, "rope_original_max_position": 1000},
 }
 
 
@@ -38,6 +41,7 @@ def test_decode_steps_match_the_uncached_window(build, variant: str, h_eff: int)
     lengths = torch.tensor([9, 4, 6])  # right-padded rows of different lengths
     logits, cache = model.prefill(ids, h_eff, lengths)
     assert len(cache.keys) == attention_calls(model.cfg, h_eff)
+    assert cache.keys[0].shape[1] == (model.cfg.n_kv_heads or model.cfg.n_heads)
     rows = [ids[b, : int(n)].tolist() for b, n in enumerate(lengths)]
     for _ in range(12):  # past the first capacity (9): the cache grows on the way
         reference = torch.stack([model.logits_at(torch.tensor([r]), h_eff)[0, -1] for r in rows])
@@ -51,7 +55,7 @@ def test_decode_steps_match_the_uncached_window(build, variant: str, h_eff: int)
     assert cache.capacity >= max(len(r) for r in rows)
 
 
-@pytest.mark.parametrize("variant", ["dense", "moe"])
+@pytest.mark.parametrize("variant", ["dense", "moe", "gqa_llama3_rope"])
 def test_packed_rows_continue_their_last_document(build, make_batch, variant: str) -> None:
     """A prefill over a packed batch (documents, restarting positions) continues the last
     document of each row: the uncached reference is the batch with the tokens appended to

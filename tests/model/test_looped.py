@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from support.gqa_helpers import as_multi_head
 
 from pipeline_lib.model.looped import LoopedLM, LoopOutput
 
@@ -15,6 +16,8 @@ VARIANTS = {
     "moe": {"moe_experts": 4, "moe_top_k": 2, "core_layers": 2},
     "linear_step_emb": {"injection": "linear", "step_embedding": True, "state_init": "embedding"},
     "learned_lambda": {"learn_injection_scale": True, "injection_scale": 0.5},
+    "gqa_llama3_rope": {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "rope_scaling": "llama3",
+                        "rope_scaling_factor": 8.0, "rope_original_max_position": 16},
 }
 
 
@@ -229,3 +232,21 @@ def test_bad_loop_lists_raise(make_config, make_batch):
         model.logits_at(batch, 0)
     with pytest.raises(ValueError, match="targets"):
         model.readout_loss(model.forward_loops(batch, 0, 1), {"input_ids": batch["input_ids"]})
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])  # grouped-query and multi-query attention
+def test_grouped_query_model_equals_multi_head_model_with_repeated_kv_heads(kv_heads, make_config,
+                                                                             make_batch):
+    """The KV = H model whose k/v heads are the grouped model's repeated per group computes the
+    same losses (every readout) and logits, over packed documents."""
+    gqa = _model(make_config, d_model=32, n_heads=4, n_kv_heads=kv_heads, init_std=0.3)
+    mha = LoopedLM(make_config(d_model=32, n_heads=4, init_std=0.3))
+    mha.load_state_dict(as_multi_head(gqa.state_dict(), 4, kv_heads))
+    batch = make_batch([[5, 7, 4], [16]])
+    with torch.no_grad():
+        got, want = gqa.losses(batch, [1, 3, 5]), mha.losses(batch, [1, 3, 5])
+        for h in (1, 3, 5):
+            torch.testing.assert_close(got[h], want[h], atol=1e-6, rtol=0)
+        torch.testing.assert_close(gqa.logits_at(batch, 3), mha.logits_at(batch, 3),
+                                   atol=1e-5, rtol=0)
+    assert sum(p.numel() for p in gqa.parameters()) < sum(p.numel() for p in mha.parameters())

@@ -25,6 +25,9 @@ CONFIGS = [
     {"injection": "linear", "step_embedding": True, "loops": 5},
     {"learn_injection_scale": True, "coda_layers": 3, "d_model": 24, "n_heads": 3},
     {"moe_experts": 3, "moe_top_k": 3, "d_model": 64, "n_heads": 4},  # 176 / 3 = 58 → 64
+    {"d_model": 48, "n_heads": 6, "n_kv_heads": 2, "tie_embeddings": False},  # grouped-query
+    {"n_kv_heads": 1, "moe_experts": 2, "moe_top_k": 1},  # multi-query
+    {"n_kv_heads": 2},  # = n_heads: plain multi-head
 ]
 
 
@@ -66,6 +69,11 @@ def test_size_module_does_not_import_torch():
     ({"d_model": 18, "n_heads": 4}, "not divisible by model.n_heads"),
     ({"d_model": 18, "n_heads": 6}, "must be even for RoPE"),
     ({"moe_experts": 2, "moe_top_k": 3}, "model.moe_top_k = 3"),
+    ({"d_model": 24, "n_heads": 4, "n_kv_heads": 3}, "model.n_kv_heads = 3 does not divide"),
+    ({"n_kv_heads": 4}, "model.n_kv_heads = 4 does not divide model.n_heads = 2"),
+    ({"n_kv_heads": -1}, "model.n_kv_heads = -1 must not be negative"),
+    ({"rope_scaling": "yarn"}, "model.rope_scaling = 'yarn' is not allowed"),
+    ({"rope_scaling": "llama3", "rope_high_freq_factor": 1.0}, "must exceed"),
     ({"injection": "concat"}, "model.injection = 'concat'"),
     ({"loops": 0}, "model.loops = 0"),
 ])
@@ -83,7 +91,8 @@ def _linear_weights(module) -> int:
     return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"injection": "linear", "tie_embeddings": False}])
+@pytest.mark.parametrize("overrides", [{}, {"injection": "linear", "tie_embeddings": False},
+                                       {"d_model": 32, "n_heads": 4, "n_kv_heads": 1}])
 def test_flops_per_token_counts_every_matmul_weight(overrides, make_config):
     from pipeline_lib.model.size import flops_per_token
 

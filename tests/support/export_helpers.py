@@ -1,6 +1,7 @@
-"""Helpers of the export and generation tests: tiny dense and MoE models with non-trivial
-weights, real snapshots of them (unsharded, and sharded by the multi-process writer run as a
-one-rank gloo group), and the subprocess that loads an export with transformers alone."""
+"""Helpers of the export and generation tests: tiny dense, MoE and GQA models with
+non-trivial weights, real snapshots of them (unsharded, and sharded by the multi-process
+writer run as a one-rank gloo group), and the subprocess that loads an export with
+transformers alone."""
 
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ WORKER = Path(__file__).with_name("hf_export_worker.py")
 
 # Dense: tied head, additive injection with a learned λ. MoE: untied head, linear injection,
 # step embedding, state initialised from the prelude output, non-zero balancing biases.
+# GQA: 4 query heads over 2 kv heads, Llama 3 RoPE scaling whose three regimes (kept,
+# interpolated, divided) all occur at head width 8 over a 64-token "original" context.
 MODEL_CONFIGS = {
     "dense": ModelConfig(vocab_size=258, d_model=32, n_heads=2, loops=2,
                          learn_injection_scale=True, injection_scale=0.7),
     "moe": ModelConfig(vocab_size=258, d_model=32, n_heads=2, loops=3, moe_experts=4,
                        moe_top_k=2, injection="linear", step_embedding=True,
                        state_init="embedding", tie_embeddings=False),
+    "gqa": ModelConfig(vocab_size=258, d_model=32, n_heads=4, n_kv_heads=2, loops=2,
+                       rope_scaling="llama3", rope_scaling_factor=4.0,
+                       rope_original_max_position=64),
 }
 
 

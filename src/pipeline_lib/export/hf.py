@@ -41,7 +41,12 @@ MODEL_TYPE = "loopline"
 
 def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any]) -> dict[str, Any]:
     """config.json of a model with loopline config ``cfg`` (``LooplineConfig`` fields)."""
-    from ..model.size import resolved_ffn_hidden, resolved_moe_hidden, step_embedding_rows
+    from ..model.size import (
+        resolved_ffn_hidden,
+        resolved_kv_heads,
+        resolved_moe_hidden,
+        step_embedding_rows,
+    )
 
     m = cfg.model
     return {
@@ -50,7 +55,8 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any]) -> dict[
         "auto_map": {"AutoConfig": "modeling_loopline.LooplineConfig",
                      "AutoModelForCausalLM": "modeling_loopline.LooplineForCausalLM"},
         "vocab_size": m.vocab_size, "hidden_size": m.d_model,
-        "num_attention_heads": m.n_heads, "prelude_layers": m.prelude_layers,
+        "num_attention_heads": m.n_heads, "num_key_value_heads": resolved_kv_heads(m),
+        "prelude_layers": m.prelude_layers,
         "core_layers": m.core_layers, "coda_layers": m.coda_layers, "num_loops": m.loops,
         "intermediate_size": resolved_ffn_hidden(m), "moe_experts": m.moe_experts,
         "moe_top_k": m.moe_top_k,
@@ -58,6 +64,10 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any]) -> dict[
         "injection": m.injection, "injection_scale": m.injection_scale,
         "step_embedding_rows": step_embedding_rows(m), "state_init": m.state_init,
         "tie_embeddings": m.tie_embeddings, "rope_theta": m.rope_theta,
+        "rope_scaling_type": m.rope_scaling, "rope_scaling_factor": m.rope_scaling_factor,
+        "rope_low_freq_factor": m.rope_low_freq_factor,
+        "rope_high_freq_factor": m.rope_high_freq_factor,
+        "rope_original_max_position": m.rope_original_max_position,
         "rms_norm_eps": m.norm_eps, "max_position_embeddings": cfg.data.seq_len,
         "bos_token_id": None, "eos_token_id": eos, "pad_token_id": pad,
         "tie_word_embeddings": False, "dtype": "float32",

@@ -15,6 +15,13 @@ head. ``config.num_loops`` is the training loop count and the default; any count
 passed to ``forward`` and ``generate``. Module names equal loopline's ``LoopedLM``, so the
 weights are its state dict as is. Logits equal ``LoopedLM.logits_at`` (fp32, tested).
 
+Grouped-query attention (``num_key_value_heads`` < ``num_attention_heads``, as Llama's):
+query head i reads key/value head i // (heads / kv heads); the fused ``qkv`` projection holds
+all q heads, then all k heads, then all v heads. RoPE frequencies may be scaled as
+transformers' ``linear`` and ``llama3`` rope types do (``rope_scaling_type`` and the
+``rope_*`` keys of config.json). Exports written before these keys existed load as plain
+multi-head attention with unscaled RoPE.
+
 ``attention_mask`` marks padding (left or right): padded keys are never attended to and
 positions count real tokens only, so a padded row gives the logits of the unpadded one.
 
@@ -27,6 +34,8 @@ window every step.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +57,19 @@ class LooplineConfig(PretrainedConfig):
                  step_embedding_rows: int = 0, state_init: str = "zeros",
                  tie_embeddings: bool = True, rope_theta: float = 10000.0,
                  rms_norm_eps: float = 1e-6, max_position_embeddings: int = 256,
+                 num_key_value_heads: int | None = None, rope_scaling_type: str = "none",
+                 rope_scaling_factor: float = 1.0, rope_low_freq_factor: float = 1.0,
+                 rope_high_freq_factor: float = 4.0, rope_original_max_position: int = 8192,
                  **kwargs) -> None:
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        # Not transformers' rope_scaling / rope_parameters: those are its own (a deprecated
+        # property and a standardised dict) and this model computes its tables itself.
+        self.rope_scaling_type, self.rope_scaling_factor = rope_scaling_type, rope_scaling_factor
+        self.rope_low_freq_factor = rope_low_freq_factor
+        self.rope_high_freq_factor = rope_high_freq_factor
+        self.rope_original_max_position = rope_original_max_position
         self.prelude_layers, self.core_layers = prelude_layers, core_layers
         self.coda_layers, self.num_loops = coda_layers, num_loops
         self.intermediate_size = intermediate_size
@@ -66,12 +85,31 @@ class LooplineConfig(PretrainedConfig):
         super().__init__(**kwargs)
 
 
-def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float
+def rope_inv_freq(config: LooplineConfig, device: torch.device) -> torch.Tensor:
+    """RoPE frequencies [head_dim/2] in fp64: θ^(−2i/head_dim), scaled like transformers'
+    ``linear`` (all / factor) or ``llama3`` (``_compute_llama3_parameters``) rope types."""
+    half = config.hidden_size // config.num_attention_heads // 2
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64,
+                                                         device=device) / half))
+    kind, factor = config.rope_scaling_type, config.rope_scaling_factor
+    if kind == "linear":
+        return inv_freq / factor
+    if kind != "llama3":
+        return inv_freq
+    old, low, high = (config.rope_original_max_position, config.rope_low_freq_factor,
+                      config.rope_high_freq_factor)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(position_ids: torch.Tensor, config: LooplineConfig
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [B, L, 1, head_dim/2] (fp32, angles computed in fp64)."""
-    half = head_dim // 2
-    inv_freq = 1.0 / (theta ** (torch.arange(half, dtype=torch.float64,
-                                             device=position_ids.device) / half))
+    inv_freq = rope_inv_freq(config, position_ids.device)
     angles = position_ids.to(torch.float64)[..., None] * inv_freq  # [B, L, half]
     return angles.cos().float()[:, :, None], angles.sin().float()[:, :, None]
 
@@ -93,7 +131,7 @@ class RMSNorm(nn.Module):
 
 
 class LoopKVCache:
-    """Keys and values [B, H, T, hd] of every attention call of a forward pass, in call order
+    """Keys and values [B, KV, T, hd] of every attention call of a forward pass, in call order
     (prelude blocks; core blocks, loop by loop; coda blocks), for one loop count.
 
     A forward pass calls :meth:`update` once per attention call, in the same order every
@@ -139,23 +177,28 @@ class LoopKVCache:
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with RoPE, fused q/k/v projection, no biases."""
+    """Multi-head or grouped-query self-attention with RoPE, fused q/k/v projection (rows:
+    q heads, k heads, v heads), no biases."""
 
-    def __init__(self, dim: int, n_heads: int) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
         super().__init__()
-        self.n_heads, self.head_dim = n_heads, dim // n_heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
+        self.qkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor, cache: LoopKVCache | None = None) -> torch.Tensor:
         B, L, D = x.shape
-        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, self.head_dim).unbind(2)
+        H, KV = self.n_heads, self.n_kv_heads
+        q, k, v = self.qkv(x).view(B, L, H + 2 * KV, self.head_dim).split((H, KV, KV), dim=2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, L, hd]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H or KV, L, hd]
         if cache is not None:  # the cached tokens' keys and values come first
             k, v = cache.update(k, v)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if KV != H:  # grouped-query: SDPA reads kv head i // (H / KV) for query head i
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
 
@@ -209,7 +252,7 @@ class Block(nn.Module):
         super().__init__()
         d = config.hidden_size
         self.attn_norm = RMSNorm(d, config.rms_norm_eps)
-        self.attn = Attention(d, config.num_attention_heads)
+        self.attn = Attention(d, config.num_attention_heads, config.num_key_value_heads)
         self.ffn_norm = RMSNorm(d, config.rms_norm_eps)
         if config.moe_experts:
             self.ffn = MoEFFN(d, config.moe_intermediate_size, config.moe_experts,
@@ -325,7 +368,7 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
         past = 0 if cache is None else cache.begin_pass(loops)
         positions, mask = padding_inputs(input_ids, attention_mask, position_ids, past)
         cfg = self.config
-        rope = rope_tables(positions, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta)
+        rope = rope_tables(positions, cfg)
         e = self.tok_emb(input_ids)  # [B, L, D]
         for block in self.prelude:
             e = block(e, rope, mask, cache)

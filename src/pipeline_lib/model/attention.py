@@ -8,6 +8,11 @@ every layer and loop:
   it on CUDA, ``flex`` asks for it on any device. The first call decides once per process,
   after a probe against SDPA, whether the process runs flex or SDPA (a fallback is a warning
   and an MLflow tag, never a silent switch mid-run).
+
+Grouped-query attention (``n_kv_heads`` < ``n_heads``): query head i reads key/value head
+i // (n_heads / n_kv_heads), as in Llama; the kernels get the kv heads as they are
+(``enable_gqa``) rather than copies repeated per group. On the CPU that forward is bit-equal
+to repeating them, and faster forward and backward (``benchmarks/bench_gqa.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ log = logging.getLogger(__name__)
 
 class AttendsCached(Protocol):
     """What attention needs of a KV cache (:class:`~.kv_cache.KVCache`): keep this call's
-    keys and values, then attend over every cached one."""
+    keys and values (the kv heads only), then attend over every cached one."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
 
@@ -93,23 +98,34 @@ class DocumentMask:
         return self._dense
 
 
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """SDPA of q [B, H, L, hd] over k, v [B, KV, T, hd] (KV divides H) → [B, H, L, hd]."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
 def document_attention(q: Tensor, k: Tensor, v: Tensor, mask: DocumentMask) -> Tensor:
-    """Attention of q, k, v [B, H, L, hd] under the document mask → [B, H, L, hd]."""
+    """Attention of q [B, H, L, hd] over k, v [B, KV, L, hd] under the document mask →
+    [B, H, L, hd]."""
     if mask.kernel == "flex" and torch.compiler.is_compiling():  # inside train.compile's graph
         return flex_in_graph(q, k, v, mask.block_mask, mask.flex_len)
-    if mask.kernel == "flex" and use_flex(q):
+    if mask.kernel == "flex" and use_flex(q, k.shape[1]):
         return run_flex(q, k, v, mask.block_mask, mask.flex_len)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense)
+    return sdpa(q, k, v, mask.dense)
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with RoPE; fused q/k/v projection, no biases."""
+    """Multi-head (or grouped-query) self-attention with RoPE; fused q/k/v projection, no
+    biases. The projection's output rows are all q heads (H·hd), then all k heads (KV·hd),
+    then all v heads (KV·hd); ``n_kv_heads`` 0 means KV = H."""
 
-    def __init__(self, dim: int, n_heads: int) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int = 0) -> None:
         super().__init__()
         self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads or n_heads
+        assert n_heads % self.n_kv_heads == 0, "config checks: n_kv_heads divides n_heads"
         self.head_dim = dim // n_heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.qkv = nn.Linear(dim, (n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor],
@@ -120,12 +136,12 @@ class Attention(nn.Module):
             assert not isinstance(mask, DocumentMask), "a [B, D] state decodes with a KV cache"
             return self._decode(x, rope, mask)
         B, L, D = x.shape  # batch, tokens, channels
-        H = self.n_heads
-        qkv = self.qkv(x).view(B, L, 3 * H, self.head_dim)  # heads of q, then k, then v
+        H, KV = self.n_heads, self.n_kv_heads
+        qkv = self.qkv(x).view(B, L, H + 2 * KV, self.head_dim)  # heads of q, then k, then v
         # RoPE on the q and k heads in one go (the same arithmetic as one at a time, fewer ops)
-        qk = apply_rope(qkv[:, :, : 2 * H], *rope).transpose(1, 2)  # [B, 2H, L, hd]
-        q, k = qk.split(H, dim=1)  # [B, H, L, hd] each
-        v = qkv[:, :, 2 * H:].transpose(1, 2)
+        qk = apply_rope(qkv[:, :, : H + KV], *rope).transpose(1, 2)  # [B, H + KV, L, hd]
+        q, k = qk.split((H, KV), dim=1)  # [B, H, L, hd], [B, KV, L, hd]
+        v = qkv[:, :, H + KV:].transpose(1, 2)  # [B, KV, L, hd]
         if isinstance(mask, DocumentMask):
             y = document_attention(q, k, v, mask)  # [B, H, L, hd]
         else:  # a prefill: the KV cache (kv_cache.py) keeps k, v, then attends as above
@@ -137,8 +153,8 @@ class Attention(nn.Module):
         [B, 1, D], in the fewer operations a single token allows (decoding is bound by
         per-operation overhead, not arithmetic)."""
         B, D = x.shape
-        H = self.n_heads
-        qkv = self.qkv(x).view(B, 3 * H, 1, self.head_dim)  # [B, 3H, 1, hd]
-        q, k = apply_rope(qkv[:, : 2 * H], *rope).split(H, dim=1)  # rope: [B, 1, 1, hd]
-        y = cache.attend(q, k, qkv[:, 2 * H:])  # [B, H, 1, hd]
+        H, KV = self.n_heads, self.n_kv_heads
+        qkv = self.qkv(x).view(B, H + 2 * KV, 1, self.head_dim)  # [B, H + 2KV, 1, hd]
+        q, k = apply_rope(qkv[:, : H + KV], *rope).split((H, KV), dim=1)  # rope: [B, 1, 1, hd]
+        y = cache.attend(q, k, qkv[:, H + KV:])  # [B, H, 1, hd]
         return self.out(y.view(B, D))

@@ -20,7 +20,7 @@ class Block(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.attn_norm = RMSNorm(d, cfg.norm_eps)
-        self.attn = Attention(d, cfg.n_heads)
+        self.attn = Attention(d, cfg.n_heads, cfg.n_kv_heads)
         self.ffn_norm = RMSNorm(d, cfg.norm_eps)
         self.ffn: SwiGLU | MoEFFN
         if cfg.moe_experts:

@@ -16,10 +16,10 @@ the once-per-process choice between FlexAttention and SDPA.
   calls of any length reuse them; a new batch size on the CPU, a batch of one, a new dtype,
   head width or grad mode compiles once more.
 - The choice: the first flex call of a process runs a probe at that call's device, dtype,
-  heads, head width and batch size (forward, and backward when the call needs gradients:
-  FlexAttention has no CPU backward) against SDPA. A failure makes the process use SDPA from
-  then on: one warning, and :func:`attention_tags` reports it for the stage's MLflow run
-  (``loopline.attention_fallback``). Nothing switches kernels after that: a later flex
+  query and key/value heads, head width and batch size (forward, and backward when the call
+  needs gradients: FlexAttention has no CPU backward) against SDPA. A failure makes the
+  process use SDPA from then on: one warning, and :func:`attention_tags` reports it for the
+  stage's MLflow run (``loopline.attention_fallback``). Nothing switches kernels after that: a later flex
   failure is a DeviceError naming the fix (``model.attention: sdpa``). Under
   ``train.compile`` FlexAttention is traced into the model's graph instead (no probe: that
   compile owns shapes and failures).
@@ -178,11 +178,12 @@ def _mark(tensor: Tensor, batch_dynamic: bool, dims: range) -> None:
 
 def _padded(fn: Callable[..., Tensor], q: Tensor, k: Tensor, v: Tensor, block_mask: Any,
             length: int) -> Tensor:
-    """``fn`` (FlexAttention) on q, k, v [B, H, L, hd] padded to ``length`` → [B, H, L, hd]."""
+    """``fn`` (FlexAttention) on q [B, H, L, hd] and k, v [B, KV, L, hd] (KV divides H)
+    padded to ``length`` → [B, H, L, hd]."""
     L = q.shape[2]
     if length != L:
         q, k, v = (F.pad(t, (0, 0, 0, length - L)) for t in (q, k, v))
-    out = fn(q, k, v, block_mask=block_mask)
+    out = fn(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
     return out[:, :, :L] if length != L else out
 
 
@@ -194,7 +195,8 @@ def flex_in_graph(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, length: int)
     return _padded(flex_attention, q, k, v, block_mask, length)
 
 
-def _marked_compiled(q: Tensor, k: Tensor, v: Tensor, *, block_mask: Any) -> Tensor:
+def _marked_compiled(q: Tensor, k: Tensor, v: Tensor, *, block_mask: Any,
+                     enable_gqa: bool) -> Tensor:
     """The compiled kernel, length (on CUDA also batch) dimensions of its inputs marked."""
     batch_dynamic = q.device.type == "cuda"
     for t in (q, k, v):
@@ -204,7 +206,7 @@ def _marked_compiled(q: Tensor, k: Tensor, v: Tensor, *, block_mask: Any) -> Ten
               block_mask.full_q_num_blocks, block_mask.full_q_indices):
         if t is not None:
             _mark(t, batch_dynamic, range(2, t.dim()))
-    return _compiled()(q, k, v, block_mask=block_mask)
+    return _compiled()(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
 
 
 def _call(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, length: int) -> Tensor:
@@ -225,19 +227,20 @@ def run_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, length: int) -> T
 # --------------------------------------------------------------------------- the decision
 
 
-def _probe_once(like: Tensor, batch: int, length: int, backward: bool) -> None:
+def _probe_once(like: Tensor, kv_heads: int, batch: int, length: int, backward: bool) -> None:
     """Flex vs SDPA on two documents per row; raises on a failure or a mismatch."""
     H, hd, device, dtype = like.shape[1], like.shape[3], like.device, like.dtype
     doc = torch.zeros(batch, length, dtype=torch.long)
     doc[:, length // 3:] = 1
     doc = doc.to(device)
     gen = torch.Generator().manual_seed(0)  # never the global stream: probing changes no run
-    q, k, v = (torch.randn(batch, H, length, hd, generator=gen).to(device, dtype)
-               .requires_grad_(backward) for _ in range(3))
+    q, k, v = (torch.randn(batch, heads, length, hd, generator=gen).to(device, dtype)
+               .requires_grad_(backward) for heads in (H, kv_heads, kv_heads))
     out = _call(q, k, v, document_block_mask(doc), length)
     dense = (doc[:, :, None] == doc[:, None, :]) & torch.ones(
         length, length, dtype=torch.bool, device=device).tril()  # attention.dense_document_mask
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense[:, None])
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=dense[:, None],
+                                         enable_gqa=kv_heads != H)
     pairs = [(out, ref)]
     if backward:
         w = torch.randn(out.shape, generator=gen).to(device, dtype)
@@ -249,15 +252,16 @@ def _probe_once(like: Tensor, batch: int, length: int, backward: bool) -> None:
         raise RuntimeError(f"flex differs from SDPA by {diff:.2e} (tolerance {tol:.0e})")
 
 
-def _probe(like: Tensor, backward: bool) -> str | None:
-    """None when FlexAttention works like SDPA at ``like``'s shape, else why not."""
+def _probe(like: Tensor, kv_heads: int, backward: bool) -> str | None:
+    """None when FlexAttention works like SDPA at ``like``'s shape (queries) and ``kv_heads``
+    key/value heads, else why not."""
     if like.device.type == "cuda":  # two batch sizes too: the second graph covers any ≥ 2
         shapes = list(zip((2, 3), PROBE_LENGTHS, strict=True))
     else:
         shapes = [(like.shape[0], length) for length in PROBE_LENGTHS]
     try:
         for batch, length in shapes:
-            _probe_once(like, batch, length, backward)
+            _probe_once(like, kv_heads, batch, length, backward)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:
@@ -265,11 +269,12 @@ def _probe(like: Tensor, backward: bool) -> str | None:
     return None
 
 
-def use_flex(q: Tensor) -> bool:
-    """Whether this attention call runs FlexAttention; the first call decides for the process."""
+def use_flex(q: Tensor, kv_heads: int) -> bool:
+    """Whether this attention call (queries ``q``, ``kv_heads`` key/value heads) runs
+    FlexAttention; the first call decides for the process."""
     backward = torch.is_grad_enabled() and q.requires_grad
     if _decision.kernel is None:
-        failure = _probe(q, backward)
+        failure = _probe(q, kv_heads, backward)
         if failure is not None:
             flex_unavailable(f"probe on {q.device.type}/{str(q.dtype).removeprefix('torch.')}:"
                              f" {failure}")
@@ -280,7 +285,7 @@ def use_flex(q: Tensor) -> bool:
     if _decision.kernel != "flex":
         return False
     if backward and not _decision.backward_ok:
-        failure = _probe(q, True)
+        failure = _probe(q, kv_heads, True)
         if failure is not None:
             raise DeviceError("FlexAttention was chosen in this process without gradients and "
                               f"its backward fails here ({failure}); {FIX}")

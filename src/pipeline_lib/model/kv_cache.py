@@ -3,7 +3,7 @@
 The attention calls of one forward pass after H loops are, in order: the prelude blocks;
 for each loop t = 1..H every core block (the same weights, but a different input each loop,
 so each loop has keys and values of its own); the coda blocks of the readout at H. The
-cache keeps one slot per call, [B, heads, capacity, head_dim] each: per loop, per core
+cache keeps one slot per call, [B, kv heads, capacity, head_dim] each: per loop, per core
 block. A pass with the same H makes the same calls in the same order, which is how
 :meth:`KVCache.attend` finds its slot (a counter, reset and checked per pass).
 
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import DocumentMask, document_attention
+from .attention import DocumentMask, document_attention, sdpa
 
 
 def attention_calls(cfg: Any, h_eff: int) -> int:
@@ -75,7 +75,7 @@ class KVCache:
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self._prefill_mask: DocumentMask | None = doc_mask
-        self._column: Tensor | None = None  # decoding: [B, H, 1, hd] index of the new column
+        self._column: Tensor | None = None  # decoding: [B, KV, 1, hd] index of the new column
         self._visible: Tensor | None = None  # decoding: the bias up to the longest row's token
         self._slot = 0
 
@@ -84,7 +84,8 @@ class KVCache:
         return int(self.lengths.shape[0])
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Store k, v [B, H, L, hd] in this call's slot; attention of q → [B, H, L, hd]."""
+        """Store k, v [B, KV, L, hd] in this call's slot; attention of q [B, H, L, hd] →
+        [B, H, L, hd] (KV < H: grouped-query attention, only the kv heads are cached)."""
         slot = self._slot
         self._slot += 1
         if self._prefill_mask is not None:  # prefill: keep the keys and values, attend as usual
@@ -98,8 +99,7 @@ class KVCache:
         keys.scatter_(2, self._column, k.to(keys.dtype))
         values.scatter_(2, self._column, v.to(values.dtype))
         used = self._visible.shape[-1]  # later columns are never visible: skip them
-        return F.scaled_dot_product_attention(q, keys[:, :, :used], values[:, :, :used],
-                                              attn_mask=self._visible)
+        return sdpa(q, keys[:, :, :used], values[:, :, :used], self._visible)
 
     def begin_step(self) -> None:
         """Before a decoding pass: room for one more column, made visible to its row."""

@@ -34,7 +34,7 @@ from ..config import ModelConfig
 from .attention import DocumentMask, resolve_attention_kernel
 from .blocks import Block, residual_out_std
 from .kv_cache import KVCache, kv_decode_step, kv_prefill
-from .layers import RMSNorm, rope_tables
+from .layers import RMSNorm, RopeScaling, rope_tables
 from .loss import chunked_cross_entropy
 from .moe import MoEFFN
 from .size import check_model_config, step_embedding_rows
@@ -68,6 +68,7 @@ class LoopedLM(nn.Module):
         super().__init__()
         check_model_config(cfg)
         self.cfg = cfg
+        self.rope_scaling = RopeScaling.of(cfg)
         d, v = cfg.d_model, cfg.vocab_size
         self.tok_emb = nn.Embedding(v, d)
         self.prelude = nn.ModuleList(Block(cfg) for _ in range(cfg.prelude_layers))
@@ -135,7 +136,8 @@ class LoopedLM(nn.Module):
             mask = DocumentMask.build(doc, resolve_attention_kernel(self.cfg.attention,
                                                                     ids.device))
         return LoopContext(
-            rope=rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta),
+            rope=rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta,
+                             self.rope_scaling),
             mask=mask,
             targets=batch.get("targets"),
             answer_mask=batch.get("answer_mask"),

@@ -34,6 +34,16 @@ def resolved_moe_hidden(cfg: ModelConfig) -> int:
     return -(-width // MOE_WIDTH_MULTIPLE) * MOE_WIDTH_MULTIPLE
 
 
+def resolved_kv_heads(cfg: ModelConfig) -> int:
+    """Key/value heads: ``n_kv_heads``, or ``n_heads`` (plain multi-head attention) when 0."""
+    return cfg.n_kv_heads or cfg.n_heads
+
+
+def kv_width(cfg: ModelConfig) -> int:
+    """Width of the keys (and of the values) of one token: kv heads × head width."""
+    return resolved_kv_heads(cfg) * (cfg.d_model // cfg.n_heads)
+
+
 def step_embedding_rows(cfg: ModelConfig) -> int:
     """Rows of the per-loop step embedding (one per training loop; later loops reuse the last)."""
     return cfg.loops if cfg.step_embedding else 0
@@ -53,23 +63,32 @@ def check_model_config(cfg: ModelConfig) -> None:
     for key in ("d_model", "n_heads", "core_layers", "loops", "loss_chunk_size"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"model.{key} = {getattr(cfg, key)} must be at least 1; raise it")
-    for key in ("prelude_layers", "coda_layers", "ffn_hidden", "moe_experts", "moe_ffn_hidden"):
+    for key in ("n_kv_heads", "prelude_layers", "coda_layers", "ffn_hidden", "moe_experts",
+                "moe_ffn_hidden"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"model.{key} = {getattr(cfg, key)} must not be negative; use 0 or more")
     check_model_shape(cfg)
     choices = {"injection": ("add", "linear"), "state_init": ("zeros", "embedding"),
-               "attention": ("auto", "sdpa", "flex")}
+               "attention": ("auto", "sdpa", "flex"),
+               "rope_scaling": ("none", "linear", "llama3")}
     for key, allowed in choices.items():
         if getattr(cfg, key) not in allowed:
             raise ConfigError(f"model.{key} = {getattr(cfg, key)!r} is not allowed; use one of "
                               f"{list(allowed)}")
 
 
+def _attention_params(cfg: ModelConfig) -> int:
+    """Weights of the fused q/k/v projection (q: d×d, k and v: d×kv_width each) and of the
+    output projection (d×d)."""
+    d = cfg.d_model
+    return d * d + 2 * d * kv_width(cfg) + d * d
+
+
 def block_param_count(cfg: ModelConfig) -> int:
     """Parameters of one transformer block (two RMSNorms, attention, dense or MoE FFN)."""
     d = cfg.d_model
     norms = 2 * d
-    attention = 3 * d * d + d * d  # fused q/k/v projection + output projection
+    attention = _attention_params(cfg)
     if cfg.moe_experts:
         ffn = cfg.moe_experts * d + cfg.moe_experts * 3 * d * resolved_moe_hidden(cfg)  # router
     else:
@@ -100,7 +119,7 @@ def block_matmul_params(cfg: ModelConfig) -> int:
     """Weights one token is multiplied by in one block application: attention projections and
     the FFN (for MoE: the router and the ``moe_top_k`` experts it is routed to)."""
     d = cfg.d_model
-    attention = 4 * d * d  # q, k, v, out
+    attention = _attention_params(cfg)  # q, k, v, out
     if cfg.moe_experts:
         ffn = cfg.moe_experts * d + cfg.moe_top_k * 3 * d * resolved_moe_hidden(cfg)
     else:
@@ -119,6 +138,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, loops: int | None = None) ->
     - attention: 4·seq_len·d per block application (QKᵀ scores and the weighted sum of V
       over a full context, the convention of Kaplan et al. 2020 and Hoffmann et al. 2022;
       causal, document-masked rows attend to fewer tokens, so this is an upper bound).
+      Grouped-query attention shares keys and values between heads but every query head
+      still scores every key, so this term does not depend on ``n_kv_heads``.
 
     A training step costs about 3× this per token (forward + backward). With this count a
     1-block × 4-loop core and a 4-block × 1-loop core cost the same, which is the point of
