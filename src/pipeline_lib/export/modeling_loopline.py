@@ -67,8 +67,8 @@ class LooplineConfig(PretrainedConfig):
         # Not transformers' rope_scaling / rope_parameters: those are its own (a deprecated
         # property and a standardised dict) and this model computes its tables itself.
         self.rope_scaling_type, self.rope_scaling_factor = rope_scaling_type, rope_scaling_factor
-        self.rope_low_freq_factor = rope_low_freq_factor
-        self.rope_high_freq_factor = rope_high_freq_factor
+        self.rope_low_freq_factor, self.rope_high_freq_factor = (rope_low_freq_factor,
+                                                                 rope_high_freq_factor)
         self.rope_original_max_position = rope_original_max_position
         self.prelude_layers, self.core_layers = prelude_layers, core_layers
         self.coda_layers, self.num_loops = coda_layers, num_loops
@@ -195,10 +195,9 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H or KV, L, hd]
         if cache is not None:  # the cached tokens' keys and values come first
             k, v = cache.update(k, v)
-        if KV != H:  # grouped-query: SDPA reads kv head i // (H / KV) for query head i
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # grouped-query (KV < H): SDPA reads kv head i // (H / KV) for query head i
+        gqa = {"enable_gqa": True} if KV != H else {}
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
 
