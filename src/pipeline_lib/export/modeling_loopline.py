@@ -64,8 +64,7 @@ class LooplineConfig(PretrainedConfig):
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        # Not transformers' rope_scaling / rope_parameters: those are its own (a deprecated
-        # property and a standardised dict) and this model computes its tables itself.
+        # Not transformers' rope_scaling / rope_parameters (its own): this model computes its tables.
         self.rope_scaling_type, self.rope_scaling_factor = rope_scaling_type, rope_scaling_factor
         self.rope_low_freq_factor, self.rope_high_freq_factor = (rope_low_freq_factor,
                                                                  rope_high_freq_factor)
