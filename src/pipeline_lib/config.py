@@ -26,6 +26,7 @@ from typing import Any
 
 from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
+from .config_rules import check_source_fields, check_tokenizer
 from .credentials import redact_config, redact_text
 from .errors import ConfigError
 
@@ -33,7 +34,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "config.yaml"
 RUN_NAME_PATTERN = r"^(?!data$|compare$)[A-Za-z_][A-Za-z0-9_]*$"
 OBJECTIVES = ["last", "deep_supervision", "answer_last", "answer_deep_supervision"]
-ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 
 
 # --------------------------------------------------------------------------- sections
@@ -114,10 +114,25 @@ class SourceConfig:
 class TokenizerConfig:
     """Tokenizer trained or built at pack time and saved as tokenizer.json."""
 
-    type: str = _f("byte", "byte: byte-level, 256 symbols + specials; bpe: BPE trained on the corpus.",
-                   choices=["byte", "bpe"])
+    type: str = _f("byte", "byte: byte-level, 256 symbols + specials; bpe: BPE trained on the "
+                   "corpus; file: a pretrained model's tokenizer, read from path (its vocabulary "
+                   "unchanged).", choices=["byte", "bpe", "file"])
     vocab_size: int = _f(1024, "bpe: target vocabulary size including special tokens.", minimum=260)
     min_frequency: int = _f(2, "bpe: minimum pair frequency for a merge.", minimum=1)
+    path: str = _f("", "file: a tokenizer.json, a Hugging Face tokenizer or model directory (its "
+                   "tokenizer.json, plus tokenizer_config.json / special_tokens_map.json / "
+                   "config.json for BOS, EOS and add_bos_token) or a .gguf model file (the "
+                   "tokenizer in its metadata); relative to the working directory. Empty for "
+                   "byte and bpe.")
+    add_bos: str = _f("auto", "file: start every document with the tokenizer's BOS token: auto "
+                      "(when the source asks for it: add_bos_token in tokenizer_config.json or "
+                      "the GGUF, else a post-processor that prepends one), true or false. "
+                      "byte and bpe tokenizers have no BOS.", choices=["auto", "true", "false"])
+
+    def __post_init__(self) -> None:
+        # YAML's true/false reach a str field as "True"/"False" (and Python callers pass bools)
+        if isinstance(self.add_bos, bool) or self.add_bos in ("True", "False"):
+            self.add_bos = str(self.add_bos).lower()
 
 
 @dataclass
@@ -639,9 +654,10 @@ def validate_config(cfg: Config) -> None:
                               "set it to a file glob")
         if src.min_difficulty > src.max_difficulty:
             raise ConfigError(f"data.sources[{i}].min_difficulty exceeds max_difficulty; swap them")
-        _check_source_fields(i, src)
+        check_source_fields(i, src)
     if not d.sources:
         raise ConfigError("data.sources is empty; list at least one corpus source")
+    check_tokenizer(d.tokenizer)
     if d.curriculum_fraction > 0 and not any(s.type == "reasoning" or s.level_field
                                              for s in d.sources):
         raise ConfigError(f"data.curriculum_fraction = {d.curriculum_fraction} orders documents "
@@ -661,18 +677,3 @@ def validate_config(cfg: Config) -> None:
         if not re.match(RUN_NAME_PATTERN, name):
             raise ConfigError(f"runs.{name}: run names must be identifiers other than 'data' "
                               "and 'compare' (letters, digits, underscores)")
-
-
-def _check_source_fields(i: int, src: SourceConfig) -> None:
-    """prompt_field/answer_field come as a pair, and only jsonl/parquet read them."""
-    fields = {"prompt_field": src.prompt_field, "answer_field": src.answer_field,
-              "level_field": src.level_field}
-    used = [name for name, value in fields.items() if value]
-    if used and src.type not in ANSWER_FIELD_SOURCE_TYPES:
-        raise ConfigError(f"data.sources[{i}].{used[0]} is set on a {src.type} source; only "
-                          "jsonl and parquet sources read it, remove it")
-    if bool(src.prompt_field) != bool(src.answer_field):
-        given, missing = (("prompt_field", "answer_field") if src.prompt_field
-                          else ("answer_field", "prompt_field"))
-        raise ConfigError(f"data.sources[{i}].{given} is set without {missing}; set both "
-                          "(the document is prompt + answer) or neither")
