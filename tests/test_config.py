@@ -286,3 +286,36 @@ def test_bench_include_path_and_level_field_defaults_and_no_filesystem_check(tmp
     gone = load_config(None, [f"bench.include_path={tmp_path / 'gone'}", "bench.tasks=[mine]",
                               "bench.level_field=hops"])
     assert gone.bench.include_path == str(tmp_path / "gone") and gone.bench.level_field == "hops"
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "pattern"),
+    [
+        ({"type": "file"}, r"data\.tokenizer\.path is empty for a file tokenizer; set it"),
+        ({"type": "byte", "path": "tok.json"},
+         r"data\.tokenizer\.path is set for a byte tokenizer; only type file reads it"),
+        ({"type": "bpe", "add_bos": True},
+         r"data\.tokenizer\.add_bos = true, but a bpe tokenizer has no BOS token"),
+        ({"type": "file", "path": "t.json", "add_bos": "yes"},
+         r"data\.tokenizer\.add_bos = 'yes' is not allowed; use one of \['auto', 'true', 'false'\]"),
+    ],
+)
+def test_bad_tokenizer_settings_are_one_line(tokenizer: dict, pattern: str):
+    with pytest.raises(ConfigError, match=pattern) as info:
+        config_from_dict({"data": {"tokenizer": tokenizer}})
+    assert "\n" not in str(info.value)
+
+
+def test_file_tokenizer_settings_load_without_touching_the_file(tmp_path: Path):
+    """YAML booleans are accepted for add_bos; the path is checked by the pack, not here (a
+    snapshot's config.yaml must load where the tokenizer file is absent)."""
+    path = tmp_path / "gone" / "tokenizer.json"
+    for given, expected in [(True, "true"), (False, "false"), ("auto", "auto")]:
+        cfg = config_from_dict({"data": {"tokenizer": {"type": "file", "path": str(path),
+                                                       "add_bos": given}}})
+        assert (cfg.data.tokenizer.path, cfg.data.tokenizer.add_bos) == (str(path), expected)
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text(f"data:\n  tokenizer:\n    type: file\n    path: {path}\n    add_bos: true\n")
+    assert load_config(yaml_file).data.tokenizer.add_bos == "true"
+    assert load_config(None, [f"data.tokenizer.path={path}", "data.tokenizer.type=file",
+                              "data.tokenizer.add_bos=false"]).data.tokenizer.add_bos == "false"

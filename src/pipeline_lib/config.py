@@ -30,6 +30,7 @@ from .config_rules import (
     FREEZE_PARTS,
     check_optimizer_and_freeze,
     check_source_fields,
+    check_tokenizer,
 )
 from .credentials import redact_config, redact_text
 from .errors import ConfigError
@@ -118,10 +119,25 @@ class SourceConfig:
 class TokenizerConfig:
     """Tokenizer trained or built at pack time and saved as tokenizer.json."""
 
-    type: str = _f("byte", "byte: byte-level, 256 symbols + specials; bpe: BPE trained on the corpus.",
-                   choices=["byte", "bpe"])
+    type: str = _f("byte", "byte: byte-level, 256 symbols + specials; bpe: BPE trained on the "
+                   "corpus; file: a pretrained model's tokenizer, read from path (its vocabulary "
+                   "unchanged).", choices=["byte", "bpe", "file"])
     vocab_size: int = _f(1024, "bpe: target vocabulary size including special tokens.", minimum=260)
     min_frequency: int = _f(2, "bpe: minimum pair frequency for a merge.", minimum=1)
+    path: str = _f("", "file: a tokenizer.json, a Hugging Face tokenizer or model directory (its "
+                   "tokenizer.json, plus tokenizer_config.json / special_tokens_map.json / "
+                   "config.json for BOS, EOS and add_bos_token) or a .gguf model file (the "
+                   "tokenizer in its metadata); relative to the working directory. Empty for "
+                   "byte and bpe.")
+    add_bos: str = _f("auto", "file: start every document with the tokenizer's BOS token: auto "
+                      "(when the source asks for it: add_bos_token in tokenizer_config.json or "
+                      "the GGUF, else a post-processor that prepends one), true or false. "
+                      "byte and bpe tokenizers have no BOS.", choices=["auto", "true", "false"])
+
+    def __post_init__(self) -> None:
+        # YAML's true/false reach a str field as "True"/"False" (and Python callers pass bools)
+        if isinstance(self.add_bos, bool) or self.add_bos in ("True", "False"):
+            self.add_bos = str(self.add_bos).lower()
 
 
 @dataclass
@@ -709,6 +725,7 @@ def validate_config(cfg: Config) -> None:
         check_source_fields(i, src)
     if not d.sources:
         raise ConfigError("data.sources is empty; list at least one corpus source")
+    check_tokenizer(d.tokenizer)
     if d.curriculum_fraction > 0 and not any(s.type == "reasoning" or s.level_field
                                              for s in d.sources):
         raise ConfigError(f"data.curriculum_fraction = {d.curriculum_fraction} orders documents "

@@ -5,7 +5,7 @@
 metadata; the JSON schema (:mod:`pipeline_lib.config_schema`) and
 :func:`check_field_constraints` both read them there, so the schema and the loader's checks
 cannot disagree. Cross-field rules live
-with the sections in :mod:`pipeline_lib.config`.
+in :mod:`pipeline_lib.config` (``validate_config``) and :mod:`pipeline_lib.config_rules`.
 """
 
 from __future__ import annotations

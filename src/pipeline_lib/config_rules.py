@@ -1,10 +1,13 @@
-"""Cross-field rules of ``train.optimizer = muon`` and ``train.freeze``, run by
-:func:`pipeline_lib.config.validate_config` when a config is loaded (before any job starts).
+"""Cross-field rules within one section of the config (or between train and model),
+apart from the dataclasses: sources, the tokenizer, ``train.optimizer = muon`` and
+``train.freeze``.
 
-Below :mod:`pipeline_lib.config` in the layers, so the sections come in as arguments (a
-``TrainConfig`` and a ``ModelConfig``, read by attribute) and nothing here imports them.
-:data:`FREEZE_PARTS` is the vocabulary of ``train.freeze``; what each part holds in the
-model is :mod:`pipeline_lib.train.freeze`.
+:func:`pipeline_lib.config.validate_config` calls them after the generic field checks
+(:mod:`pipeline_lib.config_fields`); below :mod:`pipeline_lib.config` in the layers, so
+the sections come in as arguments (read by attribute) and nothing here imports them.
+Each raises a one-line ConfigError naming the key and the fix. :data:`FREEZE_PARTS` is
+the vocabulary of ``train.freeze``; what each part holds in the model is
+:mod:`pipeline_lib.train.freeze`.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def check_optimizer_and_freeze(train: Any, model: Any) -> None:
 
 
 def check_source_fields(i: int, src: Any) -> None:
-    """prompt_field/answer_field come as a pair, and only jsonl/parquet read them."""
+    """``data.sources[i]`` (a SourceConfig): prompt_field/answer_field come as a pair, and
+    only jsonl/parquet read them (and level_field)."""
     fields = {"prompt_field": src.prompt_field, "answer_field": src.answer_field,
               "level_field": src.level_field}
     used = [name for name, value in fields.items() if value]
@@ -62,3 +66,17 @@ def check_source_fields(i: int, src: Any) -> None:
                           else ("answer_field", "prompt_field"))
         raise ConfigError(f"data.sources[{i}].{given} is set without {missing}; set both "
                           "(the document is prompt + answer) or neither")
+
+
+def check_tokenizer(tok: Any) -> None:
+    """``data.tokenizer`` (a TokenizerConfig): type file reads path; byte and bpe read
+    neither a path nor a BOS setting."""
+    if tok.type == "file" and not tok.path:
+        raise ConfigError("data.tokenizer.path is empty for a file tokenizer; set it to a "
+                          "tokenizer.json, a Hugging Face tokenizer directory or a .gguf file")
+    if tok.type != "file" and tok.path:
+        raise ConfigError(f"data.tokenizer.path is set for a {tok.type} tokenizer; only type "
+                          "file reads it: set data.tokenizer.type to file or remove the path")
+    if tok.type != "file" and tok.add_bos == "true":
+        raise ConfigError(f"data.tokenizer.add_bos = true, but a {tok.type} tokenizer has no BOS "
+                          "token; set it to auto or false (or use type file)")

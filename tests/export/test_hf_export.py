@@ -188,3 +188,30 @@ def test_sharded_snapshot_exports_the_weights_of_its_unsharded_twin(exports, tmp
     assert config.pop("loopline")["snapshot"] == str(snap.resolve())
     twin.pop("loopline")
     assert config == twin
+
+
+def test_a_pretrained_tokenizer_exports_its_own_specials_and_document_bos(tmp_path) -> None:
+    """The exported tokenizer starts a text the way the pack started documents (its BOS),
+    with the tokenizer's own EOS/pad names (a pretrained vocabulary has no <|pad|>)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline_lib.data.tokenizer import set_document_start
+    from pipeline_lib.export.hf import tokenizer_files
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<unk>": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<s>", "</s>"])
+    set_document_start(tok, 3)
+    for name, text in tokenizer_files(tok, SEQ_LEN).items():
+        (tmp_path / name).write_text(text)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    specials = (config["bos_token"], config["eos_token"], config["pad_token"])
+    assert specials == ("<s>", "</s>", "</s>")
+    assert config["add_bos_token"] is True
+    hf = PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
+    assert hf.encode("a b a") == [3, 0, 1, 0]
+    assert hf.encode("a b", add_special_tokens=False) == [0, 1]
+    set_document_start(tok, None)
+    plain = json.loads(tokenizer_files(tok, SEQ_LEN)["tokenizer_config.json"])
+    assert plain["add_bos_token"] is False and "bos_token" not in plain

@@ -93,6 +93,28 @@ def test_token_budget_fills_in_total_steps():
     assert cfg.train.total_steps == expected
 
 
+def test_token_budget_of_a_file_tokenizer_reads_its_vocabulary(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    from pipeline_lib.errors import DataError
+    from pipeline_lib.model.size import param_count
+    from pipeline_lib.workflow.plan import planned_vocab_size
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0"))
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    file_tok = ["data.tokenizer.type=file", f"data.tokenizer.path={tmp_path / 'tokenizer.json'}"]
+    plan = _plan("train.total_steps=0", "train.token_budget_multiplier=1", *file_tok)
+    cfg = plan.runs[plan.run_names[0]].config
+    assert planned_vocab_size(cfg.data) == 1001
+    params = param_count(dataclasses.replace(cfg.model, vocab_size=1001))
+    assert cfg.train.total_steps == -(-params // (cfg.data.seq_len * cfg.train.global_batch_rows))
+    gone = ["data.tokenizer.type=file", f"data.tokenizer.path={tmp_path / 'gone.json'}"]
+    assert _plan("train.total_steps=7", *gone).runs[plan.run_names[0]].config.train.total_steps == 7
+    with pytest.raises(DataError, match="gone.json does not exist"):
+        _plan("train.total_steps=0", *gone)
+
+
 def test_cluster_resources_only_name_what_is_set():
     plan = _plan("resources.slurm_partition=gpu", "resources.train_gpus=2")
     assert plan.cluster_resources("train") == {"cpus_per_task": 1, "mem_mb": 4000, "gpu": 2,

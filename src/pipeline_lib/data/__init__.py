@@ -6,7 +6,11 @@ Snakefile imports :mod:`pipeline_lib.data.identity` on every call):
 - :mod:`.identity`: ``data_id`` (short hash of everything that determines the packed bytes).
 - :mod:`.reasoning`: seeded procedural problems (k-hop chains, addition, parity).
 - :mod:`.sources`: streaming readers for parquet, jsonl, text, stdlib and reasoning sources.
-- :mod:`.tokenizer`: byte-level or trained BPE tokenizers (HF ``tokenizers``).
+- :mod:`.tokenizer`: byte-level or trained BPE tokenizers (HF ``tokenizers``), special ids.
+- :mod:`.tokenizer_files`, :mod:`.gguf_metadata`: a pretrained tokenizer's files, read cheaply
+  (fingerprint, vocabulary size, GGUF metadata).
+- :mod:`.tokenizer_source`: a pretrained tokenizer (tokenizer.json, HF directory, GGUF) built.
+- :mod:`.token_stream`: the corpus tokenized into ``tokens.bin`` ([BOS] text answer EOS).
 - :mod:`.packing`: document splitting and best-fit-decreasing packing into rows.
 - :mod:`.pack`: ``pack_corpus``, the whole stage, written atomically.
 - :mod:`.loader`: deterministic, resumable batches over a packed directory.

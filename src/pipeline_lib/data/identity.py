@@ -2,7 +2,8 @@
 
 Evaluated by the Snakefile on every call (including dry runs), so it must stay cheap and
 import nothing heavy: file sources are fingerprinted by (path, size, mtime_ns) of the files
-their glob matches, never by their content; built-ins by what generates them.
+their glob matches, never by their content; built-ins by what generates them; a file
+tokenizer (``data.tokenizer.type: file``) like a file source, by the files it is read from.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import json
 import os
 import sys
 import sysconfig
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..config import DataConfig, SourceConfig
+from .tokenizer_files import KIND_GGUF, tokenizer_source_fingerprint
 
 # Version of the on-disk layout and of the packing algorithm: bump when the bytes change.
 FORMAT_VERSION = 1
@@ -74,13 +75,24 @@ def fingerprint_hash(fingerprint: Any, length: int = 64) -> str:
 
 
 def _tokenizer_fingerprint(data: DataConfig) -> dict[str, Any]:
-    tok = asdict(data.tokenizer)
-    if data.tokenizer.type == "byte":  # BPE knobs do not change a byte-level pack
+    tok = data.tokenizer
+    if tok.type == "byte":  # BPE knobs do not change a byte-level pack
         return {"type": "byte"}
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    # A trained BPE may change with the tokenizers release that trains it.
-    return {**tok, "tokenizers": version("tokenizers")}
+    # A trained BPE may change with the tokenizers release that trains it, and so may the
+    # encoding of a file tokenizer (and a GGUF's with the transformers that rebuilds it).
+    if tok.type == "bpe":  # the keys of packs made before file tokenizers existed
+        return {"type": "bpe", "vocab_size": tok.vocab_size, "min_frequency": tok.min_frequency,
+                "tokenizers": version("tokenizers")}
+    fp = {"type": "file", "add_bos": tok.add_bos, "source": tokenizer_source_fingerprint(tok.path),
+          "tokenizers": version("tokenizers")}
+    if fp["source"]["kind"] == KIND_GGUF:
+        try:
+            fp["transformers"] = version("transformers")
+        except PackageNotFoundError:  # the pack says how to install it
+            fp["transformers"] = None
+    return fp
 
 
 def data_fingerprint(data: DataConfig) -> dict[str, Any]:

@@ -11,23 +11,26 @@ Layout of the output directory (see DESIGN.md, "Data formats")::
 level allowed rises over that fraction of the epoch (:func:`.packing.curriculum_order`);
 later epochs keep a seeded random row order.
 
+``tokenizer.json`` is loopline's byte or BPE tokenizer, or a pretrained one
+(``data.tokenizer.type: file``, :mod:`.tokenizer_source`) with its vocabulary unchanged;
+``metadata.json`` records ``eos_id``, ``pad_id``, ``bos_id`` (the token every document
+starts with, or null) and, for a file tokenizer, its source (``tokenizer_source``).
+
 Everything is written into a hidden temporary sibling and renamed into place at the end,
 so a failed or interrupted pack leaves nothing that looks complete. Documents are streamed
-(tokenized in batches and appended to ``tokens.bin``); only per-document lengths stay in
-memory. The same config gives byte-identical files: every random choice comes from
-``numpy.random.default_rng([data.seed, stream, …])``.
+(:mod:`.token_stream`: tokenized in batches and appended to ``tokens.bin``); only
+per-document lengths stay in memory. The same config gives byte-identical files: every
+random choice comes from ``numpy.random.default_rng([data.seed, stream, …])``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import os
 import shutil
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,39 +42,27 @@ from ..errors import ConfigError, DataError
 from ..fsio import file_sha256, is_write_failure
 from .identity import FORMAT_VERSION, data_id, fingerprint_hash, source_files, source_fingerprint
 from .packing import PackedRows, fill_ratio, pack_documents, pack_documents_by_level
-from .sources import (
-    RawDocument,
-    SourceStats,
-    check_source,
-    iter_documents,
-    warn_source_problems,
-)
+from .sources import SourceStats, check_source
+from .token_stream import TokenizedCorpus, all_documents, tokenize_corpus
 from .tokenizer import TokenEncoder, build_tokenizer, eos_id, pad_id
+from .tokenizer_files import check_tokenizer_source, source_vocab_size
+from .tokenizer_source import TokenizerInfo, tokenizer_from_source
 from .verify import SELF_HASH_KEY, metadata_digest
 
 log = logging.getLogger(__name__)
 
 LAYOUT = "document_causal_lm"
-BATCH_DOCS = 1024  # documents per tokenizer batch…
-BATCH_CHARS = 4 << 20  # …or this many characters, whichever comes first
 _DTYPE_MAX_IDS = {"uint16": 1 << 16, "uint32": 1 << 32}
 # Stream ids of the seeded generators (default_rng([seed, stream, …])).
 _SPLIT, _WEIGHTS, _EPOCH, _VAL = 1, 2, 3, 4
-
-
-@dataclass
-class _Tokenized:
-    doc_len: np.ndarray  # int64 [docs], tokens incl. EOS
-    doc_source: np.ndarray  # int64 [docs], index into data.sources
-    answer_spans: np.ndarray  # int64 [docs, 2], (offset in doc, length); (0, 0) if none
-    doc_level: np.ndarray  # int64 [docs], difficulty level; -1 = unknown
-    tokens_sha256: str
 
 
 def _check_config(data: DataConfig) -> None:
     if data.seq_len < 2:
         raise ConfigError(f"config key data.seq_len = {data.seq_len} is below 2; rows need at "
                           "least one input and one target, raise it")
+    if data.tokenizer.type == "file":
+        check_tokenizer_source(data.tokenizer.path)
     if data.token_dtype != "auto":
         limit = _DTYPE_MAX_IDS[data.token_dtype]
         if data.tokenizer.type == "bpe" and data.tokenizer.vocab_size > limit:
@@ -79,6 +70,8 @@ def _check_config(data: DataConfig) -> None:
                 f"config key data.tokenizer.vocab_size = {data.tokenizer.vocab_size} does not "
                 f"fit data.token_dtype = {data.token_dtype} (at most {limit} ids); set "
                 "data.token_dtype to auto or uint32, or lower the vocabulary size")
+        if data.tokenizer.type == "file":
+            _token_dtype(data, source_vocab_size(data.tokenizer.path))
 
 
 def _token_dtype(data: DataConfig, vocab_size: int) -> np.dtype:
@@ -89,83 +82,6 @@ def _token_dtype(data: DataConfig, vocab_size: int) -> np.dtype:
         raise ConfigError(f"the tokenizer has {vocab_size} ids, more than data.token_dtype = "
                           f"{name} can hold; set data.token_dtype to auto or uint32")
     return np.dtype(name)
-
-
-def _all_documents(data: DataConfig, stats: list[SourceStats]) -> Iterator[tuple[int, RawDocument]]:
-    for index, src in enumerate(data.sources):
-        for doc in iter_documents(index, src, stats[index]):
-            yield index, doc
-
-
-def _batches(docs: Iterator[tuple[int, RawDocument]]) -> Iterator[list[tuple[int, RawDocument]]]:
-    batch, chars = [], 0
-    for item in docs:
-        batch.append(item)
-        chars += len(item[1].text)
-        if len(batch) >= BATCH_DOCS or chars >= BATCH_CHARS:
-            yield batch
-            batch, chars = [], 0
-    if batch:
-        yield batch
-
-
-def _assemble(enc: TokenEncoder, batch: list[tuple[int, RawDocument]],
-              eos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Tokens of a batch laid out as text + answer + EOS per document.
-
-    Returns (ids int64 [tokens], doc_len, answer_offset, answer_len), each int64 [docs];
-    answer_offset is the text length where there is an answer, else 0.
-    """
-    text_ids, text_len = enc.encode_batch([d.text for _, d in batch])
-    has_answer = any(d.answer for _, d in batch)
-    if has_answer:
-        ans_ids, ans_len = enc.encode_batch([d.answer for _, d in batch])
-    else:
-        ans_ids, ans_len = np.zeros(0, np.int64), np.zeros(len(batch), np.int64)
-    doc_len = text_len + ans_len + 1
-    doc_start = np.cumsum(doc_len) - doc_len
-    out = np.empty(int(doc_len.sum()), dtype=np.int64)
-    text_first = np.cumsum(text_len) - text_len
-    out[np.repeat(doc_start - text_first, text_len) + np.arange(len(text_ids))] = text_ids
-    if has_answer:
-        ans_first = np.cumsum(ans_len) - ans_len
-        ans_pos = np.repeat(doc_start + text_len - ans_first, ans_len) + np.arange(len(ans_ids))
-        out[ans_pos] = ans_ids
-    out[doc_start + doc_len - 1] = eos
-    return out, doc_len, np.where(ans_len > 0, text_len, 0), ans_len
-
-
-def _tokenize(data: DataConfig, enc: TokenEncoder, eos: int, dtype: np.dtype, path: Path,
-              stats: list[SourceStats]) -> _Tokenized:
-    """Stream every source through the tokenizer into ``path``; keep only per-doc numbers."""
-    lens, sources, span_off, span_len, levels = [], [], [], [], []
-    sha = hashlib.sha256()
-    bar = tqdm(desc="tokenizing", unit="doc", disable=None)
-    with open(path, "wb") as fh:
-        for batch in _batches(_all_documents(data, stats)):
-            ids, doc_len, ans_off, ans_len = _assemble(enc, batch, eos)
-            blob = ids.astype(dtype).tobytes()
-            fh.write(blob)
-            sha.update(blob)
-            lens.append(doc_len)
-            sources.append(np.fromiter((i for i, _ in batch), np.int64, len(batch)))
-            span_off.append(ans_off)
-            span_len.append(ans_len)
-            levels.append(np.fromiter((d.level for _, d in batch), np.int64, len(batch)))
-            bar.update(len(batch))
-    bar.close()
-    if not lens:
-        where = ", ".join(f"data.sources[{i}] ({s.type}" + (f" {s.path!r})" if s.path else ")")
-                          for i, s in enumerate(data.sources))
-        raise DataError(f"the corpus is empty: {where} produced no non-empty documents; "
-                        "add documents or fix the source paths")
-    for i, st in enumerate(stats):
-        if st.num_docs == 0:
-            log.warning("data.sources[%d] (%s) produced no documents", i, data.sources[i].type)
-        warn_source_problems(i, data.sources[i], st)
-    spans = np.stack([np.concatenate(span_off), np.concatenate(span_len)], axis=1)
-    return _Tokenized(np.concatenate(lens), np.concatenate(sources), spans,
-                      np.concatenate(levels), sha.hexdigest())
 
 
 def _split(data: DataConfig, num_docs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -206,7 +122,7 @@ def _save_rows(tmp: Path, prefix: str, packed: PackedRows, hashes: dict[str, str
     _save(tmp, f"{prefix}/row_ptr.npy", packed.row_ptr, hashes)
 
 
-def _source_report(data: DataConfig, stats: list[SourceStats], tok: _Tokenized) -> list[dict]:
+def _source_report(data: DataConfig, stats: list[SourceStats], tok: TokenizedCorpus) -> list[dict]:
     tokens = np.bincount(tok.doc_source, weights=tok.doc_len, minlength=len(data.sources))
     out = []
     for i, (src, st) in enumerate(zip(data.sources, stats, strict=True)):
@@ -234,24 +150,27 @@ def _curriculum_report(fraction: float, row_level: np.ndarray) -> dict[str, Any]
     }
 
 
-def _build_tokenizer(data: DataConfig) -> Any:
-    """The pack's tokenizer; a BPE one is trained by a first streaming pass over the corpus."""
+def _build_tokenizer(data: DataConfig) -> tuple[Any, TokenizerInfo | None]:
+    """The pack's tokenizer and, for a file tokenizer, what its source says; a BPE one is
+    trained by a first streaming pass over the corpus."""
+    if data.tokenizer.type == "file":
+        return tokenizer_from_source(data.tokenizer.path, data.tokenizer.add_bos)
     if data.tokenizer.type != "bpe":
-        return build_tokenizer(data.tokenizer, ())
+        return build_tokenizer(data.tokenizer, ()), None
     train_stats = [SourceStats() for _ in data.sources]
-    texts = (d.text + d.answer for _, d in _all_documents(data, train_stats))
+    texts = (d.text + d.answer for _, d in all_documents(data, train_stats))
     return build_tokenizer(data.tokenizer, tqdm(texts, desc="training BPE", unit="doc",
-                                                disable=None))
+                                                disable=None)), None
 
 
-def _write_documents(data: DataConfig, tmp: Path, tokenizer: Any, eos: int, dtype: np.dtype,
-                     hashes: dict[str, str]
-                     ) -> tuple[_Tokenized, list[SourceStats], np.ndarray]:
+def _write_documents(data: DataConfig, tmp: Path, tokenizer: Any, eos: int, bos: int | None,
+                     dtype: np.dtype, hashes: dict[str, str]
+                     ) -> tuple[TokenizedCorpus, list[SourceStats], np.ndarray]:
     """``tokens.bin``, ``docs.npy``, ``answer_spans.npy`` and ``levels.npy`` (hashes recorded):
     the tokenized corpus, each source's statistics and each document's first token."""
     enc = TokenEncoder(tokenizer, byte_level=data.tokenizer.type == "byte")
     stats = [SourceStats() for _ in data.sources]
-    tok = _tokenize(data, enc, eos, dtype, tmp / "tokens.bin", stats)
+    tok = tokenize_corpus(data, enc, eos, bos, dtype, tmp / "tokens.bin", stats)
     doc_start = np.cumsum(tok.doc_len) - tok.doc_len
     hashes["tokens.bin"] = tok.tokens_sha256
     _save(tmp, "docs.npy", np.stack([doc_start, tok.doc_len], axis=1), hashes)
@@ -260,7 +179,7 @@ def _write_documents(data: DataConfig, tmp: Path, tokenizer: Any, eos: int, dtyp
     return tok, stats, doc_start
 
 
-def _pack_epochs(data: DataConfig, tmp: Path, doc_start: np.ndarray, tok: _Tokenized,
+def _pack_epochs(data: DataConfig, tmp: Path, doc_start: np.ndarray, tok: TokenizedCorpus,
                  train_docs: np.ndarray, hashes: dict[str, str]
                  ) -> tuple[int, float, dict[str, Any] | None]:
     """Every epoch's training rows into ``train/epoch_{e}``: (rows per epoch, fill ratio of
@@ -284,15 +203,28 @@ def _pack_epochs(data: DataConfig, tmp: Path, doc_start: np.ndarray, tok: _Token
     return rows_per_epoch, fill, curriculum
 
 
+def _save_tokenizer(data: DataConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """The pack's tokenizer, saved as tokenizer.json, and its entries in metadata.json."""
+    tokenizer, info = _build_tokenizer(data)
+    tokenizer.save(str(tmp / "tokenizer.json"))
+    return tokenizer, {
+        "vocab_size": info.vocab_size if info else tokenizer.get_vocab_size(),
+        "eos_id": eos_id(tokenizer),
+        "pad_id": pad_id(tokenizer),
+        "bos_id": info.bos_id if info else None,  # starts every document; null: none does
+        "tokenizer": asdict(data.tokenizer),
+        "tokenizer_source": info.to_json() if info else None,  # a file tokenizer's
+        "tokenizer_sha256": file_sha256(tmp / "tokenizer.json"),
+    }
+
+
 def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
     row_len = data.seq_len + 1
-    tokenizer = _build_tokenizer(data)
-    vocab_size = tokenizer.get_vocab_size()
-    dtype = _token_dtype(data, vocab_size)
-    tokenizer.save(str(tmp / "tokenizer.json"))
-    eos = eos_id(tokenizer)
+    tokenizer, tok_meta = _save_tokenizer(data, tmp)
+    dtype = _token_dtype(data, tok_meta["vocab_size"])
     hashes: dict[str, str] = {}
-    tok, stats, doc_start = _write_documents(data, tmp, tokenizer, eos, dtype, hashes)
+    tok, stats, doc_start = _write_documents(data, tmp, tokenizer, tok_meta["eos_id"],
+                                             tok_meta["bos_id"], dtype, hashes)
     num_docs = len(tok.doc_len)
 
     train_idx, val_idx = _split(data, num_docs)
@@ -310,12 +242,8 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
         "format": FORMAT_VERSION,
         "layout": LAYOUT,
         "data_id": data_id(data),
-        "vocab_size": vocab_size,
-        "eos_id": eos,
-        "pad_id": pad_id(tokenizer),
+        **tok_meta,
         "token_dtype": dtype.name,
-        "tokenizer": asdict(data.tokenizer),
-        "tokenizer_sha256": file_sha256(tmp / "tokenizer.json"),
         "seq_len": data.seq_len,
         "row_len": row_len,
         "num_docs": num_docs,

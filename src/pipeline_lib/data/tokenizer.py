@@ -1,10 +1,15 @@
-"""Tokenizers (HF ``tokenizers``): byte-level by default, BPE trained on the corpus on request.
+"""Tokenizers (HF ``tokenizers``): byte-level by default, BPE trained on the corpus on request
+(a pretrained model's tokenizer is read by :mod:`.tokenizer_source`).
 
 Byte-level: ids 0–255 are the UTF-8 bytes themselves (GPT-2's byte-to-unicode alphabet,
 no merges), then the special tokens. A trained BPE starts from the same 256-symbol byte
 alphabet, so no text is ever out of vocabulary. Special tokens are never parsed out of
 document text (``encode_special_tokens``): a corpus containing the literal string
 ``<|endoftext|>`` is encoded as ordinary bytes.
+
+Every reader of a tokenizer.json (the pack, the trainer, evaluation, benchmarks, export)
+finds its special ids here from the file alone: :func:`eos_id` and :func:`pad_id` by name,
+:func:`bos_id` from the post-processor, so a pretrained vocabulary needs no added token.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from ..config import TokenizerConfig
 from ..errors import DataError
@@ -76,7 +81,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Toke
 
 
 def build_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
-    """The tokenizer ``cfg`` asks for; ``texts`` is only read when training BPE."""
+    """The byte or BPE tokenizer ``cfg`` asks for; ``texts`` is only read when training BPE.
+    A file tokenizer is read by :func:`.tokenizer_source.tokenizer_from_source`."""
+    assert cfg.type in ("byte", "bpe"), f"build_tokenizer builds no {cfg.type} tokenizer"
     if cfg.type == "byte":
         return byte_level_tokenizer()
     return train_bpe(texts, cfg.vocab_size, cfg.min_frequency)
@@ -99,22 +106,65 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return tok
 
 
-def _special_id(tok: Tokenizer, token: str) -> int:
-    idx = tok.token_to_id(token)
-    if idx is None:
-        raise DataError(f"tokenizer has no {token} token; it was not built by loopline, "
-                        "re-run the pack")
-    return idx
+# End of a document: the first of these that the tokenizer has as a special token (loopline's
+# own, GPT-2/SmolLM/Qwen, Llama 3, Llama 2/Mistral/T5, Gemma, DeepSeek). A name, not a
+# remembered id, so that every reader of a tokenizer.json (pack, trainer, eval, bench,
+# export) finds the same token without extra files, and a pretrained vocabulary is never
+# extended. End-of-turn tokens (<|im_end|>, <|eot_id|>) are not document ends.
+EOS_NAMES = (EOS_TOKEN, "<|end_of_text|>", "</s>", "<eos>", "<｜end▁of▁sentence｜>")
+# Fill of a row's tail: never a scored target (the loader masks padding by position), so
+# without one of these the EOS id does.
+PAD_NAMES = (PAD_TOKEN, "<pad>", "[PAD]")
+
+
+def _first_special(tok: Tokenizer, names: tuple[str, ...]) -> int | None:
+    special = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    return next((special[n] for n in names if n in special), None)
 
 
 def eos_id(tok: Tokenizer) -> int:
-    """Id of ``<|endoftext|>``, which ends every document."""
-    return _special_id(tok, EOS_TOKEN)
+    """Id of the token that ends every document: the first of :data:`EOS_NAMES` present
+    (``<|endoftext|>`` in loopline's tokenizers)."""
+    idx = _first_special(tok, EOS_NAMES)
+    if idx is None:
+        raise DataError(f"the tokenizer has none of the end-of-document tokens {list(EOS_NAMES)} "
+                        "as a special token; use a tokenizer that has one (or re-run the pack)")
+    return idx
 
 
 def pad_id(tok: Tokenizer) -> int:
-    """Id of ``<|pad|>``, which fills the tail of a row (its targets are ignored)."""
-    return _special_id(tok, PAD_TOKEN)
+    """Id that fills the tail of a row (its targets are ignored): the first of
+    :data:`PAD_NAMES` present (``<|pad|>`` in loopline's tokenizers), else :func:`eos_id`."""
+    idx = _first_special(tok, PAD_NAMES)
+    return eos_id(tok) if idx is None else idx
+
+
+def bos_id(tok: Tokenizer) -> int | None:
+    """Id the tokenizer's post-processor puts before a single text, else None. In a pack's
+    tokenizer.json that is the token every document starts with (:func:`set_document_start`):
+    ``tok.encode(text)`` then begins a prompt the way training documents began."""
+    with_specials = tok.encode("a").ids
+    plain = tok.encode("a", add_special_tokens=False).ids
+    lead = len(with_specials) - len(plain)
+    if lead == 1 and with_specials[1:] == plain:
+        return with_specials[0]
+    return None
+
+
+def set_document_start(tok: Tokenizer, bos: int | None) -> None:
+    """Make ``tok.encode(text)`` prepend ``bos`` (None: add nothing) and nothing else, so the
+    saved tokenizer.json says how documents start (:func:`bos_id`); ids of text alone
+    (``add_special_tokens=False``) are unchanged. A source's own post-processor (one that
+    appends EOS, or adds a BOS the pack does not use) is replaced: it only adds specials
+    (and trims offsets, which loopline never reads)."""
+    if bos is None:
+        tok.post_processor = None
+        return
+    name = tok.id_to_token(bos)
+    key = "BOS" if ":" in name else name  # a template piece cannot contain ":"
+    tok.post_processor = processors.TemplateProcessing(
+        single=[key, "$A"], pair=[key, "$A", f"{key}:1", "$B:1"],
+        special_tokens=[{"id": key, "ids": [bos], "tokens": [name]}])
 
 
 class TokenEncoder:

@@ -39,8 +39,10 @@ EXPORT_FILES = (CONFIG_JSON, "generation_config.json", WEIGHTS_FILE, MODELING_FI
 MODEL_TYPE = "loopline"
 
 
-def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any]) -> dict[str, Any]:
-    """config.json of a model with loopline config ``cfg`` (``LooplineConfig`` fields)."""
+def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any],
+              bos: int | None = None) -> dict[str, Any]:
+    """config.json of a model with loopline config ``cfg`` (``LooplineConfig`` fields);
+    ``bos``: the token its training documents started with, if any."""
     from ..model.size import (
         resolved_ffn_hidden,
         resolved_kv_heads,
@@ -69,7 +71,7 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any]) -> dict[
         "rope_high_freq_factor": m.rope_high_freq_factor,
         "rope_original_max_position": m.rope_original_max_position,
         "rms_norm_eps": m.norm_eps, "max_position_embeddings": cfg.data.seq_len,
-        "bos_token_id": None, "eos_token_id": eos, "pad_token_id": pad,
+        "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad,
         "tie_word_embeddings": False, "dtype": "float32",
         "loopline": provenance,
     }
@@ -78,13 +80,19 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any]) -> dict[
 def tokenizer_files(tok: Any, seq_len: int) -> dict[str, str]:
     """tokenizer.json, tokenizer_config.json and special_tokens_map.json for
     ``PreTrainedTokenizerFast``: ids equal loopline's (special tokens are never parsed out
-    of text: ``split_special_tokens``), no BOS/EOS added, byte-exact decoding."""
-    from ..data.tokenizer import EOS_TOKEN, PAD_TOKEN
+    of text: ``split_special_tokens``), a BOS added only where training documents began with
+    one (a pretrained tokenizer's, :func:`~pipeline_lib.data.tokenizer.bos_id`), no EOS
+    added, byte-exact decoding."""
+    from ..data.tokenizer import bos_id, eos_id, pad_id
 
-    specials = {"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN}
+    bos = bos_id(tok)
+    specials = {"eos_token": tok.id_to_token(eos_id(tok)),
+                "pad_token": tok.id_to_token(pad_id(tok))}
+    if bos is not None:
+        specials["bos_token"] = tok.id_to_token(bos)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
               "model_max_length": seq_len, "split_special_tokens": True,
-              "clean_up_tokenization_spaces": False, "add_bos_token": False,
+              "clean_up_tokenization_spaces": False, "add_bos_token": bos is not None,
               "add_eos_token": False, "padding_side": "right"}
     return {"tokenizer.json": tok.to_str(),
             "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
@@ -123,11 +131,11 @@ def _check_out(out: Path, snapshot: Path) -> None:
 def _write_export(tmp: Path, loaded: Any, provenance: dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
-    from ..data.tokenizer import eos_id, pad_id
+    from ..data.tokenizer import bos_id, eos_id, pad_id
 
     tok, cfg = loaded.tokenizer, loaded.config
     save_file(export_state(loaded.model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-    config = hf_config(cfg, eos_id(tok), pad_id(tok), provenance)
+    config = hf_config(cfg, eos_id(tok), pad_id(tok), provenance, bos=bos_id(tok))
     (tmp / CONFIG_JSON).write_text(json.dumps(config, indent=2) + "\n")
     generation = {"eos_token_id": config["eos_token_id"],
                   "pad_token_id": config["pad_token_id"], "do_sample": False,

@@ -95,6 +95,13 @@ def resolve_init_from(cfg: Config) -> Config:
                           f"but data.tokenizer.type is {tok.type!r}; set data.tokenizer: "
                           f"{{type: file, path: {init.source}}} (a {tok.type} tokenizer does "
                           "not match the pretrained embedding)")
+    from ..data.tokenizer_files import source_vocab_size
+
+    vocab = source_vocab_size(tok.path)
+    if vocab > arch.vocab_size:
+        raise ConfigError(f"data.tokenizer.path = {tok.path!r} has {vocab} ids, but the model "
+                          f"of model.init_from.source has {arch.vocab_size} embedding rows; use "
+                          "the source's own tokenizer (data.tokenizer.path = the source)")
     return init_model_config(cfg, arch, choice, init.adapter)
 
 

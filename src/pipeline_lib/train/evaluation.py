@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..data.loader import IGNORE_INDEX, answer_targets_only
-from ..data.tokenizer import EOS_TOKEN, load_tokenizer
+from ..data.tokenizer import eos_id, load_tokenizer
 from ..model.generate import greedy_generate
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def generate_samples(model: Any, data_dir: Path, prompts: Sequence[str], max_new
     if not prompts or max_new_tokens <= 0:
         return []
     tok = load_tokenizer(data_dir)
-    eos = tok.token_to_id(EOS_TOKEN)
+    eos = eos_id(tok)
     was_training = model.training
     model.eval()
     records = []
@@ -77,7 +77,7 @@ def generate_samples(model: Any, data_dir: Path, prompts: Sequence[str], max_new
         for prompt in prompts:
             prompt_ids = tok.encode(prompt, add_special_tokens=False).ids
             if not prompt_ids:
-                prompt_ids = [eos] if eos is not None else [0]
+                prompt_ids = [eos]
             [(new, stop)] = greedy_generate(model, [prompt_ids], max_new_tokens, h_eff=loops,
                                             eos_id=eos, context_len=context_len, device=device)
             records.append({"step": step, "loops": loops, "prompt": prompt,

@@ -25,6 +25,7 @@ from ..config import (
     to_dict,
 )
 from ..data.identity import data_id as compute_data_id
+from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
 from ..export.hf_import import fingerprint_id, resolve_init_from
 from ..run_layout import ResultsLayout, RunLayout
@@ -38,7 +39,11 @@ BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokeniz
 
 
 def planned_vocab_size(data: DataConfig) -> int:
-    """Vocabulary size known before packing (for a token-budget step count)."""
+    """Vocabulary size known before packing (for a token-budget step count): 258 for byte,
+    the target size for BPE, and a file tokenizer's own, read cheaply (a JSON parse of its
+    tokenizer.json, or the GGUF metadata's token count; no tokenizers, torch, transformers)."""
+    if data.tokenizer.type == "file":
+        return source_vocab_size(data.tokenizer.path)
     return BYTE_VOCAB_SIZE if data.tokenizer.type == "byte" else data.tokenizer.vocab_size
 
 
@@ -114,7 +119,10 @@ class WorkflowPlan:
             cfg = resolve_init_from(cfg)
         except PipelineError as exc:
             raise type(exc)(f"runs.{name}: {exc}" if self.config.runs else str(exc)) from None
-        steps = total_steps(cfg.train, cfg.model, cfg.data.seq_len, planned_vocab_size(cfg.data))
+        # the vocabulary only matters for a token budget (and may mean reading a file)
+        budget = cfg.train.total_steps == 0 and cfg.model.vocab_size == 0
+        vocab = planned_vocab_size(cfg.data) if budget else 0
+        steps = total_steps(cfg.train, cfg.model, cfg.data.seq_len, vocab)
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, total_steps=steps))
         ends = segment_ends(steps, cfg.train.steps_per_segment)
         return RunPlan(name=name, config=cfg, data_id=compute_data_id(cfg.data),

@@ -91,7 +91,7 @@ def lm_eval(ctx: Context) -> CheckResult:
 def generation(ctx: Context) -> CheckResult:
     """Greedy samples through the trainer's sampling path against a reference that
     recomputes the whole prefix per token: identical tokens, tokens/s of each."""
-    from ...data.tokenizer import EOS_TOKEN, load_tokenizer
+    from ...data.tokenizer import eos_id, load_tokenizer
     from ...model.generate import greedy_decode
     from ...model.looped import LoopedLM
     from ...train.evaluation import generate_samples
@@ -116,7 +116,7 @@ def generation(ctx: Context) -> CheckResult:
         started = time.perf_counter()
         ids = tok.encode(prompt, add_special_tokens=False).ids
         [(reference, _)] = greedy_decode(next_ids, [ids], [tokens],
-                                         eos_id=tok.token_to_id(EOS_TOKEN),
+                                         eos_id=eos_id(tok),
                                          context_len=ctx.cfg.data.seq_len)
         reference_s = time.perf_counter() - started
     same = record["completion_ids"] == reference

