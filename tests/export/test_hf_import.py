@@ -4,6 +4,7 @@ prelude, core and coda; bad sources fail in one line before anything is written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -36,11 +37,16 @@ def tied_llama3(tmp_path_factory):
                                  num_key_value_heads=4, rope_parameters=rope)
 
 
-def _import(source, out, **ranges):
+def _import(source, out, tokenizer=None, **ranges):
     arch = source_arch(source)
     choice = layer_choice(arch.layers, ranges.get("prelude"), ranges.get("core"),
                           ranges.get("coda"))
-    record = import_checkpoint(source, out, Config(), choice, adapter=ranges.get("adapter"))
+    cfg = Config()
+    if tokenizer is not None:  # a tokenizer file other than the source's
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(
+            cfg.data, tokenizer=dataclasses.replace(cfg.data.tokenizer, type="file",
+                                                    path=str(tokenizer))))
+    record = import_checkpoint(source, out, cfg, choice, adapter=ranges.get("adapter"))
     return record, load_for_eval(out).model
 
 
@@ -110,7 +116,7 @@ def test_gguf_import_undoes_llama_cpps_qk_permutation(llama, tmp_path):
     gguf_file = write_tiny_gguf(hf, tmp_path / "tiny.gguf")
     arch = source_arch(gguf_file)
     assert (arch.heads, arch.kv_heads, arch.layers, arch.tie_embeddings) == (4, 2, 4, False)
-    _, model = _import(gguf_file, tmp_path / "snap")
+    _, model = _import(gguf_file, tmp_path / "snap", tokenizer=source / "tokenizer.json")
     with torch.no_grad():
         theirs = hf(IDS).logits
     assert _scale_close(model.logits_at(IDS, 1), theirs) <= 1e-4

@@ -261,7 +261,8 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     :class:`~pipeline_lib.errors.ConfigError` before anything is written.
     """
     from ..checkpoint.snapshot import write_snapshot
-    from ..data.tokenizer import TOKENIZER_FILE, tokenizer_from_source
+    from ..data.tokenizer import TOKENIZER_FILE
+    from ..data.tokenizer_source import tokenizer_from_source
 
     started = time.perf_counter()
     source, out = Path(source).expanduser(), Path(out)
@@ -270,8 +271,9 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     _check_out(out, source)
     cfg = init_model_config(cfg, arch, choice, adapter)
     tok_cfg = cfg.data.tokenizer
-    tok, info = tokenizer_from_source(Path(tok_cfg.path).expanduser()
-                                      if tok_cfg.type == "file" and tok_cfg.path else source)
+    own = tok_cfg.type == "file" and tok_cfg.path
+    tok, info = tokenizer_from_source(Path(tok_cfg.path).expanduser() if own else source,
+                                      tok_cfg.add_bos if own else "auto")
     if info.vocab_size > arch.vocab_size:
         raise DataError(f"the tokenizer of {source} has {info.vocab_size} ids, the model "
                         f"{arch.vocab_size} embedding rows; the tokenizer does not belong to "
@@ -282,7 +284,7 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
               "architecture": arch.architecture, "source_layers": arch.layers,
               "layers": choice.as_lists(), "injection": cfg.model.injection,
               "parameters": sum(p.numel() for p in model.parameters()),
-              "tokenizer": info.as_dict() if hasattr(info, "as_dict") else dict(vars(info))}
+              "tokenizer": info.to_json()}
     write_snapshot(
         out, model_state=model.state_dict(), optimizer_state={"state": {}, "param_groups": []},
         trainer_state={"format": 1, "step": 0, "imported": record["fingerprint"]},
