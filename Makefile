@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
 
-.PHONY: demo depth-long results device-results device-wheels test test-fast lint bench ui ui-screenshot clean install schema
+.PHONY: demo depth-long retrofit results device-results device-wheels test test-fast lint bench ui ui-screenshot clean install schema
 
 install: $(STAMP)
 
@@ -38,6 +38,13 @@ depth-long: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/depth_long.yaml
 	$(BIN)/python -m pipeline_lib results-doc --results results_long --readme README.md \
 	  --docs docs/results_long --section depth-long
+
+# Retrofitted recurrence into SmolLM2-135M, CPU version (config/experiments/retrofit_smollm2.yaml),
+# and its README section from the run's own outputs.
+retrofit: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/retrofit_smollm2.yaml
+	$(BIN)/python -m pipeline_lib results-doc --results results_retrofit --readme README.md \
+	  --docs docs/results_retrofit --section retrofit
 
 # README's device section from a device check's JSON (run on the device with
 # `python benchmarks/device_check.py --out docs/device/device_check.json`, then copied here).

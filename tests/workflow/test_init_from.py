@@ -45,7 +45,7 @@ def retrofit(tmp_path_factory) -> tuple[Path, Path]:
     }
     path = workdir / "retrofit.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    result = snakemake(workdir, "--cores", "2", extra_configs=(path,))
+    result = snakemake(workdir, "--cores", "2", config=path)
     if result.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in (workdir / "logs").rglob("*.log"))
         pytest.fail(f"init_from pipeline failed:\n{result.stderr[-6000:]}\n{logs[-12000:]}")
@@ -90,7 +90,7 @@ def test_import_is_a_tracked_stage_run(retrofit):
 
 def test_rerun_does_nothing(retrofit):
     workdir, path = retrofit
-    result = snakemake(workdir, "--cores", "1", "--dry-run", extra_configs=(path,))
+    result = snakemake(workdir, "--cores", "1", "--dry-run", config=path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Nothing to be done" in result.stdout + result.stderr or not job_counts(
         result.stdout), result.stdout[-2000:]

@@ -91,6 +91,10 @@ def loss_table(runs: Sequence[RunResults], level: int = 2) -> list[str]:
     for r in runs:
         tokens = next((s.n for s in r.loss_scores.values() if s.n is not None), None)
         docs = f" ({r.documents})" if r.documents is not None else ""
+        if r.initial_scores:  # a model.init_from run: the imported model before training
+            lines.append(f"| {r.name} (imported) | 0 | {tokens if tokens is not None else '–'}"
+                         f"{docs} | – | " + " | ".join(_loss_cell(r.initial_scores.get(h))
+                                                    for h in hs) + " |")
         lines.append(f"| {r.name} | {r.final_step} | {tokens if tokens is not None else '–'}{docs}"
                      f" | {_fmt(r.final_train_loss)} | "
                      + " | ".join(_loss_cell(r.loss_scores.get(h)) for h in hs) + " |")

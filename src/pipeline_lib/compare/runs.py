@@ -69,6 +69,8 @@ class RunResults:
     core_layers: int | None = None  # model.core_layers of the snapshot's config
     train_max_difficulty: int | None = None  # top training level (bench JSON)
     samples: dict[str, TaskSamples] = field(default_factory=dict)  # task/metric → examples
+    # H_eff → loss ± stderr of the imported snapshot (step 0 of a model.init_from run)
+    initial_scores: dict[int, Score] = field(default_factory=dict)
 
     @property
     def final_train_loss(self) -> float | None:
@@ -176,6 +178,8 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
     val_loss = {int(r["h_eff"]): float(r["loss"]) for r in final}
     loss_scores = {int(r["h_eff"]): Score(float(r["loss"]), r.get("tokens"), r.get("stderr"))
                    for r in final}
+    initial_scores = {int(r["h_eff"]): Score(float(r["loss"]), r.get("tokens"), r.get("stderr"))
+                      for r in rows if r["step"] == 0 and final_step > 0}
     loss_paired = {int(r["h_eff"]): {"diff": r["diff_vs_h1"], "lo": r["diff_lo"],
                                      "hi": r["diff_hi"]}
                    for r in final if r.get("diff_vs_h1") is not None}
@@ -192,7 +196,8 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
                       baseline=min(baselines) if baselines else min(val_loss),
                       params=shape.params, flops_per_token=shape.flops_per_token,
                       train_loops=shape.loops, core_layers=shape.core_layers,
-                      train_max_difficulty=bench.get("train_max_difficulty"), samples=samples)
+                      train_max_difficulty=bench.get("train_max_difficulty"), samples=samples,
+                      initial_scores=initial_scores)
 
 
 def run_dir_inputs(run_dir: Path) -> dict[str, Path]:

@@ -95,6 +95,11 @@ def resolve_init_from(cfg: Config) -> Config:
                           f"but data.tokenizer.type is {tok.type!r}; set data.tokenizer: "
                           f"{{type: file, path: {init.source}}} (a {tok.type} tokenizer does "
                           "not match the pretrained embedding)")
+    window = arch.sliding_window
+    if window and cfg.data.seq_len > window:
+        raise ConfigError(f"data.seq_len = {cfg.data.seq_len} exceeds the sliding window "
+                          f"({window} tokens) of model.init_from.source, which loopline's "
+                          f"attention does not have; use data.seq_len <= {window}")
     from ..data.tokenizer_files import source_vocab_size
 
     vocab = source_vocab_size(tok.path)
