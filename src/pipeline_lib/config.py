@@ -717,11 +717,6 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"train.loop_sampling.min_loops = {ls.min_loops} exceeds max_loops = "
                           f"{ls.max_loops}; swap them")
     for i, src in enumerate(d.sources):
-        if src.type in ("parquet", "jsonl", "text") and not src.path:
-            raise ConfigError(f"data.sources[{i}].path is empty for a {src.type} source; "
-                              "set it to a file glob")
-        if src.min_difficulty > src.max_difficulty:
-            raise ConfigError(f"data.sources[{i}].min_difficulty exceeds max_difficulty; swap them")
         check_source_fields(i, src)
     if not d.sources:
         raise ConfigError("data.sources is empty; list at least one corpus source")

@@ -54,7 +54,12 @@ def check_optimizer_and_freeze(train: Any, model: Any) -> None:
 
 def check_source_fields(i: int, src: Any) -> None:
     """``data.sources[i]`` (a SourceConfig): prompt_field/answer_field come as a pair, and
-    only jsonl/parquet read them (and level_field)."""
+    only jsonl/parquet read them (and level_field); file sources need a path."""
+    if src.type in ("parquet", "jsonl", "text") and not src.path:
+        raise ConfigError(f"data.sources[{i}].path is empty for a {src.type} source; "
+                          "set it to a file glob")
+    if src.min_difficulty > src.max_difficulty:
+        raise ConfigError(f"data.sources[{i}].min_difficulty exceeds max_difficulty; swap them")
     fields = {"prompt_field": src.prompt_field, "answer_field": src.answer_field,
               "level_field": src.level_field}
     used = [name for name, value in fields.items() if value]
