@@ -59,7 +59,17 @@ IDS = torch.tensor([[72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33
                     [3, 200, 17, 99, 255, 0, 1, 2, 45, 46, 47, 48, 49, 50, 51, 52]])
 
 
-@pytest.mark.parametrize("fixture", ["llama", "tied_llama3"])
+@pytest.fixture(scope="module")
+def sharded_mistral(tmp_path_factory):
+    """A Mistral (sliding window 4096) saved in several safetensors shards."""
+    root = tmp_path_factory.mktemp("tiny_mistral")
+    model = save_tiny_llama(root, seed=2, mistral=True, max_shard_size="100KB",
+                            sliding_window=4096)
+    assert (root / "model.safetensors.index.json").is_file()
+    return root, model
+
+
+@pytest.mark.parametrize("fixture", ["llama", "tied_llama3", "sharded_mistral"])
 def test_whole_model_at_one_loop_gives_the_hf_logits(request, tmp_path, fixture):
     source, hf = request.getfixturevalue(fixture)
     _, model = _import(source, tmp_path / "snap")
@@ -120,6 +130,15 @@ def test_gguf_import_undoes_llama_cpps_qk_permutation(llama, tmp_path):
     with torch.no_grad():
         theirs = hf(IDS).logits
     assert _scale_close(model.logits_at(IDS, 1), theirs) <= 1e-4
+
+
+def test_a_gguf_quantization_the_reader_cannot_dequantize_is_one_line(llama, tmp_path):
+    source, hf = llama
+    gguf_file = write_tiny_gguf(hf, tmp_path / "q81.gguf", q8_1="blk.2.ffn_up.weight")
+    with pytest.raises(DataError, match=r"blk.2.ffn_up.weight is stored as Q8_1") as err:
+        _import(gguf_file, tmp_path / "snap", tokenizer=source / "tokenizer.json")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "snap").exists()
 
 
 def test_unpermute_inverts_the_llama_cpp_permutation():

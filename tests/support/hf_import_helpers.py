@@ -24,20 +24,32 @@ def llama_config(**overrides):
     return LlamaConfig(**{**base, **overrides})
 
 
-def save_tiny_llama(directory: Path, seed: int = 0, **overrides):
-    """A random ``LlamaForCausalLM`` (weights ~ N(0, 0.1): logits far from uniform) and its
-    tokenizer saved to ``directory``; returns the model (fp32, eval mode)."""
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+def save_tiny_llama(directory: Path, seed: int = 0, *, mistral: bool = False,
+                    max_shard_size: str | None = None, **overrides):
+    """A random ``LlamaForCausalLM`` (or ``MistralForCausalLM``; weights ~ N(0, 0.1): logits
+    far from uniform) and its tokenizer saved to ``directory`` (safetensors shards of at most
+    ``max_shard_size``); returns the model (fp32, eval mode)."""
+    from transformers import (
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        PreTrainedTokenizerFast,
+    )
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(**overrides)).eval()
+    if mistral:
+        config = MistralConfig(**llama_config(**overrides).to_dict())
+        model = MistralForCausalLM(config).eval()
+    else:
+        model = LlamaForCausalLM(llama_config(**overrides)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.8, 1.2)
             else:
                 p.normal_(0.0, 0.1)
-    model.save_pretrained(directory)
+    model.save_pretrained(directory, **({"max_shard_size": max_shard_size}
+                                        if max_shard_size else {}))
     tok = PreTrainedTokenizerFast(tokenizer_object=byte_level_tokenizer(), eos_token=EOS_TOKEN,
                                   pad_token=PAD_TOKEN)
     tok.save_pretrained(directory)
@@ -51,9 +63,10 @@ def _permute_like_llama_cpp(weight: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def write_tiny_gguf(model, path: Path, *, f16: bool = False) -> Path:
+def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "") -> Path:
     """``model`` (a transformers Llama) as a GGUF file: llama.cpp's names, permuted q/k rows,
-    F32 (or F16) tensors and the tokenizer metadata of the byte-level tokenizer."""
+    F32 (or F16) tensors and the tokenizer metadata of the byte-level tokenizer; the tensor
+    named ``q8_1`` is stored as Q8_1 blocks (zeros), which the gguf package cannot dequantize."""
     import gguf
 
     cfg = model.config
@@ -98,6 +111,10 @@ def write_tiny_gguf(model, path: Path, *, f16: bool = False) -> Path:
             gguf_name = names[name]
         if f16 and array.ndim == 2:
             array = array.astype(np.float16)
+        if gguf_name == q8_1:  # 32 values a block of 40 bytes
+            raw = np.zeros((array.shape[0], array.shape[1] // 32 * 40), dtype=np.uint8)
+            writer.add_tensor(gguf_name, raw, raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+            continue
         writer.add_tensor(gguf_name, np.ascontiguousarray(array))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
