@@ -141,3 +141,15 @@ def test_missing_tokenizer_is_one_line(capsys, pattern, tmp_path):
     assert "has no tokenizer.json" in err and "pass --tokenizer " in err
     with pytest.raises(ConfigError, match="--h-eff and --adaptive both given"):
         parse_depth("2", "0.1", 2)
+
+
+def test_prompts_begin_with_the_packs_bos_when_its_documents_do():
+    from pipeline_lib.data.tokenizer import byte_level_tokenizer, set_document_start
+    from pipeline_lib.evaluate.generation import encode_prompts
+
+    tok = byte_level_tokenizer()
+    assert encode_prompts(tok, ["ab", ""], 16, eos=256) == [[97, 98], [256]]
+    tok.add_special_tokens(["<s>"])
+    bos = tok.token_to_id("<s>")
+    set_document_start(tok, bos)
+    assert encode_prompts(tok, ["ab", ""], 16, eos=256) == [[bos, 97, 98], [bos]]

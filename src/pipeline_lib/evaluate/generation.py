@@ -126,10 +126,11 @@ class Generation:
 
 def encode_prompts(tok: Any, prompts: Sequence[str], context_len: int, eos: int
                    ) -> list[list[int]]:
-    """Token ids of every prompt (an empty prompt starts after EOS, as documents do)."""
+    """Token ids of every prompt, begun as the pack began documents (its BOS, when its
+    tokenizer.json adds one); an empty prompt without BOS starts after EOS, as documents do."""
     encoded = []
     for i, prompt in enumerate(prompts):
-        ids = list(tok.encode(prompt, add_special_tokens=False).ids) or [eos]
+        ids = list(tok.encode(prompt).ids) or [eos]
         if len(ids) > context_len:
             raise UsageError(f"prompt {i + 1} has {len(ids)} tokens but the model's context is "
                              f"{context_len} (data.seq_len of the snapshot); shorten it to "

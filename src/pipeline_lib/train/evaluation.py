@@ -75,7 +75,7 @@ def generate_samples(model: Any, data_dir: Path, prompts: Sequence[str], max_new
     records = []
     try:
         for prompt in prompts:
-            prompt_ids = tok.encode(prompt, add_special_tokens=False).ids
+            prompt_ids = tok.encode(prompt).ids  # with the pack's BOS, if it has one
             if not prompt_ids:
                 prompt_ids = [eos]
             [(new, stop)] = greedy_generate(model, [prompt_ids], max_new_tokens, h_eff=loops,
