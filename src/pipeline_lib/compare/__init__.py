@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..output_paths import check_output_dir, check_output_file
 from .depth import TARGET_MARGIN, compare_examples, depth_check, depth_markdown, variant_kind
 from .markdown import summary_markdown, verdict
 from .plots import plot_comparison
@@ -44,6 +45,14 @@ __all__ = ["COLUMNS", "DEPTH_CHECK_JSON", "TAIL_STEPS", "TARGET_MARGIN", "RunRes
 
 log = logging.getLogger(__name__)
 DEPTH_CHECK_JSON = "depth_check.json"
+# what compare_runs writes into its directory (the plots: pipeline_lib.compare.plots)
+COMPARE_FILES = ("summary.md", "summary.parquet", DEPTH_CHECK_JSON, "loss_vs_heff.png",
+                 "accuracy_vs_heff.png", "train_loss.png")
+
+
+def is_compare_dir(path: Path) -> bool:
+    """Whether ``path`` holds a comparison :func:`compare_runs` wrote (one of its files)."""
+    return any((Path(path) / name).is_file() for name in COMPARE_FILES)
 
 
 def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
@@ -56,13 +65,16 @@ def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
     (``depth_json``, default ``out_dir/depth_check.json``) into ``out_dir``; returns the
     table rows.
     """
+    out_dir = Path(out_dir)
+    depth_json = Path(depth_json) if depth_json is not None else out_dir / DEPTH_CHECK_JSON
+    check_output_dir(out_dir, "compare output", owned=is_compare_dir,
+                     kind="a comparison (no summary.md, summary.parquet or its plots)")
+    check_output_file(depth_json, "depth check output")
     runs = load_runs(inputs)
     rows = comparison_rows(runs)
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_table(rows, out_dir / "summary.parquet")
     depth = depth_check(runs)
-    depth_json = Path(depth_json) if depth_json is not None else out_dir / DEPTH_CHECK_JSON
     depth_json.write_text(json.dumps(depth, indent=1) + "\n")
     (out_dir / "summary.md").write_text(summary_markdown(runs, depth))
     plot_comparison(runs, out_dir)
