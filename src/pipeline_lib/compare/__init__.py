@@ -39,7 +39,7 @@ from .runs import (
 )
 
 __all__ = ["COLUMNS", "DEPTH_CHECK_JSON", "TAIL_STEPS", "TARGET_MARGIN", "RunResults", "Score",
-           "TaskSamples", "compare_examples", "compare_runs", "comparison_rows", "depth_check",
+           "TaskSamples", "check_compare_outputs", "compare_examples", "compare_runs", "comparison_rows", "depth_check",
            "depth_markdown", "load_run_results", "load_runs", "plot_comparison",
            "run_dir_inputs", "summary_markdown", "variant_kind", "verdict"]
 
@@ -55,6 +55,15 @@ def is_compare_dir(path: Path) -> bool:
     return any((Path(path) / name).is_file() for name in COMPARE_FILES)
 
 
+def check_compare_outputs(out_dir: Path, depth_json: Path | None = None) -> None:
+    """Before any run is read: ``out_dir`` is new, empty or a comparison, and the depth
+    check's file can be written (one line each)."""
+    check_output_dir(Path(out_dir), "compare output", owned=is_compare_dir,
+                     kind="a comparison (no summary.md, summary.parquet or its plots)")
+    check_output_file(Path(depth_json) if depth_json is not None
+                      else Path(out_dir) / DEPTH_CHECK_JSON, "depth check output")
+
+
 def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
                  depth_json: Path | None = None) -> list[dict[str, Any]]:
     """``inputs``: run → {"heff": parquet, "bench": final bench JSON, "metrics": jsonl,
@@ -67,9 +76,7 @@ def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
     """
     out_dir = Path(out_dir)
     depth_json = Path(depth_json) if depth_json is not None else out_dir / DEPTH_CHECK_JSON
-    check_output_dir(out_dir, "compare output", owned=is_compare_dir,
-                     kind="a comparison (no summary.md, summary.parquet or its plots)")
-    check_output_file(depth_json, "depth check output")
+    check_compare_outputs(out_dir, depth_json)
     runs = load_runs(inputs)
     rows = comparison_rows(runs)
     out_dir.mkdir(parents=True, exist_ok=True)

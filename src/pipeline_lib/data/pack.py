@@ -305,9 +305,8 @@ def pack_corpus(data: DataConfig, out_dir: Path) -> dict[str, Any]:
     _check_config(data)
     for index, src in enumerate(data.sources):
         check_source(index, src)
-    if os.path.lexists(out_dir) and out_dir.is_dir():  # a file there: _write_error's line
-        check_output_dir(out_dir, "data pack output", owned=is_pack_dir,
-                         kind=f"a data pack (no metadata.json with layout {LAYOUT!r})")
+    check_output_dir(out_dir, "data pack output", owned=is_pack_dir,
+                     kind=f"a data pack (no metadata.json with layout {LAYOUT!r})")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
