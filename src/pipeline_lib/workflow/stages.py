@@ -199,10 +199,12 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
     from ..bench import run_benchmarks
     from ..bench.scoring import bench_records
     from ..bench.tasks import check_tasks_dir
+    from ..checkpoint.manifest import verify_snapshot
     from ..tracking import start_stage
 
     check_stage_outputs(cfg, run_dir, [out])
     check_tasks_dir(Path(tasks_dir))
+    verify_snapshot(Path(snapshot), hash_files=())  # before the task files are written
     result = run_benchmarks(Path(snapshot), cfg.bench, Path(tasks_dir), Path(out),
                             device=cfg.experiment.device, precision=cfg.experiment.precision)
     step = result.get("step")
