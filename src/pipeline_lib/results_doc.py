@@ -25,6 +25,7 @@ from .compare import DEPTH_CHECK_JSON, RunResults, load_run_results, run_dir_inp
 from .compare.depth import depth_markdown
 from .compare.markdown import accuracy_tables, findings, loss_table, variants_table
 from .errors import DataError
+from .output_paths import check_output_file, check_output_location
 from .provenance import cpu_model, git_output
 from .run_layout import ResultsLayout
 
@@ -165,6 +166,8 @@ def write_results_doc(results: Path, readme: Path, docs: Path, section: str = ""
     readme, docs = Path(readme), Path(docs)
     if not readme.is_file():
         raise DataError(f"README {readme} does not exist; pass --readme PATH")
+    check_output_file(readme, "README")
+    check_output_location(docs, "figure folder (--docs)")
     text = readme.read_text()
     replace_between_markers(text, "", readme, section)  # fail on missing markers first
     repo = readme.resolve().parent

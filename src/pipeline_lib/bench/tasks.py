@@ -146,6 +146,24 @@ def task_config(task: BuiltinTask, data_file: Path, bench: BenchConfig) -> dict[
     return cfg
 
 
+def is_tasks_dir(path: Path) -> bool:
+    """Whether every entry of ``path`` is a built-in task file or the user-task folder a
+    bench job writes there (so the job may write into it again)."""
+    from .user_tasks import USER_TASKS_DIR
+
+    ours = {f"{name}.{ext}" for name in BUILTIN_TASKS for ext in ("yaml", "jsonl")}
+    return all(p.name in ours or p.name == USER_TASKS_DIR for p in Path(path).iterdir())
+
+
+def check_tasks_dir(path: Path) -> None:
+    """Before a bench job: ``path`` is new, empty or a bench job's task folder (one line)."""
+    from ..output_paths import check_output_dir
+
+    check_output_dir(path, "bench task directory", owned=is_tasks_dir,
+                     kind="a bench task folder (files other than the built-in tasks' are in "
+                          "it)")
+
+
 def write_builtin_tasks(bench: BenchConfig, out_dir: Path) -> list[str]:
     """Write YAML + JSONL for every built-in task named in ``bench.tasks``.
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
+from ..output_paths import check_creatable
 from .fsutil import clean_stale_siblings, tmp_sibling
 from .manifest import MANIFEST_NAME, verify_snapshot
 
@@ -134,9 +135,10 @@ def check_snapshot_contents(trainer_state: Mapping[str, Any], extra_names: list[
     _check_extra_names([*extra_names, *extra_files])
 
 
-def prepare_snapshot_tmp(out_dir: Path) -> Path:
-    """The fresh hidden sibling to build ``out_dir`` in, after checking that an existing
-    ``out_dir`` is a snapshot that may be replaced and removing dead writers' leftovers."""
+def check_snapshot_output(out_dir: Path) -> None:
+    """``out_dir`` may receive a snapshot: new, or a complete snapshot to replace, in a
+    creatable place. Cheap (no file is hashed); training calls it before building anything."""
+    out_dir = Path(out_dir)
     if os.path.lexists(out_dir):
         if out_dir.is_symlink() or not out_dir.is_dir():
             raise CheckpointError(f"snapshot output {out_dir} exists and is not a directory; "
@@ -147,6 +149,13 @@ def prepare_snapshot_tmp(out_dir: Path) -> Path:
             raise CheckpointError(f"snapshot output {out_dir} already exists and is not a valid "
                                   f"snapshot ({exc}); remove it by hand or choose another "
                                   "output path") from None
+    check_creatable(out_dir, "snapshot output")
+
+
+def prepare_snapshot_tmp(out_dir: Path) -> Path:
+    """The fresh hidden sibling to build ``out_dir`` in, after checking that an existing
+    ``out_dir`` is a snapshot that may be replaced and removing dead writers' leftovers."""
+    check_snapshot_output(out_dir)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         clean_stale_siblings(out_dir)

@@ -17,8 +17,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare import compare_runs, run_dir_inputs
+    from ..compare import check_compare_outputs, compare_runs, run_dir_inputs
 
+    check_compare_outputs(args.out)  # before any run directory is read
     compare_runs({d.name: run_dir_inputs(d) for d in args.run_dirs}, args.out)
     print((args.out / "summary.md").read_text(), end="")
     return 0

@@ -14,7 +14,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         "pack", help="tokenize and pack the corpus into epoch shards",
         description="Stream the configured sources, build or train the tokenizer, and write "
                     "tokens.bin, docs.npy, train/epoch_*/, val/ and metadata.json into --out "
-                    "(replaced atomically).")
+                    "(a previous pack there is replaced atomically; any other non-empty "
+                    "directory is refused).")
     add_config_args(parser)
     parser.add_argument("--out", type=Path, required=True,
                         help="data directory to create (e.g. results/data/<data_id>)")

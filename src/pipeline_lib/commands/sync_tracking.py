@@ -31,11 +31,21 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..credentials import redact_uri
     from ..errors import TrackingError
+    from ..output_paths import check_creatable
     from ..tracking import outbox_dirs, sync_outbox
-    from ..tracking.store import StoreUnavailable, resolve_uri, store_uri
+    from ..tracking.health import check_sqlite_file
+    from ..tracking.store import StoreUnavailable, resolve_uri, sqlite_path, store_uri
 
     cfg = config_from_args(args)
     uri = store_uri(args.uri) if args.uri else resolve_uri(cfg)
+    for run_dir in args.run_dir or ():
+        if not run_dir.is_dir():
+            raise TrackingError(f"--run-dir {run_dir} is not a directory; pass a run directory "
+                                "(results/<run>) holding a tracking outbox")
+    db = sqlite_path(uri)
+    if db is not None:  # before any outbox is read: a store that can be opened or made
+        check_sqlite_file(db)
+        check_creatable(db, "tracking store")
     run_dirs = args.run_dir or outbox_dirs(Path(cfg.experiment.results_dir))
     if not run_dirs:
         print(f"no tracking outbox under {cfg.experiment.results_dir}; nothing to sync")

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..output_paths import check_output_dir, check_output_file
 from .depth import TARGET_MARGIN, compare_examples, depth_check, depth_markdown, variant_kind
 from .markdown import summary_markdown, verdict
 from .plots import plot_comparison
@@ -38,12 +39,29 @@ from .runs import (
 )
 
 __all__ = ["COLUMNS", "DEPTH_CHECK_JSON", "TAIL_STEPS", "TARGET_MARGIN", "RunResults", "Score",
-           "TaskSamples", "compare_examples", "compare_runs", "comparison_rows", "depth_check",
+           "TaskSamples", "check_compare_outputs", "compare_examples", "compare_runs", "comparison_rows", "depth_check",
            "depth_markdown", "load_run_results", "load_runs", "plot_comparison",
            "run_dir_inputs", "summary_markdown", "variant_kind", "verdict"]
 
 log = logging.getLogger(__name__)
 DEPTH_CHECK_JSON = "depth_check.json"
+# what compare_runs writes into its directory (the plots: pipeline_lib.compare.plots)
+COMPARE_FILES = ("summary.md", "summary.parquet", DEPTH_CHECK_JSON, "loss_vs_heff.png",
+                 "accuracy_vs_heff.png", "train_loss.png")
+
+
+def is_compare_dir(path: Path) -> bool:
+    """Whether ``path`` holds a comparison :func:`compare_runs` wrote (one of its files)."""
+    return any((Path(path) / name).is_file() for name in COMPARE_FILES)
+
+
+def check_compare_outputs(out_dir: Path, depth_json: Path | None = None) -> None:
+    """Before any run is read: ``out_dir`` is new, empty or a comparison, and the depth
+    check's file can be written (one line each)."""
+    check_output_dir(Path(out_dir), "compare output", owned=is_compare_dir,
+                     kind="a comparison (no summary.md, summary.parquet or its plots)")
+    check_output_file(Path(depth_json) if depth_json is not None
+                      else Path(out_dir) / DEPTH_CHECK_JSON, "depth check output")
 
 
 def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
@@ -56,13 +74,14 @@ def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
     (``depth_json``, default ``out_dir/depth_check.json``) into ``out_dir``; returns the
     table rows.
     """
+    out_dir = Path(out_dir)
+    depth_json = Path(depth_json) if depth_json is not None else out_dir / DEPTH_CHECK_JSON
+    check_compare_outputs(out_dir, depth_json)
     runs = load_runs(inputs)
     rows = comparison_rows(runs)
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_table(rows, out_dir / "summary.parquet")
     depth = depth_check(runs)
-    depth_json = Path(depth_json) if depth_json is not None else out_dir / DEPTH_CHECK_JSON
     depth_json.write_text(json.dumps(depth, indent=1) + "\n")
     (out_dir / "summary.md").write_text(summary_markdown(runs, depth))
     plot_comparison(runs, out_dir)

@@ -40,6 +40,7 @@ from tqdm import tqdm
 from ..config import DataConfig
 from ..errors import ConfigError, DataError
 from ..fsio import file_sha256, is_write_failure
+from ..output_paths import check_output_dir
 from .identity import FORMAT_VERSION, data_id, fingerprint_hash, source_files, source_fingerprint
 from .packing import PackedRows, fill_ratio, pack_documents, pack_documents_by_level
 from .sources import SourceStats, check_source
@@ -274,6 +275,15 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
     return meta
 
 
+def is_pack_dir(path: Path) -> bool:
+    """Whether ``path`` holds a data pack this module wrote (its metadata.json's layout)."""
+    try:
+        meta = json.loads((Path(path) / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("layout") == LAYOUT
+
+
 def _write_error(out_dir: Path, exc: OSError) -> str:
     blocker = next((p for p in out_dir.parents if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
@@ -285,7 +295,8 @@ def _write_error(out_dir: Path, exc: OSError) -> str:
 
 
 def pack_corpus(data: DataConfig, out_dir: Path) -> dict[str, Any]:
-    """Pack the corpus of ``data`` into ``out_dir`` (replaced if present); returns metadata.
+    """Pack the corpus of ``data`` into ``out_dir``; returns metadata. A previous pack there
+    is replaced; any other non-empty directory is refused before anything is read.
 
     Raises ConfigError / DataError (one line, naming the key or file) before writing
     anything when it can, and removes its temporary directory when it fails later.
@@ -294,6 +305,8 @@ def pack_corpus(data: DataConfig, out_dir: Path) -> dict[str, Any]:
     _check_config(data)
     for index, src in enumerate(data.sources):
         check_source(index, src)
+    check_output_dir(out_dir, "data pack output", owned=is_pack_dir,
+                     kind=f"a data pack (no metadata.json with layout {LAYOUT!r})")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)

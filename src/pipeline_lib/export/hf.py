@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, UsageError
+from ..output_paths import check_creatable
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ def _check_out(out: Path, snapshot: Path) -> None:
     if out.resolve() == snapshot.resolve() or snapshot.resolve() in out.resolve().parents:
         raise UsageError(f"export directory {out} lies inside the snapshot {snapshot}; pass "
                          "--out outside it (a snapshot is never edited)")
+    check_creatable(out, "export directory")
     if not out.exists() and not out.is_symlink():
         return
     config = out / CONFIG_JSON

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..config import Config, config_yaml
 from ..errors import CheckpointError, ConfigError, DataError, UsageError
+from ..output_paths import check_creatable
 from .hf_layout import (
     BLOCK_TENSORS,
     GGUF_PERMUTED,
@@ -250,6 +251,7 @@ def _check_out(out: Path, source: Path) -> None:
     """``out`` must be new or a snapshot this command wrote (its import.json)."""
     if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
         raise UsageError(f"--out {out} lies inside the source {source}; pass another path")
+    check_creatable(out, "--out")
     if os.path.lexists(out) and not (out / IMPORT_RECORD).is_file():
         raise UsageError(f"--out {out} exists and is not a snapshot written by import-hf; "
                          "pass a new path or remove it")

@@ -144,6 +144,12 @@ def _find_or_create(cfg: Config, run: str, run_dir: Path, data_id: str | None,
             "experiment_name": name, "parent_run_id": parent}
 
 
+def _still_there(sink: Sink, run_id: str) -> bool:
+    """False only when the store answers and holds no active run ``run_id`` (an outbox id
+    or an unreachable store: the outbox keeps the stage's records, as always)."""
+    return sink.continue_run(run_id) is not None
+
+
 def parent_for_stage(cfg: Config, run_dir: Path, sink: Sink,
                      data_id: str | None = None) -> str:
     """The parent run id a stage of ``run_dir`` attaches to (created on first use).
@@ -154,14 +160,27 @@ def parent_for_stage(cfg: Config, run_dir: Path, sink: Sink,
     """
     info = read_tracking_info(run_dir)
     if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.label:
-        return sink.resolve(info["parent_run_id"])
+        known = sink.resolve(info["parent_run_id"])
+        if _still_there(sink, known):
+            return known
     run = Path(run_dir).name
     if run in cfg.runs:
         cfg = config_for_run(cfg, run)
     with file_lock(RunLayout.at(run_dir).tracking_lock):
         info = read_tracking_info(run_dir)  # another process may have written it meanwhile
+        lost = None
         if info and info.get("parent_run_id") and info.get("tracking_uri") == sink.label:
-            return sink.resolve(info["parent_run_id"])
+            known = sink.resolve(info["parent_run_id"])
+            if _still_there(sink, known):
+                return known
+            lost = known
+        if lost is not None:  # the store lost the parent (deleted): a new one, recorded
+            fresh = _find_or_create(cfg, run, Path(run_dir), data_id, sink)
+            write_tracking_info(run_dir, fresh)
+            log.warning("parent run %s of %s is not in %s (deleted?); created parent run %s "
+                        "and updated %s", lost, run, sink.label, fresh["parent_run_id"],
+                        RunLayout.at(run_dir).tracking_json)
+            return fresh["parent_run_id"]
         # tracking.json for another store (a copied or moved run directory): attach to the
         # parent found there as it is; its params and config are track_config's to update,
         # and a stage's resolved config (vocab size filled in) would look like a change.

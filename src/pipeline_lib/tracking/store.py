@@ -171,6 +171,13 @@ def get_client(uri: str) -> Any:
             raise TrackingError(f"{db} was written by an older MLflow; back it up and run "
                                 f"`mlflow db upgrade {uri}`") from None
         raise
+    except Exception as exc:
+        if type(exc).__name__ != "DatabaseError":  # sqlalchemy's: not a database, malformed
+            raise
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrackingError(f"tracking store {db} is not a usable SQLite database ({reason}); "
+                            "move it aside and re-create it with `python -m pipeline_lib "
+                            "track-init`, then replay outboxes with `sync-tracking`") from None
 
 
 def is_transient(exc: BaseException) -> bool:

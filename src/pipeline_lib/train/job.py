@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.contents import check_snapshot_output
 from ..config import Config
 from ..errors import ConfigError, Preempted, TrainingError
+from ..output_paths import check_output_location
 from ..run_layout import RunLayout, run_dir_of
 from . import rollback
 from .metrics import TrainLog
@@ -60,6 +62,14 @@ def usable_resume_point(path: Path, resume_from: Path | None,
     return None
 
 
+def check_segment_outputs(out: Path, run_dir: Path | None) -> None:
+    """Before anything is built: ``out`` may receive the snapshot (new, or a snapshot to
+    replace) and the run directory of the logs can be written (one-line errors)."""
+    check_snapshot_output(Path(out))
+    check_output_location(Path(run_dir) if run_dir is not None else run_dir_of(Path(out)),
+                          "run directory (training logs)")
+
+
 def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                   out: Path, run_dir: Path | None = None, attempt: int = 1, *,
                   world_size: int = 1, rank: int = 0, warm_start: Path | None = None) -> Path:
@@ -79,6 +89,11 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     if warm_start is not None and resume_from is not None:
         raise ConfigError("--warm-start and --resume-from exclude each other: resume "
                           "continues a run exactly, a warm start begins a new one")
+    check_segment_outputs(out, run_dir)
+    if rank == 0 and cfg.tracking.enabled:  # a lost or corrupt store: one line, before work
+        from ..tracking.health import check_store
+
+        check_store(cfg, run_dir)
     point = RunLayout.at(run_dir).resume_point(until_step)
     stopped = usable_resume_point(point, resume_from, until_step)
     trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank)

@@ -118,8 +118,10 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
                      out: Path, run_dir: Path | None = None, attempt: int = 1, *,
                      warm_start: Path | None = None) -> Path:
     """Train one segment with ``train.nproc`` × ``train.nnodes`` processes; returns ``out``."""
+    from .job import check_segment_outputs, train_segment
+
+    check_segment_outputs(out, run_dir)  # before torchrun starts (or anything is built)
     if cfg.train.nproc == 1 and cfg.train.nnodes == 1:
-        from .job import train_segment
 
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
                              warm_start=warm_start)

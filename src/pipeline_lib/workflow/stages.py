@@ -25,6 +25,23 @@ def _step_name(step: int | None) -> str:
     return "final" if step is None else f"step_{step:07d}"
 
 
+def check_stage_outputs(cfg: Config, run_dir: Path, files: Sequence[Path | None] = ()) -> None:
+    """Before a stage's work: every output file can be written, and with tracking on the
+    run directory can take tracking.json and the outbox and the store is the one
+    tracking.json expects (:func:`pipeline_lib.tracking.health.check_store`). One line
+    each, nothing written."""
+    from ..output_paths import check_output_file, check_output_location
+
+    for path in files:
+        if path is not None:
+            check_output_file(Path(path), "output")
+    if cfg.tracking.enabled:
+        from ..tracking.health import check_store
+
+        check_output_location(Path(run_dir), "run directory (tracking)")
+        check_store(cfg, Path(run_dir))
+
+
 def prepare_tracking_store(cfg: Config, marker: Path) -> None:
     """Create the store's schema and the experiment once, before parallel jobs touch it.
 
@@ -54,11 +71,27 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
     data config, so each variant gets its own ``pack`` child with the pack's metadata; the
     pack is a dataset input (``mlflow.data``) of that child and of the parent.
     """
-    from ..tracking import init_parent_run, start_stage
+    from ..errors import DataError
+    from ..output_paths import check_output_location
+    from ..tracking import init_parent_run, read_tracking_info, resolve_uri, start_stage
+    from ..tracking.health import check_sqlite_file
+    from ..tracking.store import sqlite_path
 
     meta_path = Path(data_dir) / "metadata.json"
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{meta_path} cannot be read ({getattr(exc, 'strerror', None) or exc}); "
+                        "pass --data a packed data directory (pack it first)") from None
+    check_output_location(Path(run_dir), "run directory")
+    db = sqlite_path(resolve_uri(cfg)) if cfg.tracking.enabled else None
+    if db is not None:
+        check_sqlite_file(db)
+    before = (read_tracking_info(Path(run_dir)) or {}).get("parent_run_id")
     info = init_parent_run(cfg, run, Path(run_dir), meta.get("data_id", Path(data_dir).name))
+    if before and info["parent_run_id"] and info["parent_run_id"] != before:
+        log.warning("the tracking store had no parent run %s of %s; it is parent run %s now "
+                    "(tracking.json updated)", before, run, info["parent_run_id"])
     with start_stage(cfg, run_dir, "pack", tags={"loopline.data_dir": str(data_dir)}) as stage:
         numeric = {f"data/{k}": float(v) for k, v in meta.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -78,6 +111,7 @@ def update_parent(cfg: Config, run: str, run_dir: Path, data_id: str, out: Path)
     from ..fsio import write_text_atomic
     from ..tracking import init_parent_run
 
+    check_stage_outputs(cfg, run_dir, [out])
     info = init_parent_run(cfg, run, Path(run_dir), data_id)
     doc = {"config_hash": config_hash(cfg), "parent_run_id": info["parent_run_id"]}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -102,6 +136,7 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     from ..tracking import start_stage
 
     h_effs = parse_h_eff(cfg.eval.h_eff, "eval.h_eff")
+    check_stage_outputs(cfg, run_dir, [out])
     result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
                       max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
                       use_ema=cfg.eval.use_ema, adaptive=AdaptiveSpec.from_eval_config(cfg.eval),
@@ -134,6 +169,7 @@ def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[
     from ..evaluate.heff_summary import summarize_heff
     from ..tracking import start_stage
 
+    check_stage_outputs(cfg, run_dir, [table, plot, adaptive_table, adaptive_plot])
     rows = {Path(table): len(summarize_heff(list(inputs), Path(table), Path(plot), title=(
         f"{run}: validation loss vs H_eff" if title is None else title)))}
     extra: list[Path] = []
@@ -162,8 +198,13 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
     H_eff, with their intervals)."""
     from ..bench import run_benchmarks
     from ..bench.scoring import bench_records
+    from ..bench.tasks import check_tasks_dir
+    from ..checkpoint.manifest import verify_snapshot
     from ..tracking import start_stage
 
+    check_stage_outputs(cfg, run_dir, [out])
+    check_tasks_dir(Path(tasks_dir))
+    verify_snapshot(Path(snapshot), hash_files=())  # before the task files are written
     result = run_benchmarks(Path(snapshot), cfg.bench, Path(tasks_dir), Path(out),
                             device=cfg.experiment.device, precision=cfg.experiment.precision)
     step = result.get("step")
@@ -188,6 +229,7 @@ def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence
     from ..bench import summarize_bench
     from ..tracking import start_stage
 
+    check_stage_outputs(cfg, run_dir, [table, plot])
     rows = {Path(table): len(summarize_bench([Path(p) for p in inputs], Path(table), Path(plot)))}
     with start_stage(cfg, run_dir, "bench_summary") as stage:
         stage.log_artifact(table, "bench")
@@ -205,6 +247,7 @@ def import_stage(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
     from ..export.hf_layout import layer_choice, source_arch
     from ..tracking import start_stage
 
+    check_stage_outputs(cfg, run_dir)
     init = cfg.model.init_from
     arch = source_arch(init.source)
     choice = layer_choice(arch.layers, init.prelude or None, init.core or None,
@@ -231,6 +274,7 @@ def export_stage(cfg: Config, run: str, run_dir: Path, snapshot: Path, out: Path
     from ..tracking.lineage import pack_digest
     from .final_results import model_spec
 
+    check_stage_outputs(cfg, run_dir)
     provenance = export_snapshot(Path(snapshot), Path(out), use_ema=use_ema)
     dataset = None
     if data_dir is not None and (Path(data_dir) / "metadata.json").is_file():
@@ -259,6 +303,7 @@ def finish_run(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
     from ..fsio import write_text_atomic
     from ..tracking import finish_parent
 
+    check_stage_outputs(cfg, run_dir, [out])
     parent = finish_parent(cfg, Path(run_dir), "FINISHED")
     doc = {"parent_run_id": parent, "status": "FINISHED",
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

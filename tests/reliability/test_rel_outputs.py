@@ -1,0 +1,211 @@
+"""Own nothing you did not make; a broken or lost tracking store is one line (issue 21).
+
+- A command that writes a directory replaces only one it made (a pack's metadata.json, a
+  snapshot's MANIFEST.json, an export's config.json, a comparison's files); any other
+  non-empty directory is refused in one line, before the work, and left as it was.
+- ``train --out DIR`` with DIR not a snapshot refuses before building anything: no
+  ``train/`` or ``tensorboard/`` appears in the working directory.
+- A tracking store that tracking.json relies on and that is missing, reset (emptied) or
+  not a database is refused in one line before the stage's work (nothing written, no new
+  store file); a parent run deleted from a store that still answers is recreated, with a
+  warning saying so, and tracking.json points at the new one.
+
+Each case runs ``python -m pipeline_lib`` in a subprocess and asserts the exit status, the
+one ``error:`` line and that nothing was written, deleted or duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from support.rel_messages import assert_one_line_error, entries, run_cli, write_yaml
+
+SNAPSHOT = Path("results") / "r" / "snapshots" / "step_0000004"
+
+
+def _config(path: Path) -> Path:
+    """Pack and a four-step segment take about a second each on this config."""
+    return write_yaml(path, {
+        "data": {"sources": [{"type": "reasoning", "num_docs": 60, "max_difficulty": 2}],
+                 "seq_len": 16, "epochs": 1, "val_fraction": 0.5, "curriculum_fraction": 0},
+        "model": {"d_model": 16, "n_heads": 2, "loops": 1},
+        "train": {"total_steps": 4, "steps_per_segment": 4, "global_batch_rows": 8,
+                  "micro_batch_rows": 8, "eval_interval": 0, "diagnostics_interval": 0,
+                  "sample_tokens": 0, "warmup_steps": 2, "objective": "last"},
+        "eval": {"h_eff": [1]}, "runs": {}})
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A working directory with a pack, a tracked run (track-init, one segment) and its
+    SQLite store results/mlflow.db; tests copy it."""
+    root = tmp_path_factory.mktemp("rel_outputs") / "work"
+    root.mkdir()
+    cfg = _config(root / "c.yaml")
+    for args in (("pack", "--config", cfg, "--out", "data"),
+                 ("track-init", "--config", cfg, "--run-dir", "results/r", "--data", "data"),
+                 ("train", "--config", cfg, "--data", "data", "--resume-from", "none",
+                  "--until-step", "4", "--out", SNAPSHOT)):
+        result = run_cli(root, *args)
+        assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.fixture
+def work(tracked: Path, tmp_path: Path) -> Path:
+    """A copy of ``tracked`` whose tracking.json names the copy's store (its own path)."""
+    work = Path(shutil.copytree(tracked, tmp_path / "work", symlinks=True))
+    info = work / "results" / "r" / "tracking.json"
+    info.write_text(info.read_text().replace(str(tracked), str(work)))
+    return work
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file below ``root`` with its bytes (what must not change)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def _mine(directory: Path) -> dict[str, bytes]:
+    directory.mkdir(parents=True)
+    (directory / "notes.txt").write_text("a user's file\n")
+    return _tree(directory)
+
+
+# ---------------------------------------------------------------- own nothing you did not make
+
+
+def test_pack_refuses_a_directory_that_is_not_a_pack(work: Path) -> None:
+    mine = _mine(work / "mine")
+    result = run_cli(work, "pack", "--config", "c.yaml", "--out", "mine")
+    assert result.returncode == 2
+    assert_one_line_error(result, "data pack output mine exists and is not a data pack",
+                          "pass a new path or remove it by hand")
+    assert _tree(work / "mine") == mine
+    assert not [n for n in entries(work) if n.startswith(".mine")]  # no temporary sibling
+
+
+def test_pack_refuses_a_file_where_its_directory_goes(work: Path) -> None:
+    (work / "blocker").write_text("keep\n")
+    result = run_cli(work, "pack", "--config", "c.yaml", "--out", "blocker")
+    assert result.returncode == 2
+    assert_one_line_error(result, "data pack output blocker is a file, not a directory")
+    assert (work / "blocker").read_text() == "keep\n"
+
+
+def test_pack_replaces_its_own_pack(work: Path) -> None:
+    before = json.loads((work / "data" / "metadata.json").read_text())["data_id"]
+    result = run_cli(work, "pack", "--config", "c.yaml", "--out", "data")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((work / "data" / "metadata.json").read_text())["data_id"] == before
+    assert not [n for n in entries(work) if n.startswith((".data.tmp", ".data.old"))]
+
+
+def test_train_into_a_directory_that_is_not_a_snapshot_refuses_before_training(
+        work: Path) -> None:
+    mine = _mine(work / "mine")
+    before = entries(work)
+    result = run_cli(work, "train", "--config", "c.yaml", "--data", "data", "--resume-from",
+                     "none", "--until-step", "4", "--out", "mine", "--no-track")
+    assert result.returncode == 2
+    assert_one_line_error(result, "snapshot output mine already exists and is not a valid "
+                                  "snapshot", "remove it by hand or choose another output path")
+    assert "step 1" not in result.stderr and "segment" not in result.stderr  # nothing trained
+    assert entries(work) == before  # no train/ nor tensorboard/ in the working directory
+    assert _tree(work / "mine") == mine
+
+
+def test_export_and_compare_refuse_a_directory_they_did_not_write(work: Path) -> None:
+    mine = _mine(work / "mine")
+    export = run_cli(work, "export", "--snapshot", SNAPSHOT, "--out", "mine")
+    assert export.returncode == 2
+    assert_one_line_error(export, "export directory mine exists and is not a loopline export")
+    compare = run_cli(work, "compare", "results/r", "--out", "mine")
+    assert compare.returncode == 2
+    assert_one_line_error(compare, "compare output mine exists and is not a comparison")
+    assert _tree(work / "mine") == mine
+
+
+def test_heff_into_a_directory_is_refused_before_the_sweep(work: Path) -> None:
+    (work / "out.json").mkdir()
+    result = run_cli(work, "heff", "--snapshot", SNAPSHOT, "--data", "data", "--out",
+                     "out.json", "--no-track")
+    assert result.returncode == 2
+    assert_one_line_error(result, "output out.json is a directory, not a file")
+    assert "H_eff sweep of" not in result.stderr
+    assert entries(work / "out.json") == []
+
+
+# ---------------------------------------------------------------- a broken or lost store
+
+
+def _heff(work: Path) -> object:
+    return run_cli(work, "heff", "--snapshot", SNAPSHOT, "--data", "data", "--out",
+                   "results/r/eval/heff/step_0000004.json")
+
+
+def test_a_moved_store_is_one_line_before_the_work_and_no_fresh_store(work: Path) -> None:
+    (work / "results" / "mlflow.db").rename(work / "moved.db")
+    before = _tree(work / "results")
+    result = _heff(work)
+    assert result.returncode == 2
+    line = assert_one_line_error(result, f"tracking store {work / 'results' / 'mlflow.db'} is "
+                                         "missing", "results/r/tracking.json names parent run",
+                                 "track-init --run-dir results/r", "sync-tracking")
+    assert "H_eff sweep of" not in result.stderr, line  # the work did not start
+    assert _tree(work / "results") == before  # no fresh store, no result, no outbox
+
+
+def test_re_creating_the_store_with_track_init_says_so_and_the_stage_runs(work: Path) -> None:
+    (work / "results" / "mlflow.db").unlink()
+    old = json.loads((work / "results" / "r" / "tracking.json").read_text())["parent_run_id"]
+    init = run_cli(work, "track-init", "--config", "c.yaml", "--run-dir", "results/r",
+                   "--data", "data")
+    assert init.returncode == 0, init.stderr
+    new = json.loads((work / "results" / "r" / "tracking.json").read_text())["parent_run_id"]
+    assert new != old and f"had no parent run {old}" in init.stderr
+    assert _heff(work).returncode == 0
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database\n"], ids=["emptied", "garbage"])
+def test_an_emptied_or_garbage_store_is_one_line_before_the_work(work: Path,
+                                                                 content: bytes) -> None:
+    db = work / "results" / "mlflow.db"
+    db.write_bytes(content)
+    before = _tree(work / "results")
+    result = _heff(work)
+    assert result.returncode == 2
+    text = "is empty" if not content else "is not a SQLite database"
+    assert_one_line_error(result, f"tracking store {db} {text}", "track-init")
+    assert _tree(work / "results") == before
+
+
+def test_a_reset_store_is_one_line(work: Path, tracked: Path) -> None:
+    """A store re-created from scratch (another experiment id) is not the one the run knew."""
+    from mlflow import MlflowClient
+
+    db = work / "results" / "mlflow.db"
+    db.unlink()
+    MlflowClient(f"sqlite:///{db}").create_experiment("something-else")
+    before = _tree(work / "results" / "r")
+    result = _heff(work)
+    assert result.returncode == 2
+    assert_one_line_error(result, "was reset: it no longer holds experiment", "track-init")
+    assert _tree(work / "results" / "r") == before
+
+
+def test_a_deleted_parent_run_is_recreated_and_said(work: Path) -> None:
+    from mlflow import MlflowClient
+
+    info_path = work / "results" / "r" / "tracking.json"
+    old = json.loads(info_path.read_text())["parent_run_id"]
+    MlflowClient(f"sqlite:///{work / 'results' / 'mlflow.db'}").delete_run(old)
+    result = _heff(work)
+    assert result.returncode == 0, result.stderr
+    new = json.loads(info_path.read_text())["parent_run_id"]
+    assert new != old
+    assert f"parent run {old} of r is not in" in result.stderr
+    assert f"created parent run {new}" in result.stderr
