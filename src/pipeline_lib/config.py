@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config_errors import explain_omegaconf_error
 from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
 from .config_rules import (
@@ -470,50 +471,23 @@ def _merge(base: Any, update: Any, source: str) -> Any:
     try:
         return OmegaConf.merge(base, update)
     except OmegaConfBaseException as exc:
-        raise ConfigError(_explain_omegaconf_error(exc, source)) from None
+        raise ConfigError(explain_omegaconf_error(exc, source, Config, update)) from None
     except TypeError as exc:  # e.g. a section given as a list, a list as a mapping
         raise ConfigError(f"{source}: {exc}; give sections as mappings and lists (such as "
                           "data.sources) whole, e.g. data.sources=[{type: stdlib}]") from None
 
 
-def _explain_omegaconf_error(exc: Exception, source: str) -> str:
-    key = getattr(exc, "full_key", None) or "?"
-    msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]
-    if "not in struct" in str(exc) or "Key '" in msg and "not" in msg:
-        section = key.rsplit(".", 1)[0] if "." in key else "the top level"
-        guess = _similar_key(key)
-        hint = f" (did you mean '{guess}'?)" if guess else ""
-        return (f"{source}: unknown config key '{key}'{hint}; check its spelling against "
-                f"workflow/schemas/config.schema.yaml (keys allowed in {section})")
-    return f"{source}: bad value for config key '{key}': {msg}; fix the value's type"
-
-
-def _similar_key(key: str) -> str | None:
-    """The existing key closest to the misspelt ``key`` (``train.lrr`` → ``train.lr``), or
-    None: the last part is matched against the fields of the section the rest names."""
-    import difflib
-    import typing
-
-    *path, last = key.split(".")
-    cls: Any = Config
-    for part in path:
-        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
-        cls = hints.get(re.sub(r"\[\d+\]$", "", part))
-        while typing.get_origin(cls) is list:
-            (cls,) = typing.get_args(cls)
-    if not dataclasses.is_dataclass(cls):
-        return None
-    names = [f.name for f in dataclasses.fields(cls)]
-    match = difflib.get_close_matches(last, names, n=1, cutoff=0.6)
-    return ".".join([*path, match[0]]) if match else None
-
-
 def _read_yaml(path: Path) -> Any:
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; pass a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; pass an existing YAML file")
     OmegaConf = _omegaconf()
     try:
         loaded = OmegaConf.load(path)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: "
+                          f"{exc.reason}); save it as UTF-8") from None
     except Exception as exc:  # yaml.YAMLError and friends
         raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from None
     if loaded is None:
@@ -523,12 +497,25 @@ def _read_yaml(path: Path) -> Any:
     return loaded
 
 
+def _to_object(cfg: Any, source: str) -> Config:
+    """The merged OmegaConf config as a :class:`Config`. Interpolations (``${train.lr}``) are
+    resolved here, as OmegaConf does; one that does not resolve (an unknown key, a missing
+    environment variable, a bad grammar) is a one-line ConfigError naming the key."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        out = _omegaconf().to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(explain_omegaconf_error(exc, source, Config, cfg)) from None
+    assert isinstance(out, Config)
+    return out
+
+
 def _structured(data: Mapping[str, Any] | Any, source: str) -> Config:
     OmegaConf = _omegaconf()
     schema = OmegaConf.structured(Config)
     merged = _merge(schema, data, source)
-    cfg = OmegaConf.to_object(merged)
-    assert isinstance(cfg, Config)
+    cfg = _to_object(merged, source)
     validate_config(cfg)
     return cfg
 
@@ -563,8 +550,10 @@ def load_config(
             raise ConfigError(redact_text(f"cannot parse overrides {list(overrides)}: {exc}")
                               ) from None
         cfg = _merge(cfg, dotlist, "command-line override")
-    out = OmegaConf.to_object(cfg)
-    assert isinstance(out, Config)
+    # where an interpolation that does not resolve was written (interpolations resolve here)
+    source = ("command-line override" if any("${" in item for item in overrides)
+              else str(path if path is not None else base or "config"))
+    out = _to_object(cfg, source)
     validate_config(out)
     return out
 

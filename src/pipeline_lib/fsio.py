@@ -43,6 +43,22 @@ def write_text_atomic(path: Path, text: str, *, fsync: bool = False,
     return True
 
 
+def output_file_problem(path: Path, *, directory: bool = False) -> str | None:
+    """Why the file (or with ``directory``, the directory) ``path`` cannot be written,
+    checked before any work is done: it is a directory (a file), or something above it is a
+    file; None when neither (other failures, such as permissions or a full disk, show when
+    it is written)."""
+    path = Path(path)
+    if directory and path.exists() and not path.is_dir():
+        return f"{path} is a file, not a directory"
+    if not directory and path.is_dir():
+        return f"{path} is a directory"
+    blocker = next((p for p in path.parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return f"{blocker} is a file, not a directory"
+    return None
+
+
 def file_sha256(path: Path) -> str:
     """Hex sha256 of the file at ``path``, read in pieces (bounded memory)."""
     sha = hashlib.sha256()

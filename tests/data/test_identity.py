@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from data_corpus import write_text_files
 
@@ -89,3 +90,63 @@ def test_curriculum_and_record_fields_change_the_id_only_when_set(tmp_path):
                 replace(plain, level_field="k"),
                 replace(plain, prompt_field="q", answer_field="a", level_field="k")]
     assert len({data_id(replace(base, sources=[v])) for v in variants}) == 4
+
+
+def _tree(root):
+    """A corpus tree without symlinks: nested, hidden, bracketed names."""
+    for rel in ("a.txt", "x/b.txt", "x/y/c.txt", "x/.hidden/d.txt", ".e.txt", "x/[f].txt",
+                "x/g.jsonl"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+
+
+def test_globs_without_symlinks_match_exactly_what_glob_matches(tmp_path):
+    """So the data_id of every ordinary glob stays what it was."""
+    import glob
+
+    from pipeline_lib.data.identity import source_files
+
+    _tree(tmp_path / "c")
+    for pattern in ("c/**/*.txt", "c/**", "c/*/**/*.txt", "c/**/y/*.txt", "c/x/*.txt",
+                    "c/**/**/*.txt", "c/x/[[]f].txt", "nothing/**/*.txt"):
+        absolute = str(tmp_path / pattern)
+        # (glob lists a file once per way two ``**`` reach it; source_files once)
+        expected = sorted({p for p in map(Path, glob.glob(absolute, recursive=True))
+                           if p.is_file()})
+        src = SourceConfig(type="text", path=absolute)
+        assert source_files(src) == expected, pattern
+    src = SourceConfig(type="text", path=str(tmp_path / "c" / "**" / "*.txt"))
+    assert "answer_spans" not in data_fingerprint(DataConfig(sources=[src]))  # id unchanged
+
+
+def test_a_symlink_loop_is_not_followed_and_a_file_is_listed_once(tmp_path):
+    from pipeline_lib.data.identity import glob_source
+
+    _tree(tmp_path / "c")
+    (tmp_path / "c" / "x" / "up").symlink_to("..")  # a loop
+    (tmp_path / "c" / "x" / "y" / "self").symlink_to(".")  # and another
+    (tmp_path / "c" / "alias.txt").symlink_to("x/b.txt")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "h.txt").write_text("h")
+    (tmp_path / "c" / "ext").symlink_to(tmp_path / "elsewhere")  # no loop: followed
+    found = glob_source(SourceConfig(type="text", path=str(tmp_path / "c" / "**" / "*.txt")))
+    c = tmp_path / "c"
+    assert found.files == [c / "a.txt", c / "ext" / "h.txt", c / "x" / "[f].txt",
+                           c / "x" / "b.txt", c / "x" / "y" / "c.txt"]
+    assert found.loops == [str(c / "x" / "up"), str(c / "x" / "y" / "self")]
+    assert found.duplicates == [(c / "alias.txt", c / "x" / "b.txt")]
+    # the fingerprint lists the same five files once each
+    fp = source_fingerprint(SourceConfig(type="text", path=str(c / "**" / "*.txt")))
+    assert len(fp["files"]) == len({f[0] for f in fp["files"]}) == 5
+
+
+def test_answer_span_version_is_in_the_id_of_packs_with_answers_only():
+    from pipeline_lib.data.identity import ANSWER_SPAN_VERSION
+
+    reasoning = DataConfig(sources=[SourceConfig(type="reasoning")])
+    assert data_fingerprint(reasoning)["answer_spans"] == ANSWER_SPAN_VERSION == 2
+    qa = DataConfig(sources=[SourceConfig(type="jsonl", path="x.jsonl", prompt_field="q",
+                                          answer_field="a")])
+    assert data_fingerprint(qa)["answer_spans"] == 2
+    assert "answer_spans" not in data_fingerprint(DataConfig(sources=[SourceConfig(
+        type="stdlib")]))

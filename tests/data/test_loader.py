@@ -140,12 +140,25 @@ def test_boundaries_positions_and_targets_on_real_rows(data):
             assert (tgt[col - 1:] == IGNORE_INDEX).all() and (ids[col:] == data.pad_id).all()
 
 
-def test_answer_mask_marks_reasoning_answers(data):
+def test_answer_mask_marks_reasoning_answers_and_the_eos_after_them(data):
     rows = data.rows(0, np.arange(data.rows_per_epoch))
-    masked = rows["targets"][rows["answer_mask"]]
-    assert masked.size > 0
-    assert (masked >= ord("0")).all() and (masked <= ord("9")).all()  # answers are digits
-    assert (rows["targets"][rows["answer_mask"]] != IGNORE_INDEX).all()
+    targets, mask, index = rows["targets"], rows["answer_mask"], rows["doc_index"]
+    masked = targets[mask]
+    assert masked.size > 0 and (masked != IGNORE_INDEX).all()
+    digit = (masked >= ord("0")) & (masked <= ord("9"))
+    assert (digit | (masked == data.eos_id)).all()  # answers are digits, then the EOS
+    # Every EOS target of a document with an answer is scored (a model learns to stop
+    # after its answer); the EOS of a stdlib document is not.
+    answer_doc = np.load(data.data_dir / "answer_spans.npy")[:, 1] > 0
+    eos = targets == data.eos_id
+    of_answer_doc = eos & (index >= 0) & answer_doc[np.maximum(index, 0)]
+    assert of_answer_doc.sum() > 100 and (eos & ~of_answer_doc).any()
+    assert np.array_equal(mask & eos, of_answer_doc)
+    # ...right after the answer: the target before it (same piece) is a scored digit.
+    r, c = np.nonzero(of_answer_doc)
+    same_piece = (c > 0) & (rows["doc_ids"][r, c - 1] == rows["doc_ids"][r, c])
+    assert same_piece.mean() > 0.9
+    assert mask[r[same_piece], c[same_piece] - 1].all()
 
 
 def test_stream_cycles_after_the_last_epoch_with_a_warning(data, caplog):

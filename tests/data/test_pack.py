@@ -104,9 +104,13 @@ def test_tokens_hold_each_document_then_eos(packed, mixed_corpus):
     problems = list(iter_reasoning_problems(mixed_corpus[3]))
     assert texts[12:] == [p.prompt + p.answer for p in problems]
     assert (spans[:12] == 0).all()
-    for (start, _), (off, n), p in zip(docs[12:].tolist(), spans[12:].tolist(), problems,
-                                       strict=True):
-        assert tok.decode(tokens[start + off:start + off + n].tolist()) == p.answer
+    for (start, length), (off, n), p in zip(docs[12:].tolist(), spans[12:].tolist(), problems,
+                                            strict=True):
+        # The span is the answer and the EOS that ends the document (what answer objectives
+        # score: a trained model stops after its answer).
+        assert off + n == length and tokens[start + off + n - 1] == 256
+        assert tok.decode(tokens[start + off:start + off + n - 1].tolist()) == p.answer
+    assert meta["answer_span_version"] == 2
 
 
 def test_every_training_token_appears_once_per_epoch(packed):
@@ -300,7 +304,8 @@ def test_prompt_answer_records_give_answer_spans_and_levels(tmp_path, kind, make
                                              strict=True):
         assert tok.decode(tokens[start:start + length - 1].tolist()) == r["question"] + r["answer"]
         assert off == len(r["question"].encode())  # byte tokenizer: one token per byte
-        assert tok.decode(tokens[start + off:start + off + n].tolist()) == r["answer"]
+        assert n == len(r["answer"].encode()) + 1 and off + n == length  # answer, EOS
+        assert tok.decode(tokens[start + off:start + off + n - 1].tolist()) == r["answer"]
     assert meta["arrays"]["levels.npy"] == sha256(out / "levels.npy")
 
 

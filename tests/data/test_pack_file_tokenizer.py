@@ -67,13 +67,15 @@ def test_bos_starts_every_document_and_answer_spans_follow_it(tmp_path, make_dat
     docs = documents(out, meta)
     assert docs == [[1] + encode(r["question"]) + encode(r["answer"]) + [2] for r in QA_RECORDS]
     spans = np.load(out / "answer_spans.npy").tolist()
-    assert spans == [[1 + len(encode(r["question"])), len(encode(r["answer"]))]
+    # after the BOS and the question: the answer and the EOS that ends it
+    assert spans == [[1 + len(encode(r["question"])), len(encode(r["answer"])) + 1]
                      for r in QA_RECORDS]
     assert meta["bos_id"] == 1 == bos_id(load_tokenizer(out))
     data = PackedData(out)
     rows = data.rows(0, np.arange(data.rows_per_epoch))
     scored = rows["targets"][rows["answer_mask"]]
-    assert sorted(scored.tolist()) == sorted(i for r in QA_RECORDS for i in encode(r["answer"]))
+    assert sorted(scored.tolist()) == sorted(i for r in QA_RECORDS
+                                             for i in [*encode(r["answer"]), 2])
     assert not (rows["targets"] == 1).any()  # a BOS is never predicted across documents
     assert (rows["input_ids"] == 1).sum() == len(QA_RECORDS)
 
@@ -132,12 +134,13 @@ def test_data_id_follows_the_tokenizer_file(tmp_path, make_data_config):
 
 def test_byte_and_bpe_data_ids_are_unchanged():
     sources = [SourceConfig(type="reasoning", num_docs=50, seed=3)]
-    assert data_id(DataConfig(sources=sources)) == "ee0e8260f56f"  # as before file tokenizers
+    # as before file tokenizers, but for the answer span version (2: spans end with the EOS)
+    assert data_id(DataConfig(sources=sources)) == "a1c837c124cb"
     bpe = DataConfig(sources=sources, tokenizer=TokenizerConfig(type="bpe", vocab_size=512))
     assert data_fingerprint(bpe)["tokenizer"] == {
         "type": "bpe", "vocab_size": 512, "min_frequency": 2, "tokenizers": version("tokenizers")}
     if version("tokenizers") == "0.23.3":  # the pinned release the id was recorded with
-        assert data_id(bpe) == "6a7ee86c3405"
+        assert data_id(bpe) == "b137325773a3"
 
 
 @pytest.mark.slow

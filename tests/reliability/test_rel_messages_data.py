@@ -130,7 +130,8 @@ def test_null_texts_are_skipped_and_warned_about_once_with_their_files(tmp_path)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "no text" in line]
     assert len(warnings) == 1, result.stderr
-    assert "skipped 4 document(s) with no text (a null, missing or empty 'text')" in warnings[0]
+    assert ("skipped 4 document(s) with no text (a null, missing, empty or whitespace-only "
+            "'text')") in warnings[0]
     assert f"{corpus / 'a.jsonl'} (3), {corpus / 'b.jsonl'} (1)" in warnings[0]
     source = json.loads((tmp_path / "d" / "metadata.json").read_text())["sources"][0]
     assert (source["num_docs"], source["skipped_empty"]) == (4, 4)

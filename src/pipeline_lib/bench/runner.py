@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import BenchConfig
 from ..errors import ConfigError
-from ..fsio import write_text_atomic
+from ..fsio import output_file_problem, write_text_atomic
 from ..task_catalog import check_bench_tasks
 from .scoring import (
     add_paired_comparisons,
@@ -113,6 +113,18 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
     return out
 
 
+def _check_outputs(tasks_dir: Path, out_json: Path | None) -> None:
+    """``--out`` and ``--tasks-dir`` writable in kind, before a task file is written."""
+    problem = output_file_problem(out_json) if out_json is not None else None
+    if problem:
+        raise ConfigError(f"cannot write the benchmark scores to {out_json}: {problem}; pass "
+                          "--out a JSON file path (e.g. bench/step_NNNNNNN.json)")
+    problem = output_file_problem(tasks_dir, directory=True)
+    if problem:
+        raise ConfigError(f"cannot write the task files to {tasks_dir}: {problem}; pass "
+                          "--tasks-dir a directory (default: tasks/ beside --out)")
+
+
 def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_json: Path | None,
                    h_effs: Sequence[int] | None = None, *, device: str = "cpu",
                    precision: str = "fp32") -> dict[str, Any]:
@@ -127,6 +139,7 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
     if not h_effs or min(h_effs) < 1:
         raise ConfigError(f"bench H_eff list {h_effs} must be non-empty with every value >= 1")
     tasks = check_bench_tasks(bench)
+    _check_outputs(Path(tasks_dir), out_json)
     write_builtin_tasks(bench, Path(tasks_dir))
     user = (prepare_user_tasks(bench.include_path, Path(tasks_dir) / USER_TASKS_DIR)
             if bench.include_path else None)

@@ -116,7 +116,14 @@ def snapshot_config(path: Path, overrides: Sequence[str] = (), *,
     """The resolved config a snapshot was trained with (its ``config.yaml``), ``key=value``
     ``overrides`` on top. Complete already, so no default config is merged under it."""
     config_file = Path(path) / CONFIG_FILE
+    if not Path(path).is_dir():
+        raise CheckpointError(f"snapshot {path} does not exist or is not a directory; pass the "
+                              "path of a snapshot directory (…/snapshots/step_NNNNNNN)")
     if not config_file.is_file():
+        from .manifest import MANIFEST_NAME, describe_non_snapshot
+
+        if not (Path(path) / MANIFEST_NAME).is_file():  # a data pack, a run directory, …
+            raise CheckpointError(describe_non_snapshot(Path(path), "--snapshot"))
         raise CheckpointError(f"snapshot {path} has no {CONFIG_FILE}; it is incomplete: {fix}")
     return load_config(config_file, overrides, base=None)
 

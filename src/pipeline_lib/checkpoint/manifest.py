@@ -107,15 +107,17 @@ def manifest_bytes(files: dict[str, dict[str, Any]]) -> bytes:
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
-def _without_manifest(path: Path) -> str:
+def describe_non_snapshot(path: Path, option: str = "--resume-from") -> str:
     """What a directory without MANIFEST.json is, and what to pass instead: a data pack, a
     run directory or its snapshots/ folder are common mix-ups; only a directory holding
-    snapshot files is an interrupted (or damaged) snapshot."""
+    snapshot files is an interrupted (or damaged) snapshot. ``option``: the flag that took
+    it (``--resume-from`` also takes ``none``)."""
     names = {p.name for p in path.iterdir()}
     steps = sorted(n for n in names if n.startswith("step_") and (path / n).is_dir())
     if {"metadata.json", "tokens.bin"} <= names:
+        none = " or none" if option == "--resume-from" else ""
         return (f"{path} is a packed data directory, not a snapshot; pass it as --data, and "
-                "as --resume-from a snapshot directory (…/snapshots/step_NNNNNNN) or none")
+                f"as {option} a snapshot directory (…/snapshots/step_NNNNNNN){none}")
     if (path / "snapshots").is_dir():
         return (f"{path} is a run directory, not a snapshot; pass {path / 'snapshots'}/final "
                 "or one of its step_NNNNNNN directories")
@@ -138,7 +140,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
                               "path of a snapshot directory (…/snapshots/step_NNNNNNN)")
     mpath = path / MANIFEST_NAME
     if not mpath.is_file():
-        raise CheckpointError(_without_manifest(path))
+        raise CheckpointError(describe_non_snapshot(path))
     try:
         doc = json.loads(mpath.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -60,16 +60,22 @@ def read_prompts(args: argparse.Namespace) -> tuple[list[str], bool]:
     if name in (None, "-"):
         text, name = sys.stdin.read(), "stdin"
     else:
-        try:
-            text = Path(name).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read --prompts-file {name}: {exc}; pass a UTF-8 text "
-                             "file with one prompt per line") from None
+        if Path(name).is_dir():
+            raise UsageError(f"--prompts-file {name} is a directory; pass a text file with one "
+                             "prompt per line (or a .jsonl file with {\"prompt\": …} per line)")
+        try:  # utf-8-sig: a byte order mark (Windows editors) is not part of the first prompt
+            text = Path(name).read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"--prompts-file {name} is not UTF-8 text (byte {exc.start}: "
+                             f"{exc.reason}); save it as UTF-8") from None
+        except OSError as exc:
+            raise UsageError(f"cannot read --prompts-file {name}: {exc.strerror or exc}; pass "
+                             "a readable text file with one prompt per line") from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if str(name).endswith(".jsonl"):
-        return [_json_prompt(name, n, line) for n, line in lines], False
     if not lines:
         raise UsageError(f"{name} holds no prompt; write one prompt per line")
+    if str(name).endswith(".jsonl"):
+        return [_json_prompt(name, n, line) for n, line in lines], False
     return [line for _, line in lines], False
 
 
@@ -77,9 +83,11 @@ def _json_prompt(name: str, n: int, line: str) -> str:
     from ..errors import UsageError
 
     try:
-        prompt = json.loads(line).get("prompt")
-    except (ValueError, AttributeError):
-        prompt = None
+        record = json.loads(line)
+    except ValueError as exc:
+        raise UsageError(f"{name} line {n} is not valid JSON ({str(exc).splitlines()[0]}); "
+                         "write {\"prompt\": \"…\"} per line") from None
+    prompt = record.get("prompt") if isinstance(record, dict) else None
     if not isinstance(prompt, str):
         raise UsageError(f"{name} line {n} is not a JSON object with a \"prompt\" string; "
                          "write {\"prompt\": \"…\"} per line")

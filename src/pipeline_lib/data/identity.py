@@ -14,6 +14,8 @@ import json
 import os
 import sys
 import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +26,103 @@ from .tokenizer_files import KIND_GGUF, tokenizer_source_fingerprint
 FORMAT_VERSION = 1
 # Version of the reasoning generators (pipeline_lib.data.reasoning): bump when output changes.
 REASONING_GENERATOR_VERSION = 1
+# Version of the answer spans (answer_spans.npy): 1 = the answer's tokens; 2 = the answer's
+# tokens and the EOS after them (answer objectives learn to stop). In data_id only for packs
+# that can have answers, so packs of plain text keep their id.
+ANSWER_SPAN_VERSION = 2
 FILE_SOURCE_TYPES = ("parquet", "jsonl", "text")
 
 
+@dataclass(frozen=True)
+class SourceGlob:
+    """What a file source's glob matched: ``files`` (sorted, each file once), the symlinked
+    directories not followed because they lead back into their own parents (``loops``), and
+    the paths skipped because they name a file matched by another path too (``duplicates``:
+    (skipped, kept), e.g. a file reached through a symlink as well as directly)."""
+
+    files: list[Path]
+    loops: list[str]
+    duplicates: list[tuple[Path, Path]]
+
+
 def source_files(src: SourceConfig) -> list[Path]:
-    """Files matched by a file source's glob (``**`` recursive), sorted; [] for built-ins."""
+    """Files matched by a file source's glob (``**`` recursive), sorted; [] for built-ins.
+    Symlink loops are not followed and a file is listed once (see :func:`glob_source`)."""
+    return glob_source(src).files
+
+
+def glob_source(src: SourceConfig) -> SourceGlob:
+    """A file source's glob expanded like :func:`glob.glob` (``**`` recursive, hidden names
+    skipped by ``**``), except that ``**`` never enters a symlinked directory that leads back
+    into one of its own parents, and a file matched by several paths is kept once, under the
+    path that goes through no symlink if there is one, else the first in sorted order.
+    Without symlinks the result is :func:`glob.glob`'s."""
     if src.type not in FILE_SOURCE_TYPES or not src.path:
-        return []
-    pattern = os.path.expanduser(src.path)
-    return sorted(Path(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        return SourceGlob([], [], [])
+    loops: list[str] = []
+    matched = sorted(Path(p) for p in _expand(os.path.expanduser(src.path), loops)
+                     if os.path.isfile(p))
+    paths: dict[Path, list[Path]] = {}
+    for path in dict.fromkeys(matched):  # the same path twice (two ``**``) is no news
+        paths.setdefault(path.resolve(), []).append(path)
+    kept = {real: min(group, key=lambda p: (Path(os.path.abspath(p)) != real, p))
+            for real, group in paths.items()}  # the path without a symlink, if one is
+    files = sorted(kept.values())
+    duplicates = sorted((p, kept[real]) for real, group in paths.items() for p in group
+                        if p != kept[real])
+    return SourceGlob(files, list(dict.fromkeys(loops)), duplicates)
+
+
+def _expand(pattern: str, loops: list[str]) -> list[str]:
+    """:func:`glob.glob` of ``pattern`` with each ``**`` component expanded by
+    :func:`_walk_dirs` (which records the loops it does not follow in ``loops``)."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return glob.glob(pattern)
+    i = parts.index("**")
+    rest = os.sep.join(parts[i + 1:])
+    prefix = os.sep.join(parts[:i]) or (os.sep if i else "")
+    bases = glob.glob(prefix) if glob.has_magic(prefix) else [prefix]
+    out: list[str] = []
+    for base in bases:
+        if base and not os.path.isdir(base):
+            continue
+        for directory in _walk_dirs(base, loops):
+            if rest:
+                out += _expand(os.path.join(glob.escape(directory), rest), loops)
+            else:  # a trailing ``**`` matches every (non-hidden) name below the base
+                out += [os.path.join(directory, name) for name in sorted(os.listdir(directory))
+                        if not name.startswith(".")]
+    return out
+
+
+def _walk_dirs(base: str, loops: list[str]) -> Iterator[str]:
+    """``base`` and every non-hidden directory below it (what ``**`` matches), following
+    symlinked directories except those that lead back to a directory on their own path."""
+    top = base or os.curdir
+    try:
+        st = os.stat(top)
+    except OSError:
+        return
+    ancestors = {top: frozenset([(st.st_dev, st.st_ino)])}
+    for dirpath, dirnames, _ in os.walk(top, followlinks=True):
+        yield dirpath if base else os.path.relpath(dirpath)
+        keep = []
+        for name in sorted(dirnames):
+            if name.startswith("."):
+                continue
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.stat(full)
+            except OSError:  # vanished or unreadable: glob skips it too
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in ancestors[dirpath]:
+                loops.append(full if base else os.path.relpath(full))
+                continue
+            ancestors[full] = ancestors[dirpath] | {key}
+            keep.append(name)
+        dirnames[:] = keep
 
 
 def stdlib_dir() -> Path:
@@ -109,7 +199,14 @@ def data_fingerprint(data: DataConfig) -> dict[str, Any]:
     }
     if data.curriculum_fraction > 0:  # only when on: packs without a curriculum keep their id
         fp["curriculum_fraction"] = data.curriculum_fraction
+    if any(has_answers(s) for s in data.sources):
+        fp["answer_spans"] = ANSWER_SPAN_VERSION
     return fp
+
+
+def has_answers(src: SourceConfig) -> bool:
+    """Whether a source's documents carry answer spans (reasoning, prompt/answer records)."""
+    return src.type == "reasoning" or (src.type in ("jsonl", "parquet") and bool(src.answer_field))
 
 
 def data_id(data: DataConfig) -> str:

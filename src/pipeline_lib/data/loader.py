@@ -13,7 +13,9 @@ Each batch is a dict of tensors, all [B, seq_len]:
 padding), ``position_ids`` (restarting at 0 at every document piece and at the padding),
 ``doc_ids`` (index of the piece within its row; the padding has its own id, one past the
 last piece), the bool ``answer_mask`` (targets that are answer tokens of a reasoning
-document or of a prompt/answer record, for answer-weighted losses) and the int64
+document or of a prompt/answer record, and the EOS that ends the answer, for
+answer-weighted losses and answer objectives: a model trained on them learns to stop) and
+the int64
 ``doc_index`` (the global document, i.e. the row of ``docs.npy``, of each input token;
 -1 in the padding), which with :attr:`PackedData.doc_levels` breaks losses down by document
 and level. The model reads only the keys it knows.
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
-from .identity import FORMAT_VERSION
+from .identity import ANSWER_SPAN_VERSION, FORMAT_VERSION
 from .verify import check_metadata, verify_pack
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,19 @@ def assemble_rows(tokens: np.ndarray, split: PackedSplit, rows: np.ndarray, row_
     return out
 
 
+def _not_a_pack(path: Path) -> str:
+    """Why ``path`` (given as a data pack) is none, and what to pass instead."""
+    if path.is_file():
+        pack = (path.parent if (path.parent / "metadata.json").is_file()
+                else "a pack's directory (results/data/<data_id>)")
+        return f"{path} is a file, not a packed data directory; pass {pack}"
+    if (path / "MANIFEST.json").is_file() or (path / "model.safetensors").is_file():
+        return (f"{path} is a snapshot, not a packed data directory; pass it as --snapshot "
+                "and the run's pack (results/data/<data_id>) as --data")
+    return (f"{path} is not a packed data directory (no metadata.json); run `python -m "
+            "pipeline_lib pack --out DIR` first")
+
+
 def answer_targets_only(batch: Batch) -> Batch:
     """``batch`` with every target outside ``answer_mask`` ignored: how models trained with an
     ``answer_*`` objective are validated and swept (on the tokens they were trained on)."""
@@ -164,8 +179,7 @@ class PackedData:
         self.data_dir = Path(data_dir)
         meta_path = self.data_dir / "metadata.json"
         if not meta_path.is_file():
-            raise DataError(f"{self.data_dir} is not a packed data directory (no metadata.json);"
-                            " run `python -m pipeline_lib pack --out DIR` first")
+            raise DataError(_not_a_pack(self.data_dir))
         try:
             self.metadata: dict[str, Any] = json.loads(meta_path.read_bytes())
         except ValueError as exc:  # not JSON, or not UTF-8
@@ -209,10 +223,19 @@ class PackedData:
         if spans_path.is_file():
             spans = np.load(spans_path)
             if (spans[:, 1] > 0).any():
+                self._check_answer_spans()
                 ans_start = docs[:, 0] + spans[:, 0]
                 self._answers = (docs[:, 0], ans_start, ans_start + spans[:, 1])
         self._splits: dict[str, PackedSplit] = {}
         self._warned_epochs: set[int] = set()
+
+    def _check_answer_spans(self) -> None:
+        """Refuse answer spans of an older version: they would silently train another mask."""
+        version = self.metadata.get("answer_span_version", 1)
+        if version != ANSWER_SPAN_VERSION:
+            raise DataError(f"{self.data_dir} records answer spans of version {version} (the "
+                            "answer without the EOS after it), this code reads version "
+                            f"{ANSWER_SPAN_VERSION} (answer and EOS); re-run the pack")
 
     @property
     def has_answer_spans(self) -> bool:

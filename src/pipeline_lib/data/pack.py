@@ -41,9 +41,16 @@ from ..config import DataConfig
 from ..errors import ConfigError, DataError
 from ..fsio import file_sha256, is_write_failure
 from ..output_paths import check_output_dir
-from .identity import FORMAT_VERSION, data_id, fingerprint_hash, source_files, source_fingerprint
+from .identity import (
+    ANSWER_SPAN_VERSION,
+    FORMAT_VERSION,
+    data_id,
+    fingerprint_hash,
+    glob_source,
+    source_fingerprint,
+)
 from .packing import PackedRows, fill_ratio, pack_documents, pack_documents_by_level
-from .sources import SourceStats, check_source
+from .sources import MAX_NAMED_FILES, SourceStats, check_source
 from .token_stream import TokenizedCorpus, all_documents, tokenize_corpus
 from .tokenizer import TokenEncoder, build_tokenizer, eos_id, pad_id
 from .tokenizer_files import check_tokenizer_source, source_vocab_size
@@ -127,9 +134,13 @@ def _source_report(data: DataConfig, stats: list[SourceStats], tok: TokenizedCor
     tokens = np.bincount(tok.doc_source, weights=tok.doc_len, minlength=len(data.sources))
     out = []
     for i, (src, st) in enumerate(zip(data.sources, stats, strict=True)):
+        found = glob_source(src)
         out.append({
             "index": i, "type": src.type, "path": src.path, "weight": src.weight,
-            "num_files": len(source_files(src)),
+            "num_files": len(found.files),
+            # what the glob did not read: symlinks that loop, paths of a file already read
+            "symlink_loops": found.loops[:MAX_NAMED_FILES],
+            "duplicate_paths": len(found.duplicates),
             "fingerprint": fingerprint_hash(source_fingerprint(src)),
             "num_tokens": int(tokens[i]), **asdict(st),
         })
@@ -260,6 +271,7 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
         "val_fill_ratio": fill_ratio(val, row_len),
         "split_docs": int((tok.doc_len[train_docs] > row_len).sum()),
         "answer_docs": int((tok.answer_spans[:, 1] > 0).sum()),
+        "answer_span_version": ANSWER_SPAN_VERSION,  # 2: spans end with the EOS
         "level_docs": int((tok.doc_level >= 0).sum()),
         "curriculum": curriculum,
         "seed": data.seed,
@@ -304,7 +316,7 @@ def pack_corpus(data: DataConfig, out_dir: Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     _check_config(data)
     for index, src in enumerate(data.sources):
-        check_source(index, src)
+        check_source(index, src, warn=True)
     check_output_dir(out_dir, "data pack output", owned=is_pack_dir,
                      kind=f"a data pack (no metadata.json with layout {LAYOUT!r})")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")

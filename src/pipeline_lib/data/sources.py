@@ -5,8 +5,10 @@ through pyarrow in record batches, so memory is bounded by a batch, not by the f
 Problems a user can cause (a glob that matches nothing, a missing column, a corrupt file)
 raise :class:`~pipeline_lib.errors.DataError` naming ``data.sources[i]`` and the file.
 Invalid UTF-8 is decoded with replacement characters and counted, never fatal; documents
-without text are skipped and counted. Both are warned about once per source, naming the
-files (:func:`warn_source_problems`).
+without text (empty or whitespace only) are skipped and counted. Both are warned about once
+per source, naming the files (:func:`warn_source_problems`). A glob reads every file once:
+symlink loops are not followed and a file reached by several paths is read under one
+(:func:`~pipeline_lib.data.identity.glob_source`, warned about by :func:`check_source`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from ..config import SourceConfig
 from ..errors import DataError
-from .identity import FILE_SOURCE_TYPES, source_files, stdlib_dir
+from .identity import FILE_SOURCE_TYPES, SourceGlob, glob_source, stdlib_dir
 from .reasoning import iter_reasoning_problems
 
 log = logging.getLogger(__name__)
@@ -83,8 +85,8 @@ def warn_source_problems(index: int, src: SourceConfig, stats: SourceStats) -> N
     """One warning per kind of problem met while reading ``data.sources[index]``, naming
     the files: documents skipped for having no text, documents decoded with replacements."""
     if stats.skipped_empty:
-        what = ("an empty file" if src.type in ("text", "stdlib") else
-                f"a null, missing or empty {_text_fields(src)[0]!r}")
+        what = ("an empty or whitespace-only file" if src.type in ("text", "stdlib") else
+                f"a null, missing, empty or whitespace-only {_text_fields(src)[0]!r}")
         log.warning("%s: skipped %d document(s) with no text (%s): %s", _where(index, src),
                     stats.skipped_empty, what, _named(stats.skipped_empty_files,
                                                       stats.skipped_empty))
@@ -115,12 +117,36 @@ def _where(index: int, src: SourceConfig) -> str:
     return f"data.sources[{index}] ({src.type}, path {src.path!r})"
 
 
-def check_source(index: int, src: SourceConfig) -> list[Path]:
+def warn_glob_problems(index: int, src: SourceConfig, found: SourceGlob) -> None:
+    """One warning each for the symlink loops the glob of ``data.sources[index]`` did not
+    follow and for the files it matched by several paths (each read once)."""
+    if found.loops:
+        links = [f"{link} -> {os.path.realpath(link)}" for link in found.loops]
+        log.warning("%s: did not follow %d symlinked director%s that lead%s back into a parent "
+                    "directory (a loop; every file is read once): %s", _where(index, src),
+                    len(links), "y" if len(links) == 1 else "ies",
+                    "s" if len(links) == 1 else "", _listed(links))
+    if found.duplicates:
+        named = [f"{skipped} (same file as {kept})" for skipped, kept in found.duplicates]
+        log.warning("%s: %d path(s) name a file the glob already matched; each file is read "
+                    "once: %s", _where(index, src), len(named), _listed(named))
+
+
+def _listed(items: list[str]) -> str:
+    rest = len(items) - MAX_NAMED_FILES
+    return ", ".join(items[:MAX_NAMED_FILES]) + (f" and {rest} more" if rest > 0 else "")
+
+
+def check_source(index: int, src: SourceConfig, *, warn: bool = False) -> list[Path]:
     """Fail early, before any output exists: files present, parquet readable with its columns,
-    the first record of every jsonl file holding the prompt/answer/level keys."""
+    the first record of every jsonl file holding the prompt/answer/level keys. ``warn``: also
+    warn about symlink loops and files matched twice (once per pack, not per pass)."""
     if src.type not in FILE_SOURCE_TYPES:
         return []
-    files = source_files(src)
+    found = glob_source(src)
+    files = found.files
+    if warn:
+        warn_glob_problems(index, src, found)
     if not files:
         hint = "a directory; use a glob such as DIR/*" if os.path.isdir(src.path) else "no files"
         raise DataError(f"{_where(index, src)} matches {hint}; point data.sources[{index}].path "
@@ -214,13 +240,19 @@ def _column_texts(column, stats: SourceStats, path: Path) -> list[str | None]:
     return column.to_pylist()
 
 
+def is_blank(doc: RawDocument) -> bool:
+    """Whether ``doc`` has no text to train on: empty, or whitespace only (skipped, counted)."""
+    return not doc.text.strip() and not doc.answer.strip()
+
+
 def _batch_documents(index: int, src: SourceConfig, path: Path, batch, first_record: int,
                      stats: SourceStats) -> Iterator[RawDocument]:
     """The documents of one record batch (record numbers from ``first_record``, 1-based).
 
-    Text mode: a missing or empty text gives an empty document (skipped by the caller).
-    Prompt/answer mode: a missing prompt, a missing or empty answer, and (both modes) a
-    missing, negative or non-integer level are one-line errors naming the record.
+    Text mode: a missing, empty or whitespace-only text gives a blank document (skipped by
+    the caller). Prompt/answer mode: a missing prompt, a missing, empty or whitespace-only
+    answer, and (both modes) a missing, negative or non-integer level are one-line errors
+    naming the record.
     """
     columns = [_column_texts(batch.column(name), stats, path) for name in _text_fields(src)]
     levels = batch.column(src.level_field).to_pylist() if src.level_field else None
@@ -232,14 +264,15 @@ def _batch_documents(index: int, src: SourceConfig, path: Path, batch, first_rec
                 raise DataError(f"{where.format(first_record + i)} has no "
                                 f"{src.prompt_field!r}; add it or fix "
                                 f"data.sources[{index}].prompt_field")
-            if not answer:
-                raise DataError(f"{where.format(first_record + i)} has an empty answer "
+            if not answer or not answer.strip():
+                blank = "an empty" if not answer else "a whitespace-only"
+                raise DataError(f"{where.format(first_record + i)} has {blank} answer "
                                 f"({src.answer_field!r}); give every record an answer or "
                                 "drop the record")
             doc = RawDocument(prompt, answer, file=str(path))
         else:
             doc = RawDocument(columns[0][i] or "", file=str(path))
-        if levels is not None and (doc.text or doc.answer):
+        if levels is not None and not is_blank(doc):
             level = levels[i]
             if level is None or not float(level).is_integer() or level < 0:
                 raise DataError(f"{where.format(first_record + i)} has level {level!r} in "
@@ -331,7 +364,8 @@ def _stdlib_documents(src: SourceConfig, stats: SourceStats) -> Iterator[RawDocu
 
 
 def iter_documents(index: int, src: SourceConfig, stats: SourceStats) -> Iterator[RawDocument]:
-    """Stream the non-empty documents of ``data.sources[index]``, at most ``max_docs``."""
+    """Stream the documents of ``data.sources[index]`` that have text (not empty or
+    whitespace only), at most ``max_docs``."""
     if src.type == "reasoning":
         for problem in iter_reasoning_problems(src):
             stats.num_docs += 1
@@ -348,7 +382,7 @@ def iter_documents(index: int, src: SourceConfig, stats: SourceStats) -> Iterato
         else:
             docs = _file_documents(files, stats)
     for doc in docs:
-        if not doc.text and not doc.answer:
+        if is_blank(doc):
             stats.note_skipped(doc.file)
             continue
         stats.num_docs += 1

@@ -3,8 +3,9 @@
 A document is laid out as ``[BOS] text answer EOS``: the BOS only when the tokenizer's source
 asks for one (``data.tokenizer.add_bos``), the answer only for documents that have one
 (reasoning problems, jsonl/parquet prompt + answer records). Its answer span is recorded as
-(offset in the document, length), so a BOS shifts every offset by one. Only per-document
-numbers stay in memory.
+(offset in the document, length) and covers the answer and the EOS after it, so that answer
+objectives teach a model to stop after its answer; a BOS shifts every offset by one. Only
+per-document numbers stay in memory.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class TokenizedCorpus:
 
     doc_len: np.ndarray  # int64 [docs], tokens incl. BOS and EOS
     doc_source: np.ndarray  # int64 [docs], index into data.sources
-    answer_spans: np.ndarray  # int64 [docs, 2], (offset in doc, length); (0, 0) if none
+    answer_spans: np.ndarray  # int64 [docs, 2], (offset in doc, length incl. EOS); (0, 0) if none
     doc_level: np.ndarray  # int64 [docs], difficulty level; -1 = unknown
     tokens_sha256: str
 
@@ -67,7 +68,8 @@ def assemble_documents(enc: TokenEncoder, batch: list[tuple[int, RawDocument]], 
 
     Returns (ids int64 [tokens], doc_len, answer_offset, answer_len), each int64 [docs];
     answer_offset is where the answer starts in its document (after the BOS and the text)
-    where there is an answer, else 0.
+    and answer_len counts the answer's tokens and the EOS that ends it, where there is an
+    answer, else both are 0 (``identity.ANSWER_SPAN_VERSION`` 2).
     """
     lead = 0 if bos is None else 1
     text_ids, text_len = enc.encode_batch([d.text for _, d in batch])
@@ -89,7 +91,8 @@ def assemble_documents(enc: TokenEncoder, batch: list[tuple[int, RawDocument]], 
             + np.arange(len(ans_ids))
         out[ans_pos] = ans_ids
     out[doc_start + doc_len - 1] = eos
-    return out, doc_len, np.where(ans_len > 0, lead + text_len, 0), ans_len
+    has = ans_len > 0
+    return out, doc_len, np.where(has, lead + text_len, 0), np.where(has, ans_len + 1, 0)
 
 
 def _empty_corpus_error(data: DataConfig) -> DataError:

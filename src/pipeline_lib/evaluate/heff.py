@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from ..errors import ConfigError
-from ..fsio import write_text_atomic
+from ..fsio import output_file_problem, write_text_atomic
 from .adaptive import AdaptiveSpec, adaptive_sweep, cross_entropy_rows, document_keys
 from .heff_stats import DocumentAccumulator, DocumentLosses, loss_statistics
 
@@ -82,9 +82,42 @@ def sweep_documents(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
             break
     bar.close()
     if tokens == 0:
-        raise ConfigError("the H_eff sweep scored no tokens: the validation split is empty or "
-                          "fully padded; raise data.val_fraction and re-pack")
+        raise NoTokensScored("the H_eff sweep scored no tokens: the validation split is empty "
+                             "or fully padded; raise data.val_fraction and re-pack")
     return acc.finish(doc_levels if global_keys else None)
+
+
+def _check_out(out: Path) -> None:
+    problem = output_file_problem(out)
+    if problem:
+        raise ConfigError(f"cannot write the H_eff sweep to {out}: {problem}; pass --out a "
+                          "JSON file path (e.g. eval/heff/step_NNNNNNN.json)")
+
+
+def _check_pack(data: Any, data_dir: Path, snapshot: Path, cfg: Any,
+                objective: str | None) -> str:
+    """The objective whose tokens are scored (``objective``, else the snapshot's), once the
+    pack fits the snapshot: its vocabulary, and answer spans for an ``answer_*`` one (a
+    model trained on answer tokens only is scored on them only)."""
+    if data.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(f"data {data_dir} has vocab {data.vocab_size} but snapshot {snapshot} "
+                          f"was trained with {cfg.model.vocab_size}; pass the run's own data "
+                          "directory")
+    objective = objective or cfg.train.objective
+    if objective.startswith("answer_") and not data.has_answer_spans:
+        raise ConfigError(_no_answers(objective, data_dir, "has no answer spans"))
+    return objective
+
+
+class NoTokensScored(ConfigError):
+    """The sweep's batches held no scored target (an empty split, or no answer tokens)."""
+
+
+def _no_answers(objective: str, data_dir: Path, what: str) -> str:
+    return (f"train.objective = {objective} scores answer tokens only, but the pack {data_dir} "
+            f"{what}; sweep a pack with answer spans (a reasoning source, or prompt_field and "
+            "answer_field on a jsonl/parquet source), or score every token with the override "
+            "train.objective=deep_supervision")
 
 
 def sweep_losses(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
@@ -119,8 +152,12 @@ def sweep_result(step: int | None, losses: dict[int, float], tokens: int,
 def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *,
              max_tokens: int, batch_rows: int, use_ema: bool = False,
              adaptive: AdaptiveSpec | None = None, device: str = "cpu",
-             precision: str = "fp32") -> dict[str, Any]:
+             precision: str = "fp32", objective: str | None = None) -> dict[str, Any]:
     """Evaluate ``snapshot`` on the validation split of ``data_dir``; write ``out`` (JSON).
+
+    ``objective`` (default: the snapshot's ``train.objective``) decides what is scored: an
+    ``answer_*`` objective scores the answer tokens (and the EOS after each) alone, the
+    tokens such a model was trained on; any other scores every token.
 
     ``adaptive``: also the per-token adaptive exit (:mod:`.adaptive`), its own pass over the
     same batches, as the ``adaptive`` section. The model and every batch live on ``device``
@@ -131,17 +168,14 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     from ..precision import Precision
     from .loading import load_for_eval
 
+    _check_out(out)  # before the sweep, not after it
     dev = resolve_device(device)
     amp = Precision.resolve(precision, dev)  # a device that cannot do it fails before loading
     loaded = load_for_eval(snapshot, use_ema=use_ema, with_tokenizer=False,  # scores token ids
                            device=dev)
     data = PackedData(data_dir)
-    if data.vocab_size > loaded.config.model.vocab_size:
-        raise ConfigError(f"data {data_dir} has vocab {data.vocab_size} but snapshot {snapshot} "
-                          f"was trained with {loaded.config.model.vocab_size}; pass the run's "
-                          "own data directory")
-    # A model trained on answer tokens only (train.objective answer_*) is scored on them only.
-    answer_only = loaded.config.train.objective.startswith("answer_")
+    objective = _check_pack(data, data_dir, snapshot, loaded.config, objective)
+    answer_only = objective.startswith("answer_")
 
     def batches() -> Iterator[dict[str, torch.Tensor]]:
         """Validation rows until max_tokens targets are scored (or the split ends)."""
@@ -150,8 +184,14 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
             yield answer_targets_only(batch) if answer_only else batch
 
     with amp.autocast():
-        documents = sweep_documents(loaded.model, batches(), h_effs, max_tokens,
-                                    getattr(data, "doc_levels", None))
+        try:
+            documents = sweep_documents(loaded.model, batches(), h_effs, max_tokens,
+                                        getattr(data, "doc_levels", None))
+        except NoTokensScored:
+            if not answer_only:
+                raise
+            raise ConfigError(_no_answers(objective, data_dir, "has no answer tokens in its "
+                                          "validation rows")) from None
     losses, tokens = documents.means(), documents.total_tokens
     if tokens < max_tokens:
         log.info("validation split has only %d scorable tokens (eval.max_tokens = %d)",

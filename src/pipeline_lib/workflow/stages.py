@@ -140,7 +140,8 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
                       max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
                       use_ema=cfg.eval.use_ema, adaptive=AdaptiveSpec.from_eval_config(cfg.eval),
-                      device=cfg.experiment.device, precision=cfg.experiment.precision)
+                      device=cfg.experiment.device, precision=cfg.experiment.precision,
+                      objective=cfg.train.objective)
     step = result["step"]
     with start_stage(cfg, run_dir, f"eval_heff/{_step_name(step)}",
                      params={"eval.h_eff": h_effs, "eval.max_tokens": cfg.eval.max_tokens,
