@@ -6,6 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from test_compare import depth_results
 
@@ -22,6 +24,11 @@ def _results(root: Path) -> Path:
     results = root / "results"
     dirs = depth_results(results)
     (results / "alpha" / "eval" / "heff_adaptive.png").write_bytes(b"adaptive png")
+    pq.write_table(pa.table({"threshold": [0.01]}), results / "alpha" / "eval" / "heff_adaptive.parquet")
+    # a run without adaptive results (an empty table) shows no empty adaptive figure
+    (results / "beta" / "eval" / "heff_adaptive.png").write_bytes(b"placeholder png")
+    pq.write_table(pa.table({"threshold": pa.array([], pa.float64())}),
+                   results / "beta" / "eval" / "heff_adaptive.parquet")
     compare_runs({n: run_dir_inputs(d) for n, d in dirs.items()}, results / "compare")
     (results / "demo_time.json").write_text(json.dumps(
         {"wall_s": 540, "started": "2025-01-01T10:00:00+00:00",

@@ -103,6 +103,16 @@ def load_results(results: Path) -> tuple[list[RunResults], dict[str, Any]]:
     return runs, depth
 
 
+def _has_rows(table: Path) -> bool:
+    """Whether the parquet ``table`` exists and holds any row (its footer alone is read)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(table).metadata.num_rows > 0
+    except (OSError, ValueError):
+        return False
+
+
 def copy_figures(results: Path, runs: Sequence[str], docs: Path) -> list[tuple[str, Path]]:
     """Copy the comparison's and each variant's plots into ``docs`` under stable names;
     returns (caption, copied file) in the order they are shown."""
@@ -114,7 +124,9 @@ def copy_figures(results: Path, runs: Sequence[str], docs: Path) -> list[tuple[s
         found += [(f"{run}: validation loss vs H_eff", run_layout.heff_plot, f"{run}_heff.png"),
                   (f"{run}: accuracy by difficulty × H_eff", run_layout.bench_plot,
                    f"{run}_bench_accuracy.png")]
-        for p in sorted(run_layout.eval_dir.glob(f"{run_layout.adaptive_plot.stem}*.png")):
+        adaptive = (sorted(run_layout.eval_dir.glob(f"{run_layout.adaptive_plot.stem}*.png"))
+                    if _has_rows(run_layout.adaptive_table) else [])  # none: no empty figure
+        for p in adaptive:
             detail = p.stem.removeprefix("heff_adaptive").strip("_").replace("_", " ")
             found.append((f"{run}: adaptive exit, loss vs mean loops used"
                           + (f" ({detail})" if detail else ""), p, f"{run}_{p.name}"))
