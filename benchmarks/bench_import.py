@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    from pipeline_lib.data.tokenizer import smollm2_gguf_path
+    from pipeline_lib.data.tokenizer_files import smollm2_gguf_path
     from pipeline_lib.provenance import cpu_model, git_output
 
     source = args.source or smollm2_gguf_path()
