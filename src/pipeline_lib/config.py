@@ -29,6 +29,7 @@ from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
 from .config_rules import (
     FREEZE_PARTS,
+    check_finite_thresholds,
     check_optimizer_and_freeze,
     check_source_fields,
     check_tokenizer,
@@ -417,6 +418,16 @@ class BenchConfig:
     level_field: str = _f("level", "Document field of your/installed tasks by which accuracy is "
                           "broken down per level (heatmap rows); built-in tasks use their own "
                           "level.")
+    adaptive_thresholds: list[float] = _f(
+        [], "Adaptive exit: every task is also scored with each token read out at its own exit "
+        "(lm-eval model_args h_eff=adaptive:THRESHOLD:MAX), once per threshold; results carry "
+        "the mean loops used and their histogram per task and level (0 = never exit early, the "
+        "fixed MAX-loop result). Empty = off.", items={"minimum": 0})
+    adaptive_criterion: str = _f(
+        "kl", "Adaptive exit criterion of the benchmarks (as eval.adaptive_criterion).",
+        choices=["kl", "entropy"])
+    adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (MAX; 0 = the "
+                                 "largest bench.h_eff).", minimum=0)
 
 
 @dataclass
@@ -722,6 +733,7 @@ def validate_config(cfg: Config) -> None:
                           "answer_field on a jsonl/parquet source, or use last/deep_supervision")
     if cfg.bench.min_difficulty > cfg.bench.max_difficulty:
         raise ConfigError("bench.min_difficulty exceeds bench.max_difficulty; swap them")
+    check_finite_thresholds("bench.adaptive_thresholds", cfg.bench.adaptive_thresholds)
     if any(not 0 <= x < float("inf") for x in cfg.eval.adaptive_thresholds):  # nan, inf
         raise ConfigError(f"eval.adaptive_thresholds = {cfg.eval.adaptive_thresholds} needs "
                           "finite numbers >= 0 (0 = never exit early), e.g. [0, 0.001, 0.01]")

@@ -1,6 +1,6 @@
 """Cross-field rules within one section of the config (or between train and model),
-apart from the dataclasses: sources, the tokenizer, ``train.optimizer = muon`` and
-``train.freeze``.
+apart from the dataclasses: sources, the tokenizer, ``train.optimizer = muon``,
+``train.freeze`` and adaptive-exit thresholds.
 
 :func:`pipeline_lib.config.validate_config` calls them after the generic field checks
 (:mod:`pipeline_lib.config_fields`); below :mod:`pipeline_lib.config` in the layers, so
@@ -85,3 +85,11 @@ def check_tokenizer(tok: Any) -> None:
     if tok.type != "file" and tok.add_bos == "true":
         raise ConfigError(f"data.tokenizer.add_bos = true, but a {tok.type} tokenizer has no BOS "
                           "token; set it to auto or false (or use type file)")
+
+
+def check_finite_thresholds(key: str, thresholds: list[float]) -> None:
+    """Adaptive-exit thresholds (``key``, e.g. ``bench.adaptive_thresholds``) are finite
+    numbers ≥ 0; the schema's minimum lets nan and inf through."""
+    if any(not 0 <= x < float("inf") for x in thresholds):
+        raise ConfigError(f"{key} = {thresholds} needs finite numbers >= 0 (0 = never exit "
+                          "early), e.g. [0, 0.001, 0.01]")
