@@ -198,7 +198,11 @@ def test_spec_resolution_sorts_dedupes_and_defaults_max_loops():
 
 
 @pytest.mark.parametrize(("bad", "pattern"), [
-    (AdaptiveSpec((0.0, -0.5)), r"eval\.adaptive_thresholds .* need values >= 0"),
+    (AdaptiveSpec((0.0, -0.5)), r"eval\.adaptive_thresholds \(kl\) = -0\.5 must be a finite "
+                                r"number >= 0"),
+    (AdaptiveSpec((0.5, 1.5), "gate"), r"gate threshold is a cumulative exit probability in "
+                                       r"\[0, 1\]"),
+    (AdaptiveSpec((1.5,), "argmax_stable"), r"argmax_stable takes a whole number"),
     (AdaptiveSpec((float("nan"),)), r"eval\.adaptive_thresholds"),
     (AdaptiveSpec(()), r"eval\.adaptive_thresholds"),
     (AdaptiveSpec((0.1,), "margin"), r"eval\.adaptive_criterion = 'margin'"),
