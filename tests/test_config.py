@@ -153,7 +153,7 @@ def test_run_variant_applies_override_and_clears_runs():
         (["eval.adaptive_thresholds=[0,-0.1]"],
          r"eval\.adaptive_thresholds\[1\] = -0\.1 is below its minimum 0; raise it"),
         (["eval.adaptive_thresholds=[0.01,.nan]"],
-         r"eval\.adaptive_thresholds = \[0\.01, nan\] needs finite numbers >= 0"),
+         r"eval\.adaptive_thresholds = nan must be a finite number >= 0"),
         (["eval.adaptive_max_loops=-1"], r"eval\.adaptive_max_loops = -1 is below its minimum 0"),
         (["eval.adaptive_criterion=margin"], r"eval\.adaptive_criterion = 'margin' is not allowed"),
         (["train.optimizer=muon", "train.nproc=2", "train.micro_batch_rows=8"],

@@ -171,8 +171,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
             sections = {spec.criterion: adaptive_sweep(loaded.model, batches(), spec,
                                                        max_tokens, reference=documents)
                         for spec in specs}
-        result["adaptive"] = sections[specs[0].criterion]
-        result["adaptive_by_criterion"] = sections
+        result.update(adaptive=sections[specs[0].criterion], adaptive_by_criterion=sections)
     log.info("H_eff sweep of %s: %s (deeper_better=%s)", snapshot,
              {h: round(v, 4) for h, v in losses.items()}, result["deeper_better"])
     out.parent.mkdir(parents=True, exist_ok=True)
