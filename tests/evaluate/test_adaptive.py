@@ -263,7 +263,7 @@ def test_summary_table_and_plot(tiny_run, tmp_path: Path):
              adaptive=AdaptiveSpec((0.0, 0.5), "entropy", 3))
     without = tmp_path / "b.json"
     doc = json.loads(with_section.read_text())
-    doc.pop("adaptive")
+    doc.pop("adaptive"), doc.pop("adaptive_by_criterion")  # a sweep without adaptive exit
     doc["step"] = 3
     without.write_text(json.dumps(doc))
     rows = summarize_adaptive([without, with_section], tmp_path / "t.parquet",
