@@ -156,6 +156,17 @@ def test_run_variant_applies_override_and_clears_runs():
          r"eval\.adaptive_thresholds = nan must be a finite number >= 0"),
         (["eval.adaptive_max_loops=-1"], r"eval\.adaptive_max_loops = -1 is below its minimum 0"),
         (["eval.adaptive_criterion=margin"], r"eval\.adaptive_criterion = 'margin' is not allowed"),
+        (["train.objective=expected_exit"],
+         r"train\.objective = expected_exit needs the learned exit gate; set model\.exit_gate=true"),
+        (["train.objective=expected_exit", "model.exit_gate=true", "train.bptt.mode=unrolled"],
+         r"expected_exit weighs every loop's readout in one pass; use train\.bptt\.mode full"),
+        (["eval.adaptive_criteria=[kl,gate]"], r"eval\.adaptive_criteria lists gate, but "
+                                               r"model\.exit_gate is false"),
+        (["eval.adaptive_criterion_thresholds.gate=[0.5,1.5]"],
+         r"eval\.adaptive_criterion_thresholds\.gate = 1\.5: the gate threshold is a cumulative "
+         r"exit probability in \[0, 1\]"),
+        (["eval.adaptive_criterion_thresholds.argmax_stable=[1.5]"],
+         r"argmax_stable takes a whole number n"),
         (["train.optimizer=muon", "train.nproc=2", "train.micro_batch_rows=8"],
          r"train\.optimizer = muon runs in one process, not train\.nproc × train\.nnodes = 2"),
         (["train.optimizer=muon", "train.nnodes=2", "train.micro_batch_rows=8"],
