@@ -28,7 +28,9 @@ from .config_errors import explain_omegaconf_error
 from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
 from .config_rules import (
+    EXIT_CRITERIA,
     FREEZE_PARTS,
+    check_adaptive_exit,
     check_finite_thresholds,
     check_optimizer_and_freeze,
     check_source_fields,
@@ -40,7 +42,8 @@ from .errors import ConfigError
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "config.yaml"
 RUN_NAME_PATTERN = r"^(?!data$|compare$)[A-Za-z_][A-Za-z0-9_]*$"
-OBJECTIVES = ["last", "deep_supervision", "answer_last", "answer_deep_supervision"]
+OBJECTIVES = ["last", "deep_supervision", "answer_last", "answer_deep_supervision",
+              "expected_exit"]
 
 
 # --------------------------------------------------------------------------- sections
@@ -235,6 +238,9 @@ class ModelConfig:
     loss_chunk_size: int = _f(1024, "Tokens per chunk of the chunked cross-entropy.", minimum=1)
     attention: str = _f("auto", "Attention kernel: auto (flex on CUDA, else sdpa), sdpa or flex.",
                         choices=["auto", "sdpa", "flex"])
+    exit_gate: bool = _f(False, "Learned exit gate: one Linear(d_model, 1) shared by every loop "
+                         "maps the normed readout state to an exit logit (train it with "
+                         "train.objective = expected_exit; eval criterion gate).")
     init_from: InitFromConfig = _f(InitFromConfig(), "Pretrained start (empty source = random "
                                    "init); the source fixes vocab_size, d_model, n_heads, "
                                    "n_kv_heads, ffn_hidden, norm_eps, rope_*, tie_embeddings "
@@ -337,11 +343,15 @@ class TrainConfig:
     objective: str = _f("deep_supervision",
                         "last (loss after the last loop), deep_supervision (mean over loops); "
                         "answer_last / answer_deep_supervision: the same, scored on answer "
-                        "tokens only (needs a pack with answer spans).",
+                        "tokens only (needs a pack with answer spans); expected_exit: "
+                        "Σ_t p(t)·L_t − β·H(p) over loops 1..n with the exit gate's p (needs "
+                        "model.exit_gate).",
                         choices=OBJECTIVES)
     answer_weight: float = _f(1.0, "Loss weight of answer tokens (reasoning documents, jsonl/"
                               "parquet sources with answer_field); unused by answer_* "
                               "objectives.", minimum=0)
+    exit_entropy_weight: float = _f(0.01, "expected_exit: weight β of the exit distribution's "
+                                    "entropy (nats), subtracted from the loss.", minimum=0)
     spike: SpikeGuardConfig = _f(SpikeGuardConfig(), "Spike guard.")
     ema_decay: float = _f(0.0, "Keep an EMA of the weights with this decay (0 = off).", minimum=0, maximum=1)
     eval_interval: int = _f(50, "Validation loss every this many steps (0 = only at segment end).",
@@ -386,8 +396,20 @@ class EvalConfig:
         "threshold; loss and mean loops used per threshold, from one pass (0 = never exit "
         "early, the fixed max-H result). Empty = off.", items={"minimum": 0})
     adaptive_criterion: str = _f(
-        "kl", "Adaptive exit criterion: kl (KL divergence of two successive readouts' next-token "
-        "distributions) or entropy (of the current readout).", choices=["kl", "entropy"])
+        "kl", "Adaptive exit criterion when adaptive_criteria is empty: kl (KL divergence of two "
+        "successive readouts' next-token distributions), entropy (of the current readout), "
+        "latent_diff (‖s_t − s_{t−1}‖/‖s_t‖ of the loop state), cosine (1 − cosine similarity "
+        "of successive states), argmax_stable (top token unchanged for n loops) or gate (the "
+        "learned exit gate's cumulative exit probability).", choices=list(EXIT_CRITERIA))
+    adaptive_criteria: list[str] = _f(
+        [], "Adaptive exit criteria compared on the same axes (one pass each); empty = "
+        "[adaptive_criterion].", items={"choices": list(EXIT_CRITERIA)})
+    adaptive_criterion_thresholds: dict[str, list[float]] = _f(
+        {"latent_diff": [0.0, 0.01, 0.03, 0.1, 0.3], "cosine": [0.0, 1e-4, 1e-3, 1e-2, 0.1],
+         "argmax_stable": [0, 1, 2, 3], "gate": [1.0, 0.99, 0.9, 0.5]},
+        "Thresholds per criterion, overriding adaptive_thresholds (which kl, entropy and any "
+        "criterion not listed use): argmax_stable takes loop counts n (0 = never exit), gate "
+        "cumulative exit probabilities in [0, 1] (1 = never exit).")
     adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (0 = the largest "
                                  "eval.h_eff).", minimum=0)
 
@@ -734,9 +756,7 @@ def validate_config(cfg: Config) -> None:
     if cfg.bench.min_difficulty > cfg.bench.max_difficulty:
         raise ConfigError("bench.min_difficulty exceeds bench.max_difficulty; swap them")
     check_finite_thresholds("bench.adaptive_thresholds", cfg.bench.adaptive_thresholds)
-    if any(not 0 <= x < float("inf") for x in cfg.eval.adaptive_thresholds):  # nan, inf
-        raise ConfigError(f"eval.adaptive_thresholds = {cfg.eval.adaptive_thresholds} needs "
-                          "finite numbers >= 0 (0 = never exit early), e.g. [0, 0.001, 0.01]")
+    check_adaptive_exit(cfg.eval, t, cfg.model)
     for name in cfg.runs:
         if not re.match(RUN_NAME_PATTERN, name):
             raise ConfigError(f"runs.{name}: run names must be identifiers other than 'data' "

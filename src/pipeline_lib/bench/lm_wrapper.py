@@ -8,7 +8,9 @@ Every score is read out after ``h_eff`` loops of the core block (any count ≥ 1
 the training loop count), so one loaded model serves a whole H_eff sweep: set
 :attr:`LooplineLM.h_eff` between ``simple_evaluate`` calls.
 
-``h_eff=adaptive:THRESHOLD[:MAX]`` reads every token out at its own adaptive exit instead
+``h_eff=adaptive:[CRITERION:]THRESHOLD[:MAX]`` (e.g. ``adaptive:gate:0.9``: the learned
+exit gate; any criterion of :mod:`pipeline_lib.evaluate.exit_criteria`) reads every token
+out at its own adaptive exit instead
 (:mod:`pipeline_lib.evaluate.adaptive`): the first loop whose next-token distribution
 differs from the previous loop's by a KL divergence below THRESHOLD (or, with
 ``adaptive_criterion=entropy``, whose entropy is below it), at most MAX loops (default: the
@@ -106,7 +108,7 @@ class LooplineLM(TemplateLM):
         if adaptive_criterion not in CRITERIA:
             raise ConfigError(f"loopline model_args adaptive_criterion={adaptive_criterion!r} "
                               f"is not one of {list(CRITERIA)}; pick one")
-        self.adaptive_criterion = adaptive_criterion
+        self.adaptive_criterion = self._default_criterion = adaptive_criterion
         requested_h_eff = None if h_eff is None else check_h_eff(h_eff)  # fail before loading
         self._device = model_device(device)
         self._precision = precision_arg(precision, self._device)
@@ -179,7 +181,9 @@ class LooplineLM(TemplateLM):
     def h_eff(self) -> int | str:
         """Loop count at which every score is read out, or ``adaptive:THRESHOLD:MAX``."""
         if self._adaptive is not None:
-            return f"adaptive:{self._adaptive[0]:g}:{self._adaptive[1]}"
+            named = ("" if self.adaptive_criterion == self._default_criterion
+                     else f"{self.adaptive_criterion}:")
+            return f"adaptive:{named}{self._adaptive[0]:g}:{self._adaptive[1]}"
         return self._h_eff
 
     @h_eff.setter
@@ -187,7 +191,11 @@ class LooplineLM(TemplateLM):
         if value is None:
             raise ConfigError("loopline model_args need h_eff=N (test-time loops, N >= 1)")
         if is_adaptive(value):
-            threshold, max_loops = parse_adaptive_h_eff(value)
+            criterion, threshold, max_loops = parse_adaptive_h_eff(value, self._default_criterion)
+            from ..evaluate.exit_criteria import check_model_criterion
+
+            check_model_criterion(self.model, criterion, "loopline model_args h_eff")
+            self.adaptive_criterion = criterion
             max_loops = max_loops or self._default_loops
             if max_loops is None:
                 raise ConfigError(f"loopline model_args h_eff={value!r}: this model has no "

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from .attention import DocumentMask, resolve_attention_kernel
 from .blocks import Block, residual_out_std
+from .exit_gate import expected_exit_forward
 from .kv_cache import KVCache, kv_decode_step, kv_prefill
 from .layers import RMSNorm, RopeScaling, rope_tables
 from .loss import chunked_cross_entropy
@@ -59,6 +60,7 @@ class LoopOutput:
 
     losses: dict[int, Tensor]  # loop count → mean (weighted) loss, fp32 scalar
     state: Tensor  # [B, L, D] loop state after the last loop run
+    objective: Tensor | None = None  # expected-exit loss (forward's exit_entropy_weight)
 
 
 class LoopedLM(nn.Module):
@@ -84,6 +86,8 @@ class LoopedLM(nn.Module):
             self.register_buffer("injection_scale", scale, persistent=False)
         rows = step_embedding_rows(cfg)
         self.step_emb = nn.Embedding(rows, d) if rows else None
+        # one exit logit per token and loop, shared by every loop (see .exit_gate)
+        self.exit_gate = nn.Linear(d, 1) if cfg.exit_gate else None
         self.reset_parameters()
 
     # ------------------------------------------------------------------ set-up
@@ -106,6 +110,9 @@ class LoopedLM(nn.Module):
             self.injection_proj.weight.copy_(torch.cat([eye, cfg.injection_scale * eye], dim=1))
         if self.step_emb is not None:
             nn.init.normal_(self.step_emb.weight, std=std)
+        if self.exit_gate is not None:  # λ ≈ 0.5 at every loop at the start
+            nn.init.normal_(self.exit_gate.weight, std=std)
+            nn.init.zeros_(self.exit_gate.bias)
 
     @property
     def head_weight(self) -> Tensor:
@@ -254,18 +261,27 @@ class LoopedLM(nn.Module):
 
     def forward(self, batch: Batch | LoopContext, readouts: Sequence[int],
                 answer_weight: float = 1.0, *, no_grad_loops: int = 0, start: int = 0,
-                state: Tensor | None = None, answer_only: bool = False) -> LoopOutput:
+                state: Tensor | None = None, answer_only: bool = False,
+                exit_entropy_weight: float | None = None) -> LoopOutput:
         """Losses after each listed loop count, from one pass over the loops.
 
         Counts may exceed ``cfg.loops`` (test-time extrapolation). ``start``/``state``
         continue from a previous unroll's (detached) state, so counts must exceed
         ``start``; ``no_grad_loops`` loops after ``start`` run without gradients.
+        ``exit_entropy_weight`` (β, needs the exit gate, start 0): also the expected-exit
+        objective over the readouts (:mod:`.exit_gate`) as ``objective``.
         """
         wanted = sorted(set(int(h) for h in readouts))
         if not wanted or wanted[0] <= start:
             raise ValueError(f"readouts must be a non-empty list of counts > start={start}, "
                              f"got {list(readouts)}")
         ctx = batch if isinstance(batch, LoopContext) else self.embed(batch)
+        if exit_entropy_weight is not None:
+            assert start == 0 and state is None, "expected exit reads out from loop 1"
+            weights = self._token_weights(ctx, answer_weight, answer_only)
+            out, objective, state = expected_exit_forward(
+                self, ctx, wanted, weights, exit_entropy_weight, no_grad_loops=no_grad_loops)
+            return LoopOutput({int(h): out[int(h)] for h in readouts}, state, objective)
         out: dict[int, Tensor] = {}
         t = start
         for h in wanted:

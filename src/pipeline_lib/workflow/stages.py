@@ -139,7 +139,8 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     check_stage_outputs(cfg, run_dir, [out])
     result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
                       max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
-                      use_ema=cfg.eval.use_ema, adaptive=AdaptiveSpec.from_eval_config(cfg.eval),
+                      use_ema=cfg.eval.use_ema,
+                      adaptive=AdaptiveSpec.all_from_eval_config(cfg.eval),
                       device=cfg.experiment.device, precision=cfg.experiment.precision,
                       objective=cfg.train.objective)
     step = result["step"]
@@ -150,9 +151,11 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
         metrics = {f"heff/loss_h{h}": v for h, v in result["losses"].items()}
         metrics["heff/best_h"] = result["best_h_eff"]
         metrics["heff/deeper_better"] = float(result["deeper_better"])
-        for point in result.get("adaptive", {}).get("points", []):
-            metrics[f"heff/adaptive_loss_t{point['threshold']:g}"] = point["loss"]
-            metrics[f"heff/adaptive_loops_t{point['threshold']:g}"] = point["mean_loops"]
+        for i, section in enumerate(result.get("adaptive_by_criterion", {}).values()):
+            name = "adaptive" if i == 0 else f"adaptive_{section['criterion']}"  # first: as before
+            for point in section["points"]:
+                metrics[f"heff/{name}_loss_t{point['threshold']:g}"] = point["loss"]
+                metrics[f"heff/{name}_loops_t{point['threshold']:g}"] = point["mean_loops"]
         stage.log_metrics(step or 0, metrics)
         stage.log_artifact(out, "eval/heff")
         if is_final(Path(snapshot)):
