@@ -10,8 +10,7 @@ the training loop count), so one loaded model serves a whole H_eff sweep: set
 
 ``h_eff=adaptive:[CRITERION:]THRESHOLD[:MAX]`` (e.g. ``adaptive:gate:0.9``: the learned
 exit gate; any criterion of :mod:`pipeline_lib.evaluate.exit_criteria`) reads every token
-out at its own adaptive exit instead
-(:mod:`pipeline_lib.evaluate.adaptive`): the first loop whose next-token distribution
+out at its own adaptive exit instead (:mod:`pipeline_lib.evaluate.adaptive`): the first loop whose next-token distribution
 differs from the previous loop's by a KL divergence below THRESHOLD (or, with
 ``adaptive_criterion=entropy``, whose entropy is below it), at most MAX loops (default: the
 training loop count). Scoring and generation both use it; the loops used (the exit loop of
