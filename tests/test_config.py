@@ -235,14 +235,21 @@ def test_a_file_with_runs_replaces_the_default_variants(tmp_path: Path):
 
 
 def test_snakemake_config_merge_matches_the_loader(tmp_path: Path):
-    from pipeline_lib.config import apply_default_config, merge_config_dicts
+    from pipeline_lib.config import merge_config_dicts, merge_config_files
 
-    user = {"model": {"d_model": 64}, "runs": {"a": {"model": {"loops": 2}}},
-            "data": {"sources": [{"type": "reasoning"}]}}
-    snakemake_config = dict(user)
-    apply_default_config(snakemake_config)
-    (tmp_path / "u.yaml").write_text(yaml.safe_dump(user))
-    assert config_from_dict(snakemake_config) == load_config(tmp_path / "u.yaml")
+    first = {"model": {"d_model": 64}, "runs": {"a": {"model": {"loops": 2}}},
+             "data": {"sources": [{"type": "reasoning"}]}}
+    second = {"model": {"n_heads": 2}, "runs": {"b": {}}, "train": {"lr": 0.002}}
+    (tmp_path / "1.yaml").write_text(yaml.safe_dump(first))
+    (tmp_path / "2.yaml").write_text(yaml.safe_dump(second))
+    files = [tmp_path / "1.yaml", tmp_path / "2.yaml"]
+    merged = merge_config_files(files, DEFAULT_CONFIG_PATH)
+    assert merged["runs"] == {"b": {}}  # the later file's variants replace the earlier's
+    assert config_from_dict(merged) == load_config(files)
+    cfg = load_config(files)
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.train.lr, list(cfg.runs)) == \
+        (64, 2, 0.002, ["b"])
+    assert load_config(files[:1]) == load_config(files[0])  # one file, as a list or alone
     assert merge_config_dicts({"a": {"b": 1, "c": [1]}}, {"a": {"c": [2]}}) == \
         {"a": {"b": 1, "c": [2]}}
 

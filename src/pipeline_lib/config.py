@@ -14,7 +14,6 @@ This module must stay light: the Snakefile imports it on every call (no torch, n
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -27,6 +26,9 @@ from typing import Any
 from .config_errors import explain_omegaconf_error
 from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
+from .config_files import config_paths, read_yaml
+from .config_files import merge_config_dicts as merge_config_dicts  # the merge rules, as data
+from .config_files import merge_config_files as merge_config_files
 from .config_rules import (
     EXIT_CRITERIA,
     FREEZE_PARTS,
@@ -510,26 +512,6 @@ def _merge(base: Any, update: Any, source: str) -> Any:
                           "data.sources) whole, e.g. data.sources=[{type: stdlib}]") from None
 
 
-def _read_yaml(path: Path) -> Any:
-    if path.is_dir():
-        raise ConfigError(f"config file {path} is a directory; pass a YAML file")
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file")
-    OmegaConf = _omegaconf()
-    try:
-        loaded = OmegaConf.load(path)
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: "
-                          f"{exc.reason}); save it as UTF-8") from None
-    except Exception as exc:  # yaml.YAMLError and friends
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from None
-    if loaded is None:
-        return OmegaConf.create({})
-    if not isinstance(loaded, Mapping) and not hasattr(loaded, "keys"):
-        raise ConfigError(f"config file {path} must hold a mapping of sections, not a list")
-    return loaded
-
-
 def _to_object(cfg: Any, source: str) -> Config:
     """The merged OmegaConf config as a :class:`Config`. Interpolations (``${train.lr}``) are
     resolved here, as OmegaConf does; one that does not resolve (an unknown key, a missing
@@ -554,12 +536,13 @@ def _structured(data: Mapping[str, Any] | Any, source: str) -> Config:
 
 
 def load_config(
-    path: str | Path | None = None,
+    path: str | Path | Sequence[str | Path] | None = None,
     overrides: Sequence[str] = (),
     *,
     base: str | Path | None = DEFAULT_CONFIG_PATH,
 ) -> Config:
-    """Defaults ← ``base`` (config/config.yaml) ← ``path`` ← ``key=value`` overrides.
+    """Defaults ← ``base`` (config/config.yaml) ← ``path`` (one file, or several merged in
+    order) ← ``key=value`` overrides.
 
     Sections merge key by key and lists are replaced; a file that lists ``runs:`` replaces
     the variants below it (a variant set is one unit, see :func:`merge_config_dicts`).
@@ -567,12 +550,12 @@ def load_config(
     OmegaConf = _omegaconf()
     cfg = OmegaConf.structured(Config)
     if base is not None and Path(base).is_file():
-        cfg = _merge(cfg, _read_yaml(Path(base)), str(base))
-    if path is not None and (base is None or Path(path).resolve() != Path(base).resolve()):
-        update = _read_yaml(Path(path))
+        cfg = _merge(cfg, read_yaml(Path(base)), str(base))
+    for file in config_paths(path, base):
+        update = read_yaml(file)
         if "runs" in update:
             cfg.runs = {}
-        cfg = _merge(cfg, update, str(path))
+        cfg = _merge(cfg, update, str(file))
     if overrides:
         for item in overrides:
             if "=" not in item:
@@ -589,38 +572,6 @@ def load_config(
     out = _to_object(cfg, source)
     validate_config(out)
     return out
-
-
-def merge_config_dicts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Plain-data merge with the loader's rules: mappings merge recursively, lists and
-    scalars replace, and a top-level ``runs`` in ``update`` replaces ``base``'s variants."""
-
-    def merge(a: Any, b: Any) -> Any:
-        if isinstance(a, Mapping) and isinstance(b, Mapping):
-            out = dict(a)
-            for key, value in b.items():
-                out[key] = merge(a[key], value) if key in a else copy.deepcopy(value)
-            return out
-        return copy.deepcopy(b)
-
-    merged = merge(base, update)
-    if "runs" in update:
-        merged["runs"] = copy.deepcopy(update["runs"])
-    return merged
-
-
-def apply_default_config(config: dict[str, Any], default: Path = DEFAULT_CONFIG_PATH) -> None:
-    """In place: ``config`` (what --configfile/--config gave Snakemake) merged over the
-    embedded default, by :func:`merge_config_dicts`. The Snakefile calls this instead of a
-    ``configfile:`` directive, whose recursive merge would add a file's variants to the
-    default ones instead of replacing them."""
-    import yaml
-
-    with open(default) as fh:
-        base = yaml.safe_load(fh) or {}
-    merged = merge_config_dicts(base, config)
-    config.clear()
-    config.update(merged)
 
 
 def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
