@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import packed_batch, tiny_config
 
 from pipeline_lib.model import moe, recompute
 from pipeline_lib.model.looped import LoopedLM
@@ -20,16 +19,24 @@ SHAPES = {
 }
 
 
-def _model(mode: str, **kw) -> LoopedLM:
-    torch.manual_seed(0)
-    model = LoopedLM(tiny_config(**kw))
-    model.activation_checkpointing = mode
-    return model
+@pytest.fixture
+def build(make_config):
+    """``build(mode, **model_overrides)``: the seeded tiny model with that checkpointing."""
+    def make(mode: str, **kw) -> LoopedLM:
+        torch.manual_seed(0)
+        model = LoopedLM(make_config(**kw))
+        model.activation_checkpointing = mode
+        return model
+    return make
 
 
-def _pass(model: LoopedLM, shape: str) -> dict:
-    """Forward + backward of one batch the way ``shape`` runs it; what must not change."""
-    batch = packed_batch([[5, 7], [12]], seed=3, answer_every=3)
+@pytest.fixture
+def batch(make_batch) -> dict:
+    return make_batch([[5, 7], [12]], seed=3, answer_every=3)
+
+
+def _pass(model: LoopedLM, batch: dict, shape: str) -> dict:
+    """Forward + backward of ``batch`` the way ``shape`` runs it; what must not change."""
     readouts, no_grad, bounds = SHAPES[shape]
     calls = []
     handle = model.core[0].register_forward_pre_hook(lambda *_: calls.append(1))
@@ -66,10 +73,11 @@ def _same(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("mode", ["loop", "block"])
-def test_gradients_are_bit_identical_to_none(arch: str, shape: str, mode: str) -> None:
+def test_gradients_are_bit_identical_to_none(build, batch, arch: str, shape: str,
+                                             mode: str) -> None:
     kw = MOE if arch == "moe" else {}
-    ref = _pass(_model("none", **kw), shape)
-    got = _pass(_model(mode, **kw), shape)
+    ref = _pass(build("none", **kw), batch, shape)
+    got = _pass(build(mode, **kw), batch, shape)
     _same(ref, got)
     with_grad = 3 - SHAPES[shape][1]
     assert got["calls"] == ref["calls"] + with_grad  # each loop with gradients ran again
@@ -77,23 +85,23 @@ def test_gradients_are_bit_identical_to_none(arch: str, shape: str, mode: str) -
         assert all(int(c.sum()) > 0 for c in got["loads"]) and float(got["aux"][0]) > 0
 
 
-def test_the_recompute_marker_is_what_keeps_moe_loads_single(monkeypatch) -> None:
+def test_the_recompute_marker_is_what_keeps_moe_loads_single(build, batch, monkeypatch) -> None:
     """Without the marker, recomputation counts every checkpointed MoE call again."""
-    ref = _pass(_model("none", **MOE), "last")
+    ref = _pass(build("none", **MOE), batch, "last")
     monkeypatch.setattr(moe, "recomputing", lambda: False)
-    doubled = _pass(_model("loop", **MOE), "last")
+    doubled = _pass(build("loop", **MOE), batch, "last")
     assert all(torch.equal(d, 2 * r) for d, r in zip(doubled["loads"], ref["loads"],
                                                        strict=True))
     assert doubled["left"]  # and the recomputed aux terms linger
 
 
-def test_passes_without_gradients_are_not_checkpointed(monkeypatch) -> None:
+def test_passes_without_gradients_are_not_checkpointed(build, make_batch, monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("checkpoint called without gradients")
 
     monkeypatch.setattr(recompute, "checkpoint", refuse)
-    model, plain = _model("block", **MOE).eval(), _model("none", **MOE).eval()
-    batch = packed_batch([[6, 6]], seed=1)
+    model, plain = build("block", **MOE).eval(), build("none", **MOE).eval()
+    batch = make_batch([[6, 6]], seed=1)
     with torch.no_grad():
         assert torch.equal(model.logits_at(batch, 2), plain.logits_at(batch, 2))
         assert torch.equal(model.losses(batch, [1, 3])[3], plain.losses(batch, [1, 3])[3])
@@ -101,9 +109,9 @@ def test_passes_without_gradients_are_not_checkpointed(monkeypatch) -> None:
         model.losses(batch, [1])
 
 
-def test_a_checkpointed_first_moe_call_probes_outside_the_recomputation() -> None:
+def test_a_checkpointed_first_moe_call_probes_outside_the_recomputation(build, batch) -> None:
     """The grouped-kernel probe (once per process, with its own backward) may run inside a
     checkpointed piece; the recomputation, which finds it cached, must still match."""
     moe.reset_grouped_mm_choices()
-    got = _pass(_model("loop", **MOE), "last")
-    _same(_pass(_model("none", **MOE), "last"), got)
+    got = _pass(build("loop", **MOE), batch, "last")
+    _same(_pass(build("none", **MOE), batch, "last"), got)
