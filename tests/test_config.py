@@ -179,6 +179,10 @@ def test_run_variant_applies_override_and_clears_runs():
         (["train.freeze=[adapter]"], r"train\.freeze lists adapter, which this model has no"),
         (["train.freeze=[embeddings,prelude,core,norm]"],
          r"freezes every part of the model; nothing would train"),
+        (["train.activation_checkpointing=loop", "train.compile=true"],
+         r"train\.activation_checkpointing = loop does not combine with train\.compile"),
+        (["train.activation_checkpointing=layer"],
+         r"train\.activation_checkpointing = 'layer' is not allowed"),
     ],
 )
 def test_bad_config_is_one_clear_line(overrides: list[str], pattern: str):

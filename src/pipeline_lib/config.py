@@ -32,6 +32,7 @@ from .config_files import merge_config_files as merge_config_files
 from .config_rules import (
     EXIT_CRITERIA,
     FREEZE_PARTS,
+    check_activation_checkpointing,
     check_adaptive_exit,
     check_finite_thresholds,
     check_optimizer_and_freeze,
@@ -342,6 +343,11 @@ class TrainConfig:
     reference_batch_rows: int = _f(16, "Global batch at which lr is given (for lr_scaling).", minimum=1)
     loop_sampling: LoopSamplingConfig = _f(LoopSamplingConfig(), "Loop-count sampling.")
     bptt: BpttConfig = _f(BpttConfig(), "Backpropagation through loops.")
+    activation_checkpointing: str = _f(
+        "none", "Recompute activations in backward instead of keeping them: none, loop (keep "
+        "each loop's input state; the prelude and each readout's coda are one piece each) or "
+        "block (keep each block's input). Same gradients as none, about one more forward "
+        "pass of time; not with train.compile.", choices=["none", "loop", "block"])
     objective: str = _f("deep_supervision",
                         "last (loss after the last loop), deep_supervision (mean over loops); "
                         "answer_last / answer_deep_supervision: the same, scored on answer "
@@ -685,6 +691,7 @@ def validate_config(cfg: Config) -> None:
                           f"of train.segment_runtime_minutes = {t.segment_runtime_minutes}; "
                           "lower the margin (0 stops only on SIGTERM/SIGUSR1) or raise the runtime")
     check_optimizer_and_freeze(t, cfg.model)
+    check_activation_checkpointing(t)
     ls = t.loop_sampling
     if ls.min_loops > ls.max_loops:
         raise ConfigError(f"train.loop_sampling.min_loops = {ls.min_loops} exceeds max_loops = "

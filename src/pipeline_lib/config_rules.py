@@ -1,6 +1,7 @@
 """Cross-field rules within one section of the config (or between train and model),
 apart from the dataclasses: sources, the tokenizer, ``train.optimizer = muon``,
-``train.freeze`` and adaptive-exit thresholds.
+``train.freeze``, ``train.activation_checkpointing`` with ``train.compile``, and
+adaptive-exit thresholds.
 
 :func:`pipeline_lib.config.validate_config` calls them after the generic field checks
 (:mod:`pipeline_lib.config_fields`); below :mod:`pipeline_lib.config` in the layers, so
@@ -52,6 +53,17 @@ def check_optimizer_and_freeze(train: Any, model: Any) -> None:
     if not set(present) - set(train.freeze):
         raise ConfigError(f"train.freeze = {train.freeze} freezes every part of the model; "
                           "nothing would train: leave at least one part out")
+
+
+def check_activation_checkpointing(train: Any) -> None:
+    """``train.activation_checkpointing`` runs eagerly (``train``: a ``TrainConfig``): under
+    torch.compile checkpoint's ``context_fn`` must be a dispatch mode, and the marker that
+    keeps a recomputed MoE call from counting its loads and aux term twice is not one."""
+    if train.activation_checkpointing != "none" and train.compile:
+        raise ConfigError(f"train.activation_checkpointing = {train.activation_checkpointing} "
+                          "does not combine with train.compile (compiled checkpoint regions "
+                          "cannot mark recomputation, which MoE load counting needs); set "
+                          "train.compile=false or train.activation_checkpointing=none")
 
 
 def check_source_fields(i: int, src: Any) -> None:

@@ -38,6 +38,7 @@ from .kv_cache import KVCache, kv_decode_step, kv_prefill
 from .layers import RMSNorm, RopeScaling, rope_tables
 from .loss import chunked_cross_entropy
 from .moe import MoEFFN
+from .recompute import checkpointed
 from .size import check_model_config, step_embedding_rows
 
 Batch = Mapping[str, Tensor]
@@ -88,6 +89,8 @@ class LoopedLM(nn.Module):
         self.step_emb = nn.Embedding(rows, d) if rows else None
         # one exit logit per token and loop, shared by every loop (see .exit_gate)
         self.exit_gate = nn.Linear(d, 1) if cfg.exit_gate else None
+        # train.activation_checkpointing (none | loop | block; see .recompute), set by training
+        self.activation_checkpointing = "none"
         self.reset_parameters()
 
     # ------------------------------------------------------------------ set-up
@@ -159,10 +162,7 @@ class LoopedLM(nn.Module):
         ctx = self.context(batch) if ctx is None else ctx
         ids = batch if isinstance(batch, Tensor) else batch["input_ids"]
         self._drop_aux_terms()
-        x = self.tok_emb(ids)  # [B, L, D]
-        for block in self.prelude:
-            x = block(x, ctx.rope, ctx.mask)
-        ctx.e = x
+        ctx.e = self._piece("loop", self._blocks, self.prelude, self.tok_emb(ids), ctx)
         return ctx
 
     def init_state(self, ctx: LoopContext) -> Tensor:
@@ -172,6 +172,18 @@ class LoopedLM(nn.Module):
 
     # ------------------------------------------------------------------ loops
 
+    def _piece(self, level: str, fn, *args):
+        """``fn(*args)``, checkpointed when ``activation_checkpointing`` is ``level``."""
+        if self.activation_checkpointing == level:
+            return checkpointed(fn, *args)
+        return fn(*args)
+
+    def _blocks(self, blocks: nn.ModuleList, x: Tensor, ctx: LoopContext) -> Tensor:
+        """x [B, L, D] through ``blocks`` (each checkpointed alone at level ``block``)."""
+        for block in blocks:
+            x = self._piece("block", block, x, ctx.rope, ctx.mask)
+        return x
+
     def _loop(self, state: Tensor, ctx: LoopContext, t: int) -> Tensor:
         """Loop t (0-based): inject e into the state, run the core blocks."""
         if self.injection_proj is not None:
@@ -180,9 +192,7 @@ class LoopedLM(nn.Module):
             x = state + self.injection_scale.to(state.dtype) * ctx.e
         if self.step_emb is not None:  # loops past the table reuse its last row
             x = x + self.step_emb.weight[min(t, self.step_emb.num_embeddings - 1)]
-        for block in self.core:
-            x = block(x, ctx.rope, ctx.mask)
-        return x
+        return self._blocks(self.core, x, ctx)
 
     def forward_loops(self, ctx_or_batch: LoopContext | Batch, start: int, end: int,
                       state: Tensor | None = None, *, no_grad_loops: int = 0) -> Tensor:
@@ -205,17 +215,17 @@ class LoopedLM(nn.Module):
                 for t in range(start, start + n_free):
                     state = self._loop(state, ctx, t)
         for t in range(start + n_free, end):
-            state = self._loop(state, ctx, t)
+            state = self._piece("loop", self._loop, state, ctx, t)
         return state
 
     # ------------------------------------------------------------------ readout
 
     def readout_hidden(self, state: Tensor, ctx: LoopContext) -> Tensor:
         """norm(coda(state)) [B, L, D]: what the head reads."""
-        x = state
-        for block in self.coda:
-            x = block(x, ctx.rope, ctx.mask)
-        return self.norm(x)
+        return self._piece("loop", self._coda_norm, state, ctx)
+
+    def _coda_norm(self, state: Tensor, ctx: LoopContext) -> Tensor:
+        return self.norm(self._blocks(self.coda, state, ctx))
 
     def readout_logits(self, state: Tensor, ctx: LoopContext) -> Tensor:
         """Logits [B, L, V] of a loop state (materialised: for generation and scoring)."""

@@ -19,6 +19,9 @@ Backprop through loops (``train.bptt``):
   biases and the EMA, and detach. A spike in one unroll drops the remaining unrolls of
   that global step (the prototype's rule); unrolls already applied stay applied.
 
+``train.activation_checkpointing`` (set on the model here) recomputes each loop's or each
+block's activations in backward (:mod:`pipeline_lib.model.recompute`): same gradients.
+
 Every other step is skipped the same way: the guard sees the (mean) loss and the
 pre-clipping gradient norm; on a skip the gradients and MoE loads are thrown away. With
 several ranks (a ``RankGroup``) the loss, aux loss and MoE loads are averaged over ranks
@@ -86,6 +89,7 @@ class StepRunner:
         self.ema, self.hooks, self.device = ema, hooks or StepHooks(), device
         self.group = group  # several ranks: statistics are reduced before the guard judges
         self.forward = model if forward is None else forward  # compiled with train.compile
+        model.activation_checkpointing = train.activation_checkpointing  # see model.recompute
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.deep = train.objective in ("deep_supervision", "answer_deep_supervision",
                                         "expected_exit")
