@@ -248,7 +248,7 @@ def test_bench_out_and_tasks_dir_mix_ups_fail_before_any_task_file(answer_run, t
     small = ["--no-track", "bench.tasks=[loopline_parity]", "bench.h_eff=[1]"]
     cases = [(["--out", tmp_path / "taken"], str(tmp_path / "taken"), "is a directory"),
              (["--out", tmp_path / "b.json", "--tasks-dir", tmp_path / "notes.txt"],
-              "cannot write the task files", "is a file, not a directory")]
+              str(tmp_path / "notes.txt"), "is a file, not a directory")]
     for args, *fragments in cases:
         result = run_cli(tmp_path, "bench", "--snapshot", answer_run / "snap", *args, *small)
         assert_one_line_error(result, *fragments)
