@@ -7,14 +7,15 @@ from pipeline_lib.workflow.stages import close_open_parents
 
 min_version("9.0")
 
-# The embedded default is config/config.yaml; --configfile and --config are merged over it
-# (a file that lists runs: replaces the default variants rather than adding to them), then
-# validated by the same code as the stage commands: a bad key or value, in a runs: variant
-# too, ends here with their one-line `error: …`. No snakemake.utils.validate: the schema in
+# The embedded default is config/config.yaml; the --configfile files are merged over it in
+# the order given, by loopline's rules rather than Snakemake's (a file that lists runs:
+# replaces the variants before it rather than adding to them), --config last, then validated
+# by the same code as the stage commands: a bad key or value, in a runs: variant too, ends
+# here with their one-line `error: …`. No snakemake.utils.validate: the schema in
 # workflow/schemas is generated from the same dataclasses and bounds (it documents them), and
 # it would reject Snakemake's string-valued --config entries that the loader converts.
 PLAN = plan_for_snakemake(config, workflow.config_settings.configfiles,
-                          workflow.config_settings.config_args)
+                          workflow.config_settings.config)
 
 
 include: "workflow/rules/common.smk"

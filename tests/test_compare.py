@@ -284,3 +284,54 @@ def test_depth_check_without_looped_variant():
     check = depth_check([flat])
     assert check["comparisons"] == [] and check["kinds"] == {"flat": "shallow"}
     assert "- no looped variant (model.loops > 1) among the runs" in depth_markdown(check)
+
+
+def test_accuracy_against_mean_loops_per_variant_and_depth_setting(tmp_path: Path):
+    from collections import Counter
+
+    from pipeline_lib.bench.loops_used import loops_summary
+    from pipeline_lib.bench.scoring import task_scores
+
+    inputs = {"loop1": _variant(tmp_path, "loop1", 1, 1, 0.0, 0),
+              "loop4": _variant(tmp_path, "loop4", 1, 4, 0.2, 20)}
+    bench = json.loads(inputs["loop4"]["bench"].read_text())
+    info = bench["tasks"]["loopline_khop"]
+    levels = [1] * 40 + [2] * 40
+    scores = [1.0] * 30 + [0.0] * 10 + [1.0] * 25 + [0.0] * 15  # 55 of 80 right
+    samples = [{"doc_id": i, "doc": {"level": lv}, "filter": "none", "acc": acc}
+               for i, (acc, lv) in enumerate(zip(scores, levels, strict=True))]
+    entry = task_scores({"results": {"loopline_khop": {"acc,none": 55 / 80}},
+                         "samples": {"loopline_khop": samples}}, "loopline_khop", "acc")
+    # level 1: 3 tokens per example, two exit after 1 loop (mean 2); level 2: all use 4
+    docs = {i: Counter({1: 2, 4: 1}) if lv == 1 else Counter({4: 3})
+            for i, lv in enumerate(levels)}
+    entry["loops"] = loops_summary(docs, 4, info["sample_levels"])
+    info["adaptive"] = {"adaptive:0.01:4": entry}
+    bench["bench"] = {"adaptive_criterion": "kl"}
+    inputs["loop4"]["bench"].write_text(json.dumps(bench))
+    out = tmp_path / "compare"
+    rows = compare_runs(inputs, out)
+    md = (out / "summary.md").read_text()
+    assert "## Accuracy against mean loops used" in md
+    lo, hi = wilson_interval(55, 80)
+    assert (f"| loop4 | loopline_khop/acc | adaptive:0.01:4 (kl) | 3.00 | "
+            f"{55 / 80:.3f} [{lo:.2f}, {hi:.2f}] |") in md
+    lo, hi = wilson_interval(60, 80)
+    assert f"| loop4 | loopline_khop/acc | H_eff=4 | 4.00 | 0.750 [{lo:.2f}, {hi:.2f}] |" in md
+    assert "| loop1 | loopline_khop/acc | H_eff=1 | 1.00 | 0.500" in md
+
+    def value(metric, level=None):
+        (match,) = [r["value"] for r in rows if (r["run"], r["metric"], r["h_eff"], r["level"])
+                    == ("loop4", metric, 4, level)]
+        return match
+
+    assert value("loopline_khop/mean_loops_adaptive:0.01:4") == 3.0
+    assert value("loopline_khop/mean_loops_adaptive:0.01:4", 1) == 2.0
+    assert value("loopline_khop/mean_loops_adaptive:0.01:4", 2) == 4.0
+    assert value("loopline_khop/acc_adaptive:0.01:4") == 55 / 80
+    assert value("loopline_khop/acc_adaptive:0.01:4", 2) == 25 / 40
+    assert value("loopline_khop/acc") == 0.75  # the fixed H_eff=4 row is unchanged
+    assert (out / "accuracy_vs_loops.png").stat().st_size > 0
+    compare_runs({"loop1": inputs["loop1"]}, out)  # no adaptive results: no table, no plot
+    assert "mean loops" not in (out / "summary.md").read_text()
+    assert not (out / "accuracy_vs_loops.png").exists()

@@ -153,9 +153,20 @@ def test_run_variant_applies_override_and_clears_runs():
         (["eval.adaptive_thresholds=[0,-0.1]"],
          r"eval\.adaptive_thresholds\[1\] = -0\.1 is below its minimum 0; raise it"),
         (["eval.adaptive_thresholds=[0.01,.nan]"],
-         r"eval\.adaptive_thresholds = \[0\.01, nan\] needs finite numbers >= 0"),
+         r"eval\.adaptive_thresholds = nan must be a finite number >= 0"),
         (["eval.adaptive_max_loops=-1"], r"eval\.adaptive_max_loops = -1 is below its minimum 0"),
         (["eval.adaptive_criterion=margin"], r"eval\.adaptive_criterion = 'margin' is not allowed"),
+        (["train.objective=expected_exit"],
+         r"train\.objective = expected_exit needs the learned exit gate; set model\.exit_gate=true"),
+        (["train.objective=expected_exit", "model.exit_gate=true", "train.bptt.mode=unrolled"],
+         r"expected_exit weighs every loop's readout in one pass; use train\.bptt\.mode full"),
+        (["eval.adaptive_criteria=[kl,gate]"], r"eval\.adaptive_criteria lists gate, but "
+                                               r"model\.exit_gate is false"),
+        (["eval.adaptive_criterion_thresholds.gate=[0.5,1.5]"],
+         r"eval\.adaptive_criterion_thresholds\.gate = 1\.5: the gate threshold is a cumulative "
+         r"exit probability in \[0, 1\]"),
+        (["eval.adaptive_criterion_thresholds.argmax_stable=[1.5]"],
+         r"argmax_stable takes a whole number n"),
         (["train.optimizer=muon", "train.nproc=2", "train.micro_batch_rows=8"],
          r"train\.optimizer = muon runs in one process, not train\.nproc × train\.nnodes = 2"),
         (["train.optimizer=muon", "train.nnodes=2", "train.micro_batch_rows=8"],
@@ -168,6 +179,10 @@ def test_run_variant_applies_override_and_clears_runs():
         (["train.freeze=[adapter]"], r"train\.freeze lists adapter, which this model has no"),
         (["train.freeze=[embeddings,prelude,core,norm]"],
          r"freezes every part of the model; nothing would train"),
+        (["train.activation_checkpointing=loop", "train.compile=true"],
+         r"train\.activation_checkpointing = loop does not combine with train\.compile"),
+        (["train.activation_checkpointing=layer"],
+         r"train\.activation_checkpointing = 'layer' is not allowed"),
     ],
 )
 def test_bad_config_is_one_clear_line(overrides: list[str], pattern: str):
@@ -224,14 +239,21 @@ def test_a_file_with_runs_replaces_the_default_variants(tmp_path: Path):
 
 
 def test_snakemake_config_merge_matches_the_loader(tmp_path: Path):
-    from pipeline_lib.config import apply_default_config, merge_config_dicts
+    from pipeline_lib.config import merge_config_dicts, merge_config_files
 
-    user = {"model": {"d_model": 64}, "runs": {"a": {"model": {"loops": 2}}},
-            "data": {"sources": [{"type": "reasoning"}]}}
-    snakemake_config = dict(user)
-    apply_default_config(snakemake_config)
-    (tmp_path / "u.yaml").write_text(yaml.safe_dump(user))
-    assert config_from_dict(snakemake_config) == load_config(tmp_path / "u.yaml")
+    first = {"model": {"d_model": 64}, "runs": {"a": {"model": {"loops": 2}}},
+             "data": {"sources": [{"type": "reasoning"}]}}
+    second = {"model": {"n_heads": 2}, "runs": {"b": {}}, "train": {"lr": 0.002}}
+    (tmp_path / "1.yaml").write_text(yaml.safe_dump(first))
+    (tmp_path / "2.yaml").write_text(yaml.safe_dump(second))
+    files = [tmp_path / "1.yaml", tmp_path / "2.yaml"]
+    merged = merge_config_files(files, DEFAULT_CONFIG_PATH)
+    assert merged["runs"] == {"b": {}}  # the later file's variants replace the earlier's
+    assert config_from_dict(merged) == load_config(files)
+    cfg = load_config(files)
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.train.lr, list(cfg.runs)) == \
+        (64, 2, 0.002, ["b"])
+    assert load_config(files[:1]) == load_config(files[0])  # one file, as a list or alone
     assert merge_config_dicts({"a": {"b": 1, "c": [1]}}, {"a": {"c": [2]}}) == \
         {"a": {"b": 1, "c": [2]}}
 

@@ -14,7 +14,6 @@ This module must stay light: the Snakefile imports it on every call (no torch, n
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -27,8 +26,15 @@ from typing import Any
 from .config_errors import explain_omegaconf_error
 from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
+from .config_files import config_paths, read_yaml
+from .config_files import merge_config_dicts as merge_config_dicts  # the merge rules, as data
+from .config_files import merge_config_files as merge_config_files
 from .config_rules import (
+    EXIT_CRITERIA,
     FREEZE_PARTS,
+    check_activation_checkpointing,
+    check_adaptive_exit,
+    check_finite_thresholds,
     check_optimizer_and_freeze,
     check_source_fields,
     check_tokenizer,
@@ -39,7 +45,8 @@ from .errors import ConfigError
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "config.yaml"
 RUN_NAME_PATTERN = r"^(?!data$|compare$)[A-Za-z_][A-Za-z0-9_]*$"
-OBJECTIVES = ["last", "deep_supervision", "answer_last", "answer_deep_supervision"]
+OBJECTIVES = ["last", "deep_supervision", "answer_last", "answer_deep_supervision",
+              "expected_exit"]
 
 
 # --------------------------------------------------------------------------- sections
@@ -234,6 +241,9 @@ class ModelConfig:
     loss_chunk_size: int = _f(1024, "Tokens per chunk of the chunked cross-entropy.", minimum=1)
     attention: str = _f("auto", "Attention kernel: auto (flex on CUDA, else sdpa), sdpa or flex.",
                         choices=["auto", "sdpa", "flex"])
+    exit_gate: bool = _f(False, "Learned exit gate: one Linear(d_model, 1) shared by every loop "
+                         "maps the normed readout state to an exit logit (train it with "
+                         "train.objective = expected_exit; eval criterion gate).")
     init_from: InitFromConfig = _f(InitFromConfig(), "Pretrained start (empty source = random "
                                    "init); the source fixes vocab_size, d_model, n_heads, "
                                    "n_kv_heads, ffn_hidden, norm_eps, rope_*, tie_embeddings "
@@ -333,14 +343,23 @@ class TrainConfig:
     reference_batch_rows: int = _f(16, "Global batch at which lr is given (for lr_scaling).", minimum=1)
     loop_sampling: LoopSamplingConfig = _f(LoopSamplingConfig(), "Loop-count sampling.")
     bptt: BpttConfig = _f(BpttConfig(), "Backpropagation through loops.")
+    activation_checkpointing: str = _f(
+        "none", "Recompute activations in backward instead of keeping them: none, loop (keep "
+        "each loop's input state; the prelude and each readout's coda are one piece each) or "
+        "block (keep each block's input). Same gradients as none, about one more forward "
+        "pass of time; not with train.compile.", choices=["none", "loop", "block"])
     objective: str = _f("deep_supervision",
                         "last (loss after the last loop), deep_supervision (mean over loops); "
                         "answer_last / answer_deep_supervision: the same, scored on answer "
-                        "tokens only (needs a pack with answer spans).",
+                        "tokens only (needs a pack with answer spans); expected_exit: "
+                        "Σ_t p(t)·L_t − β·H(p) over loops 1..n with the exit gate's p (needs "
+                        "model.exit_gate).",
                         choices=OBJECTIVES)
     answer_weight: float = _f(1.0, "Loss weight of answer tokens (reasoning documents, jsonl/"
                               "parquet sources with answer_field); unused by answer_* "
                               "objectives.", minimum=0)
+    exit_entropy_weight: float = _f(0.01, "expected_exit: weight β of the exit distribution's "
+                                    "entropy (nats), subtracted from the loss.", minimum=0)
     spike: SpikeGuardConfig = _f(SpikeGuardConfig(), "Spike guard.")
     ema_decay: float = _f(0.0, "Keep an EMA of the weights with this decay (0 = off).", minimum=0, maximum=1)
     eval_interval: int = _f(50, "Validation loss every this many steps (0 = only at segment end).",
@@ -385,8 +404,20 @@ class EvalConfig:
         "threshold; loss and mean loops used per threshold, from one pass (0 = never exit "
         "early, the fixed max-H result). Empty = off.", items={"minimum": 0})
     adaptive_criterion: str = _f(
-        "kl", "Adaptive exit criterion: kl (KL divergence of two successive readouts' next-token "
-        "distributions) or entropy (of the current readout).", choices=["kl", "entropy"])
+        "kl", "Adaptive exit criterion when adaptive_criteria is empty: kl (KL divergence of two "
+        "successive readouts' next-token distributions), entropy (of the current readout), "
+        "latent_diff (‖s_t − s_{t−1}‖/‖s_t‖ of the loop state), cosine (1 − cosine similarity "
+        "of successive states), argmax_stable (top token unchanged for n loops) or gate (the "
+        "learned exit gate's cumulative exit probability).", choices=list(EXIT_CRITERIA))
+    adaptive_criteria: list[str] = _f(
+        [], "Adaptive exit criteria compared on the same axes (one pass each); empty = "
+        "[adaptive_criterion].", items={"choices": list(EXIT_CRITERIA)})
+    adaptive_criterion_thresholds: dict[str, list[float]] = _f(
+        {"latent_diff": [0.0, 0.01, 0.03, 0.1, 0.3], "cosine": [0.0, 1e-4, 1e-3, 1e-2, 0.1],
+         "argmax_stable": [0, 1, 2, 3], "gate": [1.0, 0.99, 0.9, 0.5]},
+        "Thresholds per criterion, overriding adaptive_thresholds (which kl, entropy and any "
+        "criterion not listed use): argmax_stable takes loop counts n (0 = never exit), gate "
+        "cumulative exit probabilities in [0, 1] (1 = never exit).")
     adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (0 = the largest "
                                  "eval.h_eff).", minimum=0)
 
@@ -417,6 +448,16 @@ class BenchConfig:
     level_field: str = _f("level", "Document field of your/installed tasks by which accuracy is "
                           "broken down per level (heatmap rows); built-in tasks use their own "
                           "level.")
+    adaptive_thresholds: list[float] = _f(
+        [], "Adaptive exit: every task is also scored with each token read out at its own exit "
+        "(lm-eval model_args h_eff=adaptive:THRESHOLD:MAX), once per threshold; results carry "
+        "the mean loops used and their histogram per task and level (0 = never exit early, the "
+        "fixed MAX-loop result). Empty = off.", items={"minimum": 0})
+    adaptive_criterion: str = _f(
+        "kl", "Adaptive exit criterion of the benchmarks (as eval.adaptive_criterion).",
+        choices=["kl", "entropy"])
+    adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (MAX; 0 = the "
+                                 "largest bench.h_eff).", minimum=0)
 
 
 @dataclass
@@ -477,26 +518,6 @@ def _merge(base: Any, update: Any, source: str) -> Any:
                           "data.sources) whole, e.g. data.sources=[{type: stdlib}]") from None
 
 
-def _read_yaml(path: Path) -> Any:
-    if path.is_dir():
-        raise ConfigError(f"config file {path} is a directory; pass a YAML file")
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file")
-    OmegaConf = _omegaconf()
-    try:
-        loaded = OmegaConf.load(path)
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: "
-                          f"{exc.reason}); save it as UTF-8") from None
-    except Exception as exc:  # yaml.YAMLError and friends
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from None
-    if loaded is None:
-        return OmegaConf.create({})
-    if not isinstance(loaded, Mapping) and not hasattr(loaded, "keys"):
-        raise ConfigError(f"config file {path} must hold a mapping of sections, not a list")
-    return loaded
-
-
 def _to_object(cfg: Any, source: str) -> Config:
     """The merged OmegaConf config as a :class:`Config`. Interpolations (``${train.lr}``) are
     resolved here, as OmegaConf does; one that does not resolve (an unknown key, a missing
@@ -521,12 +542,13 @@ def _structured(data: Mapping[str, Any] | Any, source: str) -> Config:
 
 
 def load_config(
-    path: str | Path | None = None,
+    path: str | Path | Sequence[str | Path] | None = None,
     overrides: Sequence[str] = (),
     *,
     base: str | Path | None = DEFAULT_CONFIG_PATH,
 ) -> Config:
-    """Defaults ← ``base`` (config/config.yaml) ← ``path`` ← ``key=value`` overrides.
+    """Defaults ← ``base`` (config/config.yaml) ← ``path`` (one file, or several merged in
+    order) ← ``key=value`` overrides.
 
     Sections merge key by key and lists are replaced; a file that lists ``runs:`` replaces
     the variants below it (a variant set is one unit, see :func:`merge_config_dicts`).
@@ -534,12 +556,12 @@ def load_config(
     OmegaConf = _omegaconf()
     cfg = OmegaConf.structured(Config)
     if base is not None and Path(base).is_file():
-        cfg = _merge(cfg, _read_yaml(Path(base)), str(base))
-    if path is not None and (base is None or Path(path).resolve() != Path(base).resolve()):
-        update = _read_yaml(Path(path))
+        cfg = _merge(cfg, read_yaml(Path(base)), str(base))
+    for file in config_paths(path, base):
+        update = read_yaml(file)
         if "runs" in update:
             cfg.runs = {}
-        cfg = _merge(cfg, update, str(path))
+        cfg = _merge(cfg, update, str(file))
     if overrides:
         for item in overrides:
             if "=" not in item:
@@ -556,38 +578,6 @@ def load_config(
     out = _to_object(cfg, source)
     validate_config(out)
     return out
-
-
-def merge_config_dicts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Plain-data merge with the loader's rules: mappings merge recursively, lists and
-    scalars replace, and a top-level ``runs`` in ``update`` replaces ``base``'s variants."""
-
-    def merge(a: Any, b: Any) -> Any:
-        if isinstance(a, Mapping) and isinstance(b, Mapping):
-            out = dict(a)
-            for key, value in b.items():
-                out[key] = merge(a[key], value) if key in a else copy.deepcopy(value)
-            return out
-        return copy.deepcopy(b)
-
-    merged = merge(base, update)
-    if "runs" in update:
-        merged["runs"] = copy.deepcopy(update["runs"])
-    return merged
-
-
-def apply_default_config(config: dict[str, Any], default: Path = DEFAULT_CONFIG_PATH) -> None:
-    """In place: ``config`` (what --configfile/--config gave Snakemake) merged over the
-    embedded default, by :func:`merge_config_dicts`. The Snakefile calls this instead of a
-    ``configfile:`` directive, whose recursive merge would add a file's variants to the
-    default ones instead of replacing them."""
-    import yaml
-
-    with open(default) as fh:
-        base = yaml.safe_load(fh) or {}
-    merged = merge_config_dicts(base, config)
-    config.clear()
-    config.update(merged)
 
 
 def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
@@ -701,6 +691,7 @@ def validate_config(cfg: Config) -> None:
                           f"of train.segment_runtime_minutes = {t.segment_runtime_minutes}; "
                           "lower the margin (0 stops only on SIGTERM/SIGUSR1) or raise the runtime")
     check_optimizer_and_freeze(t, cfg.model)
+    check_activation_checkpointing(t)
     ls = t.loop_sampling
     if ls.min_loops > ls.max_loops:
         raise ConfigError(f"train.loop_sampling.min_loops = {ls.min_loops} exceeds max_loops = "
@@ -722,9 +713,8 @@ def validate_config(cfg: Config) -> None:
                           "answer_field on a jsonl/parquet source, or use last/deep_supervision")
     if cfg.bench.min_difficulty > cfg.bench.max_difficulty:
         raise ConfigError("bench.min_difficulty exceeds bench.max_difficulty; swap them")
-    if any(not 0 <= x < float("inf") for x in cfg.eval.adaptive_thresholds):  # nan, inf
-        raise ConfigError(f"eval.adaptive_thresholds = {cfg.eval.adaptive_thresholds} needs "
-                          "finite numbers >= 0 (0 = never exit early), e.g. [0, 0.001, 0.01]")
+    check_finite_thresholds("bench.adaptive_thresholds", cfg.bench.adaptive_thresholds)
+    check_adaptive_exit(cfg.eval, t, cfg.model)
     for name in cfg.runs:
         if not re.match(RUN_NAME_PATTERN, name):
             raise ConfigError(f"runs.{name}: run names must be identifiers other than 'data' "

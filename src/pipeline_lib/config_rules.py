@@ -1,6 +1,7 @@
 """Cross-field rules within one section of the config (or between train and model),
-apart from the dataclasses: sources, the tokenizer, ``train.optimizer = muon`` and
-``train.freeze``.
+apart from the dataclasses: sources, the tokenizer, ``train.optimizer = muon``,
+``train.freeze``, ``train.activation_checkpointing`` with ``train.compile``, and
+adaptive-exit thresholds.
 
 :func:`pipeline_lib.config.validate_config` calls them after the generic field checks
 (:mod:`pipeline_lib.config_fields`); below :mod:`pipeline_lib.config` in the layers, so
@@ -18,6 +19,8 @@ from .errors import ConfigError
 
 ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
+# adaptive-exit criteria (pipeline_lib.evaluate.exit_criteria computes them)
+EXIT_CRITERIA = ("kl", "entropy", "latent_diff", "cosine", "argmax_stable", "gate")
 
 
 def model_parts(model: Any) -> list[str]:
@@ -50,6 +53,17 @@ def check_optimizer_and_freeze(train: Any, model: Any) -> None:
     if not set(present) - set(train.freeze):
         raise ConfigError(f"train.freeze = {train.freeze} freezes every part of the model; "
                           "nothing would train: leave at least one part out")
+
+
+def check_activation_checkpointing(train: Any) -> None:
+    """``train.activation_checkpointing`` runs eagerly (``train``: a ``TrainConfig``): under
+    torch.compile checkpoint's ``context_fn`` must be a dispatch mode, and the marker that
+    keeps a recomputed MoE call from counting its loads and aux term twice is not one."""
+    if train.activation_checkpointing != "none" and train.compile:
+        raise ConfigError(f"train.activation_checkpointing = {train.activation_checkpointing} "
+                          "does not combine with train.compile (compiled checkpoint regions "
+                          "cannot mark recomputation, which MoE load counting needs); set "
+                          "train.compile=false or train.activation_checkpointing=none")
 
 
 def check_source_fields(i: int, src: Any) -> None:
@@ -85,3 +99,61 @@ def check_tokenizer(tok: Any) -> None:
     if tok.type != "file" and tok.add_bos == "true":
         raise ConfigError(f"data.tokenizer.add_bos = true, but a {tok.type} tokenizer has no BOS "
                           "token; set it to auto or false (or use type file)")
+
+
+def check_finite_thresholds(key: str, thresholds: list[float]) -> None:
+    """Adaptive-exit thresholds (``key``, e.g. ``bench.adaptive_thresholds``) are finite
+    numbers ≥ 0; the schema's minimum lets nan and inf through."""
+    if any(not 0 <= x < float("inf") for x in thresholds):
+        raise ConfigError(f"{key} = {thresholds} needs finite numbers >= 0 (0 = never exit "
+                          "early), e.g. [0, 0.001, 0.01]")
+
+
+def check_exit_threshold(criterion: str, value: float, key: str) -> None:
+    """One adaptive-exit threshold of ``criterion`` (what ``key`` names in the message):
+    finite and >= 0; a whole loop count for argmax_stable; within [0, 1] for gate."""
+    if criterion not in EXIT_CRITERIA:
+        raise ConfigError(f"{key}: criterion {criterion!r} is not one of {list(EXIT_CRITERIA)}; "
+                          "pick one")
+    if not 0 <= value < float("inf"):  # also nan
+        raise ConfigError(f"{key} = {value} must be a finite number >= 0 (0 = never exit "
+                          "early), e.g. 0.01")
+    if criterion == "argmax_stable" and value != int(value):
+        raise ConfigError(f"{key} = {value}: argmax_stable takes a whole number n of loops the "
+                          "top token stays unchanged (0 = never exit), e.g. 2")
+    if criterion == "gate" and value > 1:
+        raise ConfigError(f"{key} = {value}: the gate threshold is a cumulative exit "
+                          "probability in [0, 1] (1 = never exit), e.g. 0.9")
+
+
+def adaptive_criteria(eval_cfg: Any) -> list[str]:
+    """The criteria the H_eff sweep compares: ``eval.adaptive_criteria``, or
+    ``[eval.adaptive_criterion]`` when that list is empty (configs before the list)."""
+    return list(dict.fromkeys(eval_cfg.adaptive_criteria)) or [eval_cfg.adaptive_criterion]
+
+
+def criterion_thresholds(eval_cfg: Any, criterion: str) -> list[float]:
+    """Thresholds of one criterion: ``eval.adaptive_criterion_thresholds[criterion]``, else
+    ``eval.adaptive_thresholds``."""
+    by = eval_cfg.adaptive_criterion_thresholds
+    return list(by[criterion]) if criterion in by else list(eval_cfg.adaptive_thresholds)
+
+
+def check_adaptive_exit(eval_cfg: Any, train: Any, model: Any) -> None:
+    """Thresholds of every criterion; the exit gate's objective and criterion need the gate;
+    expected_exit reads out every loop of one pass, so not with unrolled backprop."""
+    for x in eval_cfg.adaptive_thresholds:
+        check_exit_threshold("kl", x, "eval.adaptive_thresholds")
+    for name, values in eval_cfg.adaptive_criterion_thresholds.items():
+        for x in values:
+            check_exit_threshold(name, x, f"eval.adaptive_criterion_thresholds.{name}")
+    if train.objective == "expected_exit" and not model.exit_gate:
+        raise ConfigError("train.objective = expected_exit needs the learned exit gate; set "
+                          "model.exit_gate=true or pick another objective")
+    if train.objective == "expected_exit" and train.bptt.mode == "unrolled":
+        raise ConfigError("train.objective = expected_exit weighs every loop's readout in one "
+                          "pass; use train.bptt.mode full or truncated, not unrolled")
+    if (eval_cfg.adaptive_thresholds and "gate" in adaptive_criteria(eval_cfg)
+            and not model.exit_gate):
+        raise ConfigError("eval.adaptive_criteria lists gate, but model.exit_gate is false; set "
+                          "model.exit_gate=true or remove gate from the criteria")

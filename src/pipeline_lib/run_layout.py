@@ -16,6 +16,7 @@
         train/metrics.jsonl  train/spike_events.jsonl  train/rollback.json  tensorboard/
         train/resume/step_{step:07d}/          # a stopped segment job's resume point
         train/launch/step_{step:07d}.yaml      # config read by a multi-process job's workers
+        train/anchors/step_{step:07d}.tsv      # a long temporary chain's anchor (its benchmark)
         eval/heff/step_{step:07d}.json  eval/heff{,_adaptive}.{parquet,png}
         bench/step_{step:07d}.json  bench/tasks_step_{step:07d}/  bench/summary.parquet
         bench/accuracy_vs_heff.png
@@ -179,6 +180,12 @@ class RunLayout:
         read: in the run directory, which every node of a multi-node job sees (a node-local
         temporary directory would not be); removed when the job ends."""
         return self.train_dir / "launch" / f"{step_dir_name(step)}.yaml"
+
+    def anchor(self, step: int | str) -> Path:
+        """The anchor of the temporary segment ending at ``step``: a copy of its benchmark
+        record, a target that keeps Snakemake's resolution of long temporary chains short
+        (:func:`pipeline_lib.workflow.snapshots_policy.anchor_steps`)."""
+        return self.train_dir / "anchors" / f"{step_dir_name(step)}.tsv"
 
     @property
     def rollback_record(self) -> Path:

@@ -17,15 +17,22 @@ def test_bench_and_summarize_commands(snapshot_dir, tmp_path, capsys):
     store = tmp_path / "mlflow.db"
     rc = main(["bench", "--snapshot", str(snapshot_dir), "--out", str(out), "--h-eff", "1,2",
                "bench.tasks=[loopline_parity]", "bench.examples_per_level=2",
-               "bench.max_difficulty=2", f"tracking.uri=sqlite:///{store}", "--no-track"])
+               "bench.max_difficulty=2", "bench.adaptive_thresholds=[0]",
+               f"tracking.uri=sqlite:///{store}", "--no-track"])
     assert rc == 0
     assert not store.exists()  # a plain local run contacts no store
     report = json.loads(out.read_text())
     assert report["step"] == 7 and report["h_eff"] == [1, 2]
+    assert report["adaptive"] == ["adaptive:0:2"]  # MAX: the largest H_eff
+    never = report["tasks"]["loopline_parity"]["adaptive"]["adaptive:0:2"]
+    assert never["loops"]["mean"] == 2.0 and never["overall"]["acc"] == \
+        report["tasks"]["loopline_parity"]["h_eff"]["2"]["overall"]["acc"]
     assert list(report["tasks"]) == ["loopline_parity"]
     assert sorted(report["tasks"]["loopline_parity"]["h_eff"]["2"]["levels"]) == ["1", "2"]
     assert (tmp_path / "bench" / "tasks" / "loopline_parity.jsonl").is_file()  # default tasks dir
-    assert "loopline_parity (acc)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "loopline_parity (acc)" in printed
+    assert f"adaptive:0:2: {never['overall']['acc']:.3f} at 2.00 mean loops" in printed
     rc = main(["summarize-bench", "--inputs", str(out), "--out-parquet",
                str(tmp_path / "summary.parquet"), "--out-png", str(tmp_path / "acc.png"),
                "--no-track"])

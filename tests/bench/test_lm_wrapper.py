@@ -273,6 +273,30 @@ def test_adaptive_loglikelihood_reads_each_token_at_its_exit(random_model, token
     assert lm.mean_loops == {}
 
 
+def test_h_eff_names_the_gate_criterion_and_needs_a_gated_model(random_model, tokenizer):
+    from pipeline_lib.model.looped import LoopedLM
+
+    with pytest.raises(ConfigError, match="criterion gate needs a snapshot with the learned"):
+        make_lm(random_model, tokenizer, h_eff="adaptive:gate:0.5:4")
+    torch.manual_seed(2)
+    gated = LoopedLM(replace(tiny_model_config(), exit_gate=True, init_std=0.2)).eval()
+    with torch.no_grad():
+        gated.exit_gate.weight.normal_(std=2.0)
+    lm = make_lm(gated, tokenizer, h_eff="adaptive:gate:0.5:4")
+    assert lm.h_eff == "adaptive:gate:0.5:4" and lm.adaptive == (0.5, 4, "gate")
+    pairs = [("0123", "456"), ("a=7;b=a;print(b)=", "7")]
+    enc = lambda s: tokenizer.encode(s).ids  # noqa: E731
+    got = lm.loglikelihood([task_request("loglikelihood", p, "a") for p in pairs],
+                           disable_tqdm=True)
+    for (ctx, cont), (logprob, _) in zip(pairs, got, strict=True):
+        want, _ = adaptive_reference(gated, enc(ctx), enc(cont), 0.5, 4, "gate")
+        assert logprob == pytest.approx(want, abs=1e-5)
+    lm.h_eff = "adaptive:0.05:4"  # no criterion named: back to the model_args default
+    assert lm.adaptive == (0.05, 4, "kl")
+    with pytest.raises(ConfigError, match=r"\[0, 1\]"):
+        lm.h_eff = "adaptive:gate:1.5"
+
+
 def test_adaptive_ends_equal_fixed_depths(random_model, tokenizer):
     reqs = [ll_request("0123", "456"), ll_request("x" * 40 + "long context", " tail")]
     fixed = {h: make_lm(random_model, tokenizer, h_eff=h).loglikelihood(reqs, disable_tqdm=True)

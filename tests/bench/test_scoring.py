@@ -8,10 +8,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline_lib.bench.heatmap import _cell_label, _level_label
 from pipeline_lib.bench.scoring import (
     SUMMARY_COLUMNS,
-    _cell_label,
-    _level_label,
     add_paired_comparisons,
     bench_records,
     level_scores,

@@ -22,7 +22,8 @@ def model() -> LoopedLM:
     return LoopedLM(replace(tiny_model_config(), tie_embeddings=False, init_std=0.2)).eval()
 
 
-def old_scores(model: LoopedLM, windows, h_eff: int, pad: int) -> list[tuple[float, bool, int]]:
+def old_scores(model: LoopedLM, windows, h_eff: int, pad: int
+               ) -> list[tuple[float, bool, tuple[int, ...]]]:
     """The scoring code before issue 14, verbatim in substance: [B, L, V] log-probs on the
     CPU, each window's targets gathered there."""
     width = max(len(inputs) for inputs, _ in windows)
@@ -36,7 +37,8 @@ def old_scores(model: LoopedLM, windows, h_eff: int, pad: int) -> list[tuple[flo
         picked = logp[row, len(inputs) - n: len(inputs)]
         target = torch.tensor(targets, dtype=torch.long)
         total = picked.gather(1, target[:, None]).double().sum().item()
-        out.append((float(total), bool((picked.argmax(dim=-1) == target).all()), h_eff * n))
+        out.append((float(total), bool((picked.argmax(dim=-1) == target).all()),
+                    (h_eff,) * n))
     return out
 
 
@@ -72,7 +74,7 @@ def test_loglikelihood_through_the_lm_equals_the_old_path(model, tokenizer, batc
             windows.append(w)
             owner.append(r)
     order = sorted(range(len(windows)), key=lambda i: -len(windows[i][0]))  # the LM's batches
-    scores: dict[int, tuple[float, bool, int]] = {}
+    scores: dict[int, tuple[float, bool, tuple[int, ...]]] = {}
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         scores.update(zip(chunk, old_scores(model, [windows[i] for i in chunk], 2,
@@ -82,3 +84,19 @@ def test_loglikelihood_through_the_lm_equals_the_old_path(model, tokenizer, batc
         want[r] = (want[r][0] + scores[i][0], want[r][1] and scores[i][1])
     assert got == want
     assert len(windows) > len(pairs)  # the long continuation spans several windows
+
+
+def test_target_scores_return_each_targets_own_loops(model: LoopedLM) -> None:
+    """Under adaptive exit every target keeps its own exit loop (its position's, not the
+    window's sum): what the loops-used histograms count."""
+    width = max(len(i) for i, _ in WINDOWS)
+    ids = torch.zeros(len(WINDOWS), width, dtype=torch.long)
+    for b, (inputs, _) in enumerate(WINDOWS):
+        ids[b, : len(inputs)] = torch.tensor(inputs)
+    with torch.no_grad():
+        logits = model.logits_at(ids, 2)
+    loops = torch.arange(ids.numel()).reshape(ids.shape) % 5 + 1  # [B, L]
+    got = [used for _, _, used in target_scores(logits, loops, WINDOWS)]
+    want = [tuple(loops[b, len(inputs) - len(targets): len(inputs)].tolist())
+            for b, (inputs, targets) in enumerate(WINDOWS)]
+    assert got == want and len(set(want[0])) == 3

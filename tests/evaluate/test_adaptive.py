@@ -198,7 +198,11 @@ def test_spec_resolution_sorts_dedupes_and_defaults_max_loops():
 
 
 @pytest.mark.parametrize(("bad", "pattern"), [
-    (AdaptiveSpec((0.0, -0.5)), r"eval\.adaptive_thresholds .* need values >= 0"),
+    (AdaptiveSpec((0.0, -0.5)), r"eval\.adaptive_thresholds \(kl\) = -0\.5 must be a finite "
+                                r"number >= 0"),
+    (AdaptiveSpec((0.5, 1.5), "gate"), r"gate threshold is a cumulative exit probability in "
+                                       r"\[0, 1\]"),
+    (AdaptiveSpec((1.5,), "argmax_stable"), r"argmax_stable takes a whole number"),
     (AdaptiveSpec((float("nan"),)), r"eval\.adaptive_thresholds"),
     (AdaptiveSpec(()), r"eval\.adaptive_thresholds"),
     (AdaptiveSpec((0.1,), "margin"), r"eval\.adaptive_criterion = 'margin'"),
@@ -259,7 +263,7 @@ def test_summary_table_and_plot(tiny_run, tmp_path: Path):
              adaptive=AdaptiveSpec((0.0, 0.5), "entropy", 3))
     without = tmp_path / "b.json"
     doc = json.loads(with_section.read_text())
-    doc.pop("adaptive")
+    doc.pop("adaptive"), doc.pop("adaptive_by_criterion")  # a sweep without adaptive exit
     doc["step"] = 3
     without.write_text(json.dumps(doc))
     rows = summarize_adaptive([without, with_section], tmp_path / "t.parquet",

@@ -110,7 +110,9 @@ def test_sampling_is_seeded_and_top_p_cuts_the_tail(capsys, pattern):
     (["--h-eff", "0"], "error: --h-eff '0' is not a loop count; use --h-eff N with N >= 1"),
     (["--h-eff", "four"], "error: --h-eff 'four' is not a loop count"),
     (["--h-eff", "adaptive:x"], "error: --h-eff='adaptive:x': THRESHOLD must be a number"),
-    (["--adaptive", "-1"], "error: --adaptive '-1' is not THRESHOLD[:MAX]"),
+    (["--adaptive", "-1"], "error: --adaptive '-1' is not [CRITERION:]THRESHOLD[:MAX]"),
+    (["--adaptive", "gate:0.5"], "error: generate --adaptive-criterion: criterion gate needs a "
+                                 "snapshot with the learned exit gate"),
     (["--temperature", "-1"], "error: --temperature -1.0 must be a finite number >= 0"),
     (["--top-p", "0"], "error: --top-p 0.0 must lie in (0, 1]"),
     (["--max-new-tokens", "0"], "error: --max-new-tokens 0 and --batch-size 16 must be at least 1"),

@@ -28,6 +28,7 @@ CONFIGS = [
     {"d_model": 48, "n_heads": 6, "n_kv_heads": 2, "tie_embeddings": False},  # grouped-query
     {"n_kv_heads": 1, "moe_experts": 2, "moe_top_k": 1},  # multi-query
     {"n_kv_heads": 2},  # = n_heads: plain multi-head
+    {"exit_gate": True, "coda_layers": 0},  # the shared exit gate: d + 1
 ]
 
 

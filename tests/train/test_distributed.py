@@ -224,3 +224,18 @@ def test_frozen_parts_stay_fixed_under_fsdp(tmp_path: Path) -> None:
     for name, value in load_model_state(out).items():
         fixed = name.startswith(("coda.", "tok_emb.", "injection_scale"))
         assert torch.equal(value, initial[name]) == fixed, name
+
+
+def test_activation_checkpointing_under_fsdp_is_bit_identical(runs: dict[str, Path]) -> None:
+    """2 processes 2→6 with block checkpointing (FSDP2 all-gathers each block again for
+    its recomputation) against ``two_c``: the same losses, norms, MoE biases and weights."""
+    cfg = replace(CFG2, train=replace(CFG2.train, activation_checkpointing="block"))
+    out = runs["root"] / "ckpt"
+    run_training_job(cfg, runs["pack"], runs["start"], 6, snap(out, 6), out)
+    got, whole = by_step(out), by_step(runs["two_c"])
+    for step in STEPS:
+        for key in ("loss", "grad_norm", "aux_loss", "unroll_losses", "val_loss"):
+            assert got[step].get(key) == whole[step].get(key), (step, key)
+    a, b = load_snapshot(snap(out, 6)), load_snapshot(snap(runs["two_c"], 6))
+    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in b.model_state)
+    assert a.trainer_state["moe_biases"] == b.trainer_state["moe_biases"]

@@ -40,9 +40,16 @@ CURRICULA = ["train.loop_sampling.mode=uniform", "train.loop_sampling.min_loops=
 MUON = [*RICH, "train.optimizer=muon", "train.muon_lr=0.01", "train.freeze=[embeddings]"]
 
 
-@pytest.mark.parametrize("variant", ["plain", "rich", "curricula", "muon"])
+# the learned exit gate trained by the expected-exit objective, over sampled loop counts
+GATE = ["model.exit_gate=true", "train.objective=expected_exit", "train.exit_entropy_weight=0.05",
+        "train.loop_sampling.mode=uniform", "train.loop_sampling.max_loops=4",
+        "train.bptt.mode=truncated"]
+
+
+@pytest.mark.parametrize("variant", ["plain", "rich", "curricula", "muon", "gate"])
 def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant: str) -> None:
-    cfg = tiny_config(*{"plain": [], "rich": RICH, "curricula": CURRICULA, "muon": MUON}[variant])
+    cfg = tiny_config(*{"plain": [], "rich": RICH, "curricula": CURRICULA, "muon": MUON,
+                        "gate": GATE}[variant])
     one = run_segments(cfg, pack, tmp_path / "one", [6])
     three = run_segments(cfg, pack, tmp_path / "three", [2, 4, 6])
     assert (one / "model.safetensors").read_bytes() == (three / "model.safetensors").read_bytes()
@@ -50,6 +57,9 @@ def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant
         (three / "optimizer.safetensors").read_bytes()
     if variant == "muon":
         _check_muon_and_freeze(cfg, pack, one)
+    if variant == "gate":  # the gate is saved and trained
+        assert weights(one)["exit_gate.weight"].shape == (1, 32)
+        assert not torch.equal(weights(one)["exit_gate.bias"], torch.zeros(1))
     if variant == "rich":
         assert (one / "ema.safetensors").read_bytes() == (three / "ema.safetensors").read_bytes()
         state = weights(one)

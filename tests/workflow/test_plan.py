@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from pipeline_lib.config import load_config, to_dict
+from pipeline_lib.errors import ConfigError
 from pipeline_lib.workflow.plan import BYTE_VOCAB_SIZE, WorkflowPlan
 
 
@@ -32,6 +35,57 @@ def test_kept_and_temporary_snapshot_paths():
     assert plan.previous_snapshot(run, 40) == [plan.snapshot_path(run, 30)]
     with pytest.raises(ValueError):
         plan.snapshot_path(run, 35)
+    with pytest.raises(ConfigError, match="not a segment end"):
+        plan.previous_snapshot(run, 35)
+    assert plan.anchors(run) == []  # short temporary chains need none
+
+
+def test_long_temporary_chains_get_anchors_and_targets_come_in_step_order():
+    plan = _plan("train.total_steps=3000", "train.steps_per_segment=10", "snapshots.keep_last=1",
+                 "snapshots.keep_every=0", "experiment.results_dir=out")
+    run = plan.run_names[0]
+    assert plan.runs[run].kept_steps == [3000]
+    assert plan.runs[run].anchor_steps == [1000, 2000]  # every 100th temporary segment
+    assert plan.anchors(run) == [f"out/{run}/train/anchors/step_{s:07d}.tsv" for s in (1000, 2000)]
+    # anchors, then the final snapshot: Snakemake resolves each chain of 100 in turn
+    assert plan.run_targets(run)[:3] == [*plan.anchors(run), plan.snapshot_path(run, 3000)]
+    assert plan.snapshot_path(run, 1000).endswith("snapshots/transient/step_0001000")
+    mixed = _plan("train.total_steps=3000", "train.steps_per_segment=10", "snapshots.keep_last=1",
+                  "snapshots.keep_every=1500", "experiment.results_dir=out")
+    assert mixed.runs[run].anchor_steps == [1000, 2500]
+    assert mixed.segment_targets(run) == [
+        mixed.anchors(run)[0], mixed.snapshot_path(run, 1500), mixed.anchors(run)[1],
+        mixed.snapshot_path(run, 3000)]
+
+
+def test_snakemake_configfiles_merge_like_the_cli(tmp_path):
+    """``snakemake --configfile tiny.yaml my.yaml --config train={…}``: Snakemake's own
+    merge adds my.yaml's variants to tiny.yaml's; the plan has loopline's, the same as
+    ``python -m pipeline_lib pack --config tiny.yaml --config my.yaml train.…=…``."""
+    from snakemake.cli import parse_config
+    from snakemake.settings.types import ConfigSettings
+
+    from pipeline_lib.cli import build_parser
+    from pipeline_lib.commands._common import config_from_args
+    from pipeline_lib.workflow.plan import plan_for_snakemake
+
+    tiny = Path(__file__).resolve().parents[2] / "config" / "experiments" / "tiny.yaml"
+    mine = tmp_path / "my.yaml"
+    mine.write_text("train: {lr: 0.002, total_steps: 40}\n"
+                    "runs:\n  mine: {model: {loops: 3}}\n")
+    settings = ConfigSettings(configfiles=[tiny, mine],
+                              config=parse_config(["train={total_steps: 20}"]))
+    config = copy.deepcopy(settings.overwrite_config)  # what the Snakefile is given
+    assert set(config["runs"]) == {"loops1", "loops2", "mine"}
+    plan = plan_for_snakemake(config, settings.configfiles, settings.config)
+    args = build_parser().parse_args(["pack", "--config", str(tiny), "--config", str(mine),
+                                      "train.total_steps=20", "--out", str(tmp_path)])
+    assert to_dict(plan.config) == to_dict(config_from_args(args))
+    assert plan.run_names == ["mine"]
+    cfg = plan.runs["mine"].config
+    assert (cfg.model.loops, cfg.model.d_model, cfg.train.lr, cfg.train.total_steps) == \
+        (3, 32, 0.002, 20)  # the variant, tiny.yaml, my.yaml, --config (last)
+    assert config["runs"] == {"mine": {"model": {"loops": 3}}}  # the Snakefile's, in place
 
 
 def test_targets_and_inputs_come_from_the_run_layout():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from pipeline_lib.config import ModelConfig, SnapshotsConfig, TrainConfig
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.model.size import param_count
 from pipeline_lib.workflow.snapshots_policy import (
+    ANCHOR_SEGMENTS,
+    anchor_steps,
     kept_steps,
     previous_end,
     segment_ends,
@@ -59,6 +62,34 @@ def test_kept_steps_follow_the_policy():
     # the final one is kept even when keep_every does not divide it
     assert kept_steps(segment_ends(250, 100), SnapshotsConfig(keep_last=1, keep_every=100)) == \
         [100, 200, 250]
+
+
+def test_anchors_break_long_temporary_chains_only():
+    ends = segment_ends(100, 10)  # 10 segments
+    # kept: the final one; 9 temporary segments before it → an anchor every 4th
+    assert anchor_steps(ends, [100], every=4) == [40, 80]
+    # kept snapshots reset the count: 20 and 70 kept leave runs of 1, 4 and 3
+    assert anchor_steps(ends, [20, 70, 100], every=4) == [60]
+    assert anchor_steps(ends, kept_steps(ends, SnapshotsConfig(keep_every=30)), every=4) == []
+    assert anchor_steps(ends, [100]) == []  # far below the default spacing
+    with pytest.raises(ValueError, match="at least 1"):
+        anchor_steps(ends, [100], every=0)
+
+
+@pytest.mark.parametrize("keep_last, keep_every", [(1, 0), (3, 0), (1, 10), (2, 7770),
+                                                  (1, 149_990)])
+def test_no_target_is_more_than_the_anchor_spacing_behind_the_previous(keep_last, keep_every):
+    """The property planning relies on, for 5000 segments and any keep policy: between two
+    consecutive targets (kept or anchor, in step order) lie at most ANCHOR_SEGMENTS - 1
+    temporary segments, so Snakemake never resolves a chain longer than ANCHOR_SEGMENTS."""
+    ends = segment_ends(50_000, 10)
+    kept = kept_steps(ends, SnapshotsConfig(keep_last=keep_last, keep_every=keep_every))
+    anchors = anchor_steps(ends, kept)
+    assert not set(anchors) & set(kept)
+    position = {step: i for i, step in enumerate(ends)}
+    at = [-1] + [position[step] for step in sorted({*kept, *anchors})]  # -1: before the first
+    assert max(b - a for a, b in itertools.pairwise(at)) <= ANCHOR_SEGMENTS
+    assert at[-1] == len(ends) - 1
 
 
 def test_previous_end_and_names():

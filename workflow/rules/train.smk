@@ -33,7 +33,7 @@ rule train_segment:
     output:
         snapshot=directory(RUN.snapshot(STEP)),
     params:
-        run=lambda wc: wc.run,
+        run="{run}",  # a string, not a function: Snakemake fills in the wildcard cheaply
         run_dir=lambda wc: PLAN.run_dir(wc.run),
         signature=lambda wc: PLAN.train_signature(wc.run),
     log:
@@ -59,6 +59,27 @@ use rule train_segment as train_segment_temp with:
         RUN.log("train_segment", STEP, kept=False),
     benchmark:
         RUN.benchmark("train_segment", STEP, kept=False)
+
+
+# Every 100th segment of a long run of temporary ones gets an anchor, a target of rule all:
+# a copy of the segment's benchmark record (not its snapshot, which goes as before). Targets
+# are resolved in step order, so each chain Snakemake follows ends at the previous anchor or
+# kept snapshot: planning stays linear in the segments, with no recursion limit.
+localrules:
+    segment_anchor,
+
+
+rule segment_anchor:
+    input:
+        record=RUN.benchmark("train_segment", STEP, kept=False),
+    output:
+        anchor=RUN.anchor(STEP),
+    log:
+        RUN.log("segment_anchor", STEP),
+    conda:
+        "../../envs/train.yaml"  # only cp; the env the segments already use
+    shell:
+        "cp {input.record:q} {output.anchor:q} 2> {log:q}"
 
 
 rule snapshot_index:

@@ -8,7 +8,9 @@ Importing this package registers the ``loopline`` model with lm-eval (``--model 
 - :mod:`.loading`: snapshot → model, config and tokenizer.
 - :mod:`.tasks`: built-in ``loopline_*`` task files (YAML + JSONL) from the reasoning generators.
 - :mod:`.runner`: ``run_benchmarks`` (every task at every H_eff → one JSON per snapshot).
-- :mod:`.scoring`: per-level scores, ``summarize_bench`` (parquet + heatmap figure).
+- :mod:`.scoring`: per-level scores, ``summarize_bench`` (parquet + the :mod:`.heatmap`
+  figure), the stage's MLflow metrics.
+- :mod:`.loops_used`: loops used per token under adaptive exit, per task, document and level.
 """
 
 from __future__ import annotations

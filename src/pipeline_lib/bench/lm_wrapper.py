@@ -8,13 +8,16 @@ Every score is read out after ``h_eff`` loops of the core block (any count ≥ 1
 the training loop count), so one loaded model serves a whole H_eff sweep: set
 :attr:`LooplineLM.h_eff` between ``simple_evaluate`` calls.
 
-``h_eff=adaptive:THRESHOLD[:MAX]`` reads every token out at its own adaptive exit instead
-(:mod:`pipeline_lib.evaluate.adaptive`): the first loop whose next-token distribution
+``h_eff=adaptive:[CRITERION:]THRESHOLD[:MAX]`` (e.g. ``adaptive:gate:0.9``: the learned
+exit gate; any criterion of :mod:`pipeline_lib.evaluate.exit_criteria`) reads every token
+out at its own adaptive exit instead (:mod:`pipeline_lib.evaluate.adaptive`): the first loop whose next-token distribution
 differs from the previous loop's by a KL divergence below THRESHOLD (or, with
 ``adaptive_criterion=entropy``, whose entropy is below it), at most MAX loops (default: the
 training loop count). Scoring and generation both use it; the loops used (the exit loop of
-every scored or generated token) are averaged per task in :attr:`LooplineLM.mean_loops`,
-which lm-eval also writes into its results (``config.mean_loops``).
+every scored or generated token) are counted per task and document in
+:attr:`LooplineLM.loops_used` (:mod:`.loops_used`) and averaged per task in
+:attr:`LooplineLM.mean_loops`, which lm-eval also writes into its results
+(``config.mean_loops``).
 
 - ``loglikelihood``: exact log-probability of the continuation tokens given the context,
   and whether greedy decoding would produce them. Contexts longer than the model's
@@ -45,6 +48,7 @@ from tqdm import tqdm
 from ..errors import ConfigError
 from ..model.generate import CachedNextIds, greedy_decode, padded_rows
 from .lm_requests import Window, cut_at_stops, generation_settings, score_windows
+from .loops_used import DocKey, LoopsUsed
 from .model_args import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_GEN_TOKS,
@@ -62,6 +66,12 @@ from .model_args import (
 from .target_scores import target_scores
 
 log = logging.getLogger(__name__)
+
+
+def _doc_key(request: Any) -> DocKey:
+    """(task name, doc_id) of an lm-eval ``Instance``; None for what a bare request lacks."""
+    return getattr(request, "task_name", None), getattr(request, "doc_id", None)
+
 
 @register_model("loopline")
 class LooplineLM(TemplateLM):
@@ -97,7 +107,7 @@ class LooplineLM(TemplateLM):
         if adaptive_criterion not in CRITERIA:
             raise ConfigError(f"loopline model_args adaptive_criterion={adaptive_criterion!r} "
                               f"is not one of {list(CRITERIA)}; pick one")
-        self.adaptive_criterion = adaptive_criterion
+        self.adaptive_criterion = self._default_criterion = adaptive_criterion
         requested_h_eff = None if h_eff is None else check_h_eff(h_eff)  # fail before loading
         self._device = model_device(device)
         self._precision = precision_arg(precision, self._device)
@@ -121,8 +131,8 @@ class LooplineLM(TemplateLM):
         self.model = model.to(self._device).eval()
         self._default_loops = default_h_eff
         self._adaptive: tuple[float, int] | None = None
-        self._loops: dict[str, list[int]] = {}  # task → [Σ loops used, tokens]
-        self._request_tasks: list[str | None] | None = None
+        self.loops_used = LoopsUsed()  # (task, doc_id) → tokens per loops used
+        self._request_keys: list[DocKey] | None = None
         self.h_eff = default_h_eff if requested_h_eff is None else requested_h_eff
         from ..data.tokenizer import eos_id
 
@@ -170,7 +180,9 @@ class LooplineLM(TemplateLM):
     def h_eff(self) -> int | str:
         """Loop count at which every score is read out, or ``adaptive:THRESHOLD:MAX``."""
         if self._adaptive is not None:
-            return f"adaptive:{self._adaptive[0]:g}:{self._adaptive[1]}"
+            named = ("" if self.adaptive_criterion == self._default_criterion
+                     else f"{self.adaptive_criterion}:")
+            return f"adaptive:{named}{self._adaptive[0]:g}:{self._adaptive[1]}"
         return self._h_eff
 
     @h_eff.setter
@@ -178,7 +190,11 @@ class LooplineLM(TemplateLM):
         if value is None:
             raise ConfigError("loopline model_args need h_eff=N (test-time loops, N >= 1)")
         if is_adaptive(value):
-            threshold, max_loops = parse_adaptive_h_eff(value)
+            criterion, threshold, max_loops = parse_adaptive_h_eff(value, self._default_criterion)
+            from ..evaluate.exit_criteria import check_model_criterion
+
+            check_model_criterion(self.model, criterion, "loopline model_args h_eff")
+            self.adaptive_criterion = criterion
             max_loops = max_loops or self._default_loops
             if max_loops is None:
                 raise ConfigError(f"loopline model_args h_eff={value!r}: this model has no "
@@ -199,15 +215,10 @@ class LooplineLM(TemplateLM):
     def mean_loops(self) -> dict[str, float]:
         """Mean loops used per scored or generated token, per task (since the last
         :meth:`reset_loop_stats`); requests without a task name count as ``unknown``."""
-        return {task: total / n for task, (total, n) in sorted(self._loops.items()) if n}
+        return self.loops_used.mean_per_task()
 
     def reset_loop_stats(self) -> None:
-        self._loops.clear()
-
-    def _count_loops(self, task: str | None, loops: int, tokens: int) -> None:
-        entry = self._loops.setdefault(task or "unknown", [0, 0])
-        entry[0] += loops
-        entry[1] += tokens
+        self.loops_used.clear()
 
     @property
     def eot_token_id(self) -> int:
@@ -257,11 +268,11 @@ class LooplineLM(TemplateLM):
         return logits, loops, lengths
 
     def _score_windows(self, windows: list[Window], desc: str, disable_tqdm: bool
-                       ) -> list[tuple[float, bool, int]]:
-        """(sum of target log-probs, all targets greedy, Σ loops used) per window, batched
-        by length."""
+                       ) -> list[tuple[float, bool, tuple[int, ...]]]:
+        """(sum of target log-probs, all targets greedy, loops used per target) per window,
+        batched by length."""
         order = sorted(range(len(windows)), key=lambda i: -len(windows[i][0]))
-        out: list[tuple[float, bool, int]] = [(0.0, True, 0)] * len(windows)
+        out: list[tuple[float, bool, tuple[int, ...]]] = [(0.0, True, ())] * len(windows)
         bar = tqdm(total=len(windows), desc=desc, disable=disable_tqdm)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
@@ -285,12 +296,12 @@ class LooplineLM(TemplateLM):
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False
                       ) -> list[tuple[float, bool]]:
         """lm-eval's tokenisation, then :meth:`_loglikelihood_tokens`; the requests' task
-        names are kept (in order) to count loops used per task."""
-        self._request_tasks = [getattr(r, "task_name", None) for r in requests]
+        names and doc ids are kept (in order) to count loops used per task and document."""
+        self._request_keys = [_doc_key(r) for r in requests]
         try:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         finally:
-            self._request_tasks = None
+            self._request_keys = None
 
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                               disable_tqdm: bool = False, **kwargs: Any
@@ -302,13 +313,13 @@ class LooplineLM(TemplateLM):
                 windows.append(window)
                 owner.append(r)
         scored = self._score_windows(windows, f"loglikelihood h_eff={self.h_eff}", disable_tqdm)
-        tasks = self._request_tasks
-        if tasks is None or len(tasks) != len(requests):
-            tasks = [None] * len(requests)
+        keys = self._request_keys
+        if keys is None or len(keys) != len(requests):
+            keys = [(None, None)] * len(requests)
         results = [(0.0, True)] * len(requests)
-        for (_, targets), r, (logprob, greedy, used) in zip(windows, owner, scored, strict=True):
+        for r, (logprob, greedy, used) in zip(owner, scored, strict=True):
             results[r] = (results[r][0] + logprob, results[r][1] and greedy)
-            self._count_loops(tasks[r], used, len(targets))
+            self.loops_used.add(*keys[r], used)
         for (pair, _, _), result in zip(requests, results, strict=True):
             if pair is not None:
                 self.cache_hook.add_partial("loglikelihood", pair, result)
@@ -325,9 +336,9 @@ class LooplineLM(TemplateLM):
                 owner.append(r)
         scored = self._score_windows(windows, f"rolling h_eff={self.h_eff}", disable_tqdm)
         totals = [0.0] * len(requests)
-        for (_, targets), r, (logprob, _, used) in zip(windows, owner, scored, strict=True):
+        for r, (logprob, _, used) in zip(owner, scored, strict=True):
             totals[r] += logprob
-            self._count_loops(getattr(requests[r], "task_name", None), used, len(targets))
+            self.loops_used.add(*_doc_key(requests[r]), used)
         for request, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
         return totals
@@ -347,9 +358,9 @@ class LooplineLM(TemplateLM):
         bar = tqdm(total=len(requests), desc=f"generate h_eff={self.h_eff}", disable=disable_tqdm)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
-            tasks = [getattr(requests[i], "task_name", None) for i in chunk]
+            keys = [_doc_key(requests[i]) for i in chunk]
             for i, text in zip(chunk, self._generate_batch([prompts[i] for i in chunk],
-                                                           [settings[i] for i in chunk], tasks),
+                                                           [settings[i] for i in chunk], keys),
                                strict=True):
                 outputs[i] = text
                 self.cache_hook.add_partial("generate_until", requests[i].args, text)
@@ -358,11 +369,11 @@ class LooplineLM(TemplateLM):
         return outputs
 
     def _generate_batch(self, prompts: list[list[int]], settings: list[tuple[list[str], int]],
-                        tasks: list[str | None] | None = None) -> list[str]:
+                        keys: list[DocKey] | None = None) -> list[str]:
         """Greedy continuations of ``prompts``; each row stops on its own. A fixed h_eff
         decodes with the KV cache; adaptive exit recomputes each window. Every generated
-        token (the final EOS included) counts its loops used for its task."""
-        tasks = tasks or [None] * len(prompts)
+        token (the final EOS included) counts its loops used for its (task, doc_id)."""
+        keys = keys or [(None, None)] * len(prompts)
         texts = [""] * len(prompts)
         budgets = [max_gen for _, max_gen in settings]
         cached = CachedNextIds(self.model, self._h_eff, pad_id=self._eos, device=self._device,
@@ -371,12 +382,12 @@ class LooplineLM(TemplateLM):
         def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
             if self._adaptive is None:
                 for i in active:
-                    self._count_loops(tasks[i], self._h_eff, 1)
+                    self.loops_used.add(*keys[i], (self._h_eff,))
                 return cached(active, rows)
             logits, loops, lengths = self._forward(rows)
             last = (torch.arange(len(rows), device=lengths.device), lengths - 1)
             for i, used in zip(active, loops[last].tolist(), strict=True):
-                self._count_loops(tasks[i], used, 1)
+                self.loops_used.add(*keys[i], (used,))
             return logits[last].float().argmax(dim=-1).tolist()
 
         def stopped(i: int, new_ids: list[int]) -> bool:

@@ -54,12 +54,13 @@ def is_adaptive(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower().startswith("adaptive")
 
 
-def parse_adaptive_h_eff(value: str) -> tuple[float, int | None]:
-    """(threshold, max loops or None) of ``h_eff=adaptive:THRESHOLD[:MAX]``."""
-    from ..evaluate.adaptive import parse_adaptive
+def parse_adaptive_h_eff(value: str, criterion: str = "kl") -> tuple[str, float, int | None]:
+    """(criterion, threshold, max loops or None) of ``h_eff=adaptive:[CRITERION:]T[:MAX]``
+    (``criterion`` when the value names none)."""
+    from ..evaluate.exit_criteria import parse_adaptive_spec
 
     try:
-        return parse_adaptive(value.strip(), "h_eff")
+        return parse_adaptive_spec(value.strip(), "h_eff", criterion)
     except ConfigError as exc:
         raise ConfigError(f"loopline model_args {exc}") from None
 

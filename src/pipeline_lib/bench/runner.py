@@ -1,11 +1,13 @@
 """Run the downstream benchmarks of one snapshot at every H_eff and write its JSON.
 
 One model is loaded and every task is scored through ``lm_eval.simple_evaluate`` once per
-H_eff (the wrapper's ``h_eff`` is switched between calls). Built-in ``loopline_*`` tasks are
-written first (YAML + JSONL) and scored per difficulty level from lm-eval's per-sample logs;
-the user's tasks (``bench.include_path``, mirrored with absolute data paths by
-:mod:`.user_tasks`) and installed lm-eval tasks are scored overall, and per level too when
-their documents carry ``bench.level_field``.
+H_eff (the wrapper's ``h_eff`` is switched between calls), then once per adaptive-exit
+threshold (``bench.adaptive_thresholds``: ``h_eff=adaptive:THRESHOLD:MAX``), whose scores
+go to each task's ``adaptive`` section with the loops used (:mod:`.loops_used`). Built-in
+``loopline_*`` tasks are written first (YAML + JSONL) and scored per difficulty level from
+lm-eval's per-sample logs; the user's tasks (``bench.include_path``, mirrored with absolute
+data paths by :mod:`.user_tasks`) and installed lm-eval tasks are scored overall, and per
+level too when their documents carry ``bench.level_field``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from ..config import BenchConfig
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
 from ..task_catalog import check_bench_tasks
+from .loops_used import loops_summary
+from .model_args import is_adaptive
 from .scoring import (
     add_paired_comparisons,
     chance_level,
@@ -68,9 +72,33 @@ def _has_levels(results: Any, task: str, level_field: str) -> bool:
     return any(s["doc"].get(level_field) is not None for s in results["samples"].get(task, []))
 
 
+def _scores_of(info: dict[str, Any], results: Any, name: str, level_field: str
+               ) -> dict[str, Any]:
+    """One task's scores in ``results`` (one setting); fills the task's metric, levels,
+    chance and output type in ``info`` the first time."""
+    if not info["builtin"] and "levelled" not in info:
+        info["levelled"] = _has_levels(results, name, level_field)
+        info["metric"] = per_sample_metric(results, name)
+        info["levelled"] = info["levelled"] and info["metric"] is not None
+    levels = info["builtin"] or info["levelled"]
+    field = "level" if info["builtin"] else level_field
+    scores = task_scores(results, name, info["metric"] if levels else None, field,
+                         sample_metric=info["metric"])
+    if levels and "chance" not in info:
+        info["chance"] = chance_level(results["samples"][name])
+        info["n"] = len(results["samples"][name])
+        info["sample_levels"] = sample_levels(results["samples"][name], field)
+    if info["output_type"] is None:
+        info["output_type"] = results["configs"].get(name, {}).get("output_type")
+    return scores
+
+
 def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[int],
-                limit: int = 0, level_field: str = "level") -> dict[str, Any]:
-    """Scores of ``lm`` on ``tasks`` at each H_eff: the ``tasks`` part of the bench JSON.
+                limit: int = 0, level_field: str = "level", adaptive: Sequence[str] = ()
+                ) -> dict[str, Any]:
+    """Scores of ``lm`` on ``tasks`` at each H_eff, and at each ``adaptive:T:MAX`` of
+    ``adaptive`` (each task's ``adaptive`` section, keyed by the canonical ``lm.h_eff``,
+    with the loops used per task and level): the ``tasks`` part of the bench JSON.
 
     Built-in tasks are broken down by their ``level``; any other task by ``level_field`` when
     its documents carry it, scored by :func:`.scoring.per_sample_metric` (its ``metric``)."""
@@ -82,8 +110,10 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
         out[name] = {"builtin": builtin, "metric": builtin_metric(name) if builtin else None,
                      "output_type": BUILTIN_TASKS[name].output_type if builtin else None,
                      "h_eff": {}}
-    for h in h_effs:
-        lm.h_eff = h
+    for setting in [*h_effs, *adaptive]:
+        lm.h_eff = setting
+        lm.reset_loop_stats()
+        section, key = ("adaptive" if is_adaptive(setting) else "h_eff"), str(lm.h_eff)
         started = time.perf_counter()
         results = lm_eval.simple_evaluate(
             model=lm, tasks=list(tasks), task_manager=manager, limit=limit or None,
@@ -91,22 +121,13 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
         assert results is not None, "single-process evaluation always returns results"
         for name in tasks:
             info = out[name]
-            if not info["builtin"] and "levelled" not in info:
-                info["levelled"] = _has_levels(results, name, level_field)
-                info["metric"] = per_sample_metric(results, name)
-                info["levelled"] = info["levelled"] and info["metric"] is not None
-            levels = info["builtin"] or info["levelled"]
-            field = "level" if info["builtin"] else level_field
-            info["h_eff"][str(h)] = task_scores(results, name, info["metric"] if levels else None,
-                                                field, sample_metric=info["metric"])
-            if levels and "chance" not in info:
-                info["chance"] = chance_level(results["samples"][name])
-                info["n"] = len(results["samples"][name])
-                info["sample_levels"] = sample_levels(results["samples"][name], field)
-            if info["output_type"] is None:
-                info["output_type"] = results["configs"].get(name, {}).get("output_type")
-        log.info("bench h_eff=%d: %s (%.1f s)", h, {
-            n: out[n]["h_eff"][str(h)]["overall"].get(out[n]["metric"] or "", None)
+            scores = _scores_of(info, results, name, level_field)
+            if section == "adaptive":
+                scores["loops"] = loops_summary(lm.loops_used.documents(name), lm.adaptive[1],
+                                                info.get("sample_levels"))
+            info.setdefault(section, {})[key] = scores
+        log.info("bench h_eff=%s: %s (%.1f s)", key, {
+            n: out[n][section][key]["overall"].get(out[n]["metric"] or "", None)
             for n in tasks}, time.perf_counter() - started)
     for info in out.values():  # H_eff against H_eff, on the same examples
         add_paired_comparisons(info)
@@ -123,6 +144,13 @@ def _check_outputs(tasks_dir: Path, out_json: Path | None) -> None:
     if problem:
         raise ConfigError(f"cannot write the task files to {tasks_dir}: {problem}; pass "
                           "--tasks-dir a directory (default: tasks/ beside --out)")
+
+
+def adaptive_settings(bench: BenchConfig, h_effs: Sequence[int]) -> list[str]:
+    """``adaptive:THRESHOLD:MAX`` of every distinct ``bench.adaptive_thresholds`` value, in
+    increasing order; MAX is ``bench.adaptive_max_loops``, or the largest H_eff when 0."""
+    max_loops = bench.adaptive_max_loops or max(h_effs)
+    return [f"adaptive:{t:g}:{max_loops}" for t in sorted(set(bench.adaptive_thresholds))]
 
 
 def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_json: Path | None,
@@ -144,10 +172,12 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
     user = (prepare_user_tasks(bench.include_path, Path(tasks_dir) / USER_TASKS_DIR)
             if bench.include_path else None)
     manager = task_manager_for(tasks, Path(tasks_dir), user.names if user else ())
+    adaptive = adaptive_settings(bench, h_effs)
     lm = LooplineLM(snapshot=str(snapshot_dir), h_eff=h_effs[0], batch_size=bench.batch_size,
-                    max_gen_toks=bench.max_gen_toks, device=device, precision=precision)
+                    max_gen_toks=bench.max_gen_toks, device=device, precision=precision,
+                    adaptive_criterion=bench.adaptive_criterion)
     started = time.perf_counter()
-    scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field)
+    scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field, adaptive)
     import lm_eval
 
     report = {
@@ -159,11 +189,16 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
         "bench": {"seed": bench.seed, "examples_per_level": bench.examples_per_level,
                   "min_difficulty": bench.min_difficulty, "max_difficulty": bench.max_difficulty,
                   "limit": bench.limit, "max_gen_toks": bench.max_gen_toks,
-                  "include_path": bench.include_path, "level_field": bench.level_field},
+                  "include_path": bench.include_path, "level_field": bench.level_field,
+                  "adaptive_thresholds": list(bench.adaptive_thresholds),
+                  "adaptive_criterion": bench.adaptive_criterion,
+                  "adaptive_max_loops": bench.adaptive_max_loops},
         "lm_eval_version": getattr(lm_eval, "__version__", None),
         "seconds": round(time.perf_counter() - started, 3),
         "tasks": scores,
     }
+    if adaptive:
+        report["adaptive"] = adaptive
     if out_json is not None:
         out_json = Path(out_json)
         out_json.parent.mkdir(parents=True, exist_ok=True)

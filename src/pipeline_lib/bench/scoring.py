@@ -13,7 +13,14 @@ One benchmark JSON per snapshot (written by :func:`pipeline_lib.bench.runner.run
                                                             ...},
                                                  "per_sample": {"0": 1.0, "1": 0.0, ...}}},
                                  "sample_levels": {"0": 1, "1": 1, ...},
-                                 "paired_baseline": 1, "paired": [...]}}}
+                                 "paired_baseline": 1, "paired": [...],
+                                 "adaptive": {"adaptive:0.01:8": {"overall": ..., "levels": ...,
+                                                                  "per_sample": ...,
+                                                                  "loops": {...}}}}}}
+
+``adaptive`` (only with ``bench.adaptive_thresholds``) holds the same scores under each
+adaptive exit, with ``loops``: the mean loops used and their histogram for the whole task and
+per level (:func:`.loops_used.loops_summary`).
 
 ``per_sample`` keeps every example's score by lm-eval ``doc_id`` so that H_eff values are
 compared on the same examples (``paired``: see :mod:`.intervals`); ``ci_low``/``ci_high`` are
@@ -22,7 +29,10 @@ compared on the same examples (``paired``: see :mod:`.intervals`); ``ci_low``/``
 :func:`summarize_bench` turns several of them into one long table
 (:data:`SUMMARY_COLUMNS`; ``level`` is null for whole-task metrics; ``n``/``ci_*`` on the rows
 of the per-sample metric; ``diff_vs_h1``/``diff_lo``/``diff_hi``/``p_mcnemar``: the paired
-difference against the baseline H_eff) and the figure: an accuracy heatmap (difficulty ×
+difference against the baseline H_eff; ``adaptive``/``mean_loops``/``loops_hist``: the
+adaptive exit of the row, its mean loops used and histogram as JSON ``{"loops": tokens}``,
+all null on fixed-H_eff rows, whose ``h_eff`` is the depth; an adaptive row's ``h_eff`` is
+its MAX) and the figure: an accuracy heatmap (difficulty ×
 H_eff) per levelled task, each cell with its interval, where a depth effect shows as accuracy
 rising from left to right (or does not).
 """
@@ -33,17 +43,19 @@ import json
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from .heatmap import plot_bench
 from .intervals import find_comparison, interval_fields, paired_comparisons
 
 log = logging.getLogger(__name__)
 
 SUMMARY_COLUMNS = ("step", "task", "h_eff", "level", "metric", "value", "n", "ci_low",
-                   "ci_high", "diff_vs_h1", "diff_lo", "diff_hi", "p_mcnemar")
+                   "ci_high", "diff_vs_h1", "diff_lo", "diff_hi", "p_mcnemar", "adaptive",
+                   "mean_loops", "loops_hist")
 _INTERVAL_KEYS = ("n", "ci_low", "ci_high")
 
 
@@ -172,31 +184,72 @@ def task_scores(results: Mapping[str, Any], task: str, metric: str | None,
 # --------------------------------------------------------------------------- summary
 
 
+def task_settings(info: Mapping[str, Any]) -> Iterator[tuple[int, str | None, Mapping[str, Any]]]:
+    """(h_eff, adaptive label or None, scores) of every depth setting of one task: each
+    fixed H_eff, then each adaptive exit (its h_eff: the most loops a token may use)."""
+    for h_eff, scores in info["h_eff"].items():
+        yield int(h_eff), None, scores
+    for label, scores in (info.get("adaptive") or {}).items():
+        yield int(scores["loops"]["max_loops"]), label, scores
+
+
+def _loops_cells(label: str | None, loops: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``adaptive``/``mean_loops``/``loops_hist`` of a row: null for a fixed H_eff."""
+    if label is None or loops is None:
+        return {"adaptive": label, "mean_loops": None, "loops_hist": None}
+    return {"adaptive": label, "mean_loops": loops["mean"],
+            "loops_hist": json.dumps(loops["hist"])}
+
+
 def bench_records(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One benchmark JSON as long-table rows (see :data:`SUMMARY_COLUMNS`)."""
     rows: list[dict[str, Any]] = []
     step = report.get("step")
     for task, info in report["tasks"].items():
-        for h_eff, scores in info["h_eff"].items():
+        for h, label, scores in task_settings(info):
             cis = scores.get("overall_ci", {})
+            loops = scores.get("loops")
             for metric, value in scores["overall"].items():
                 rows.append({"step": step, "task": task, **_summary_cells(
-                    info, int(h_eff), None, metric, value, cis.get(metric))})
+                    info, h, None, metric, value, cis.get(metric), label is None),
+                    **_loops_cells(label, loops)})
             for level, per_level in scores.get("levels", {}).items():
+                level_loops = (loops or {}).get("levels", {}).get(level)
                 for metric, value in per_level.items():
                     if metric not in _INTERVAL_KEYS:
                         rows.append({"step": step, "task": task, **_summary_cells(
-                            info, int(h_eff), int(level), metric, value, per_level)})
+                            info, h, int(level), metric, value, per_level, label is None),
+                            **_loops_cells(label, level_loops)})
     return rows
 
 
+def bench_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    """MLflow metrics of one benchmark JSON (the bench stage's child run): every row of
+    :func:`bench_records` as ``bench/{task}/{metric}_h{h}`` (fixed H_eff) or
+    ``bench/{task}/{metric}_{adaptive}`` (adaptive exit), ``_k{level}`` appended per level;
+    per adaptive exit also ``bench/{task}/mean_loops_{adaptive}`` (and per level) and the
+    whole task's histogram ``bench/{task}/loops_hist_{adaptive}/{loops}`` (tokens)."""
+    metrics: dict[str, float] = {}
+    for row in bench_records(report):
+        level = "" if row["level"] is None else f"_k{row['level']}"
+        depth = f"_h{row['h_eff']}" if row["adaptive"] is None else f"_{row['adaptive']}"
+        metrics[f"bench/{row['task']}/{row['metric']}{depth}{level}"] = row["value"]
+        if row["mean_loops"] is not None:
+            metrics[f"bench/{row['task']}/mean_loops{depth}{level}"] = row["mean_loops"]
+    for task, info in report["tasks"].items():
+        for label, scores in (info.get("adaptive") or {}).items():
+            for loops, tokens in scores["loops"]["hist"].items():
+                metrics[f"bench/{task}/loops_hist_{label}/{loops}"] = float(tokens)
+    return metrics
+
+
 def _summary_cells(info: Mapping[str, Any], h: int, level: int | None, metric: str, value: float,
-                   interval: Mapping[str, Any] | None) -> dict[str, Any]:
+                   interval: Mapping[str, Any] | None, paired: bool = True) -> dict[str, Any]:
     """One table row past (step, task): the score, its interval and (for the per-sample
-    metric) the paired difference against the baseline H_eff."""
+    metric of a fixed H_eff, ``paired``) the paired difference against the baseline H_eff."""
     base = info.get("paired_baseline")
     diff = None
-    if interval is not None and base is not None and h != base:
+    if paired and interval is not None and base is not None and h != base:
         diff = find_comparison(info.get("paired", []), h, base, level)
     diff = diff or {}
     return {"h_eff": h, "level": level, "metric": metric, "value": float(value),
@@ -241,6 +294,9 @@ def summarize_bench(jsons: list[Path], out_parquet: Path, out_png: Path) -> list
         "n": pa.array([r["n"] for r in rows], pa.int64()),
         **{c: pa.array([r[c] for r in rows], pa.float64())
            for c in ("ci_low", "ci_high", "diff_vs_h1", "diff_lo", "diff_hi", "p_mcnemar")},
+        "adaptive": pa.array([r["adaptive"] for r in rows], pa.string()),
+        "mean_loops": pa.array([r["mean_loops"] for r in rows], pa.float64()),
+        "loops_hist": pa.array([r["loops_hist"] for r in rows], pa.string()),
     })
     Path(out_parquet).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_parquet)
@@ -248,135 +304,3 @@ def summarize_bench(jsons: list[Path], out_parquet: Path, out_png: Path) -> list
     log.info("bench summary: %d rows from %d reports → %s, %s", len(rows), len(reports),
              out_parquet, out_png)
     return rows
-
-
-def _heatmap_grid(info: Mapping[str, Any]) -> tuple[list[int], list[int], list[list[float]]]:
-    """(levels, h_effs, acc[level][h_eff]) of one task; NaN where a cell is missing."""
-    metric = info["metric"]
-    h_effs = sorted(int(h) for h in info["h_eff"])
-    levels = sorted({int(lv) for s in info["h_eff"].values() for lv in s.get("levels", {})})
-    grid = [[info["h_eff"][str(h)].get("levels", {}).get(str(lv), {}).get(metric, math.nan)
-             for h in h_effs] for lv in levels]
-    return levels, h_effs, grid
-
-
-def _cell_label(info: Mapping[str, Any], h: int, level: int) -> str:
-    """``"0.62\n[0.55,0.68]"``: a heatmap cell's score and its 95% interval (when known)."""
-    cell = info["h_eff"][str(h)].get("levels", {}).get(str(level), {})
-    text = f"{cell[info['metric']]:.2f}"
-    if cell.get("ci_low") is not None and math.isfinite(cell["ci_low"]):
-        text += f"\n[{cell['ci_low']:.2f},{cell['ci_high']:.2f}]"
-    return text
-
-
-def _level_label(info: Mapping[str, Any], level: int) -> str:
-    """Heatmap row label: the level and its number of examples (``3 (n=200)``)."""
-    ns = {s.get("levels", {}).get(str(level), {}).get("n") for s in info["h_eff"].values()}
-    ns.discard(None)
-    return f"{level} (n={'/'.join(str(n) for n in sorted(ns))})" if ns else str(level)
-
-
-def _plot_heatmap(ax: Any, task: str, latest: Mapping[str, Any], first_col: bool) -> Any:
-    """One task's accuracy heatmap (difficulty × H_eff) at the latest step; returns the image."""
-    import numpy as np
-
-    info = latest["tasks"][task]
-    train_max = latest.get("train_max_difficulty")
-    levels, h_effs, grid = _heatmap_grid(info)
-    data = np.array(grid, dtype=float)
-    image = ax.imshow(data, vmin=0.0, vmax=1.0, cmap="viridis", origin="lower", aspect="auto")
-    for i in range(len(levels)):
-        for j in range(len(h_effs)):
-            if np.isfinite(data[i, j]):
-                ax.text(j, i, _cell_label(info, h_effs[j], levels[i]), ha="center",
-                        va="center", fontsize=6.5, linespacing=1.1,
-                        color="black" if data[i, j] > 0.6 else "white")
-    ax.set_xticks(range(len(h_effs)), [str(h) for h in h_effs])
-    ax.set_yticks(range(len(levels)), [_level_label(info, lv) for lv in levels], fontsize=7)
-    ax.set_xlabel("H_eff (test-time loops)")
-    if first_col:
-        ax.set_ylabel("difficulty level")
-    if train_max is not None and levels and levels[0] <= train_max < levels[-1]:
-        edge = levels.index(train_max) + 0.5
-        ax.axhline(edge, color="white", linestyle="--", linewidth=1.2)
-    chance = info.get("chance")
-    suffix = f", chance {chance:.2f}" if chance is not None else ""
-    ax.set_title(f"{task}\n{info['metric']} at step {latest.get('step')}{suffix}", fontsize=9)
-    return image
-
-
-def _plot_other_tasks(ax: Any, latest: Mapping[str, Any], others: list[str]) -> None:
-    """Bars of the overall scores of tasks without levels (any lm-eval task)."""
-    labels, values = [], []
-    for task in others:
-        for h, scores in sorted(latest["tasks"][task]["h_eff"].items(), key=lambda x: int(x[0])):
-            for metric, value in scores["overall"].items():
-                if not metric.endswith("_stderr"):
-                    labels.append(f"{task}\n{metric} H={h}")
-                    values.append(value)
-    ax.barh(range(len(values)), values)
-    ax.set_yticks(range(len(values)), labels, fontsize=6)
-    ax.set_title("other lm-eval tasks", fontsize=9)
-
-
-def _plot_trend(ax: Any, task: str, reports: list[Mapping[str, Any]], first_col: bool) -> None:
-    """One task's overall score against the step, one line per H_eff."""
-    latest = reports[-1]
-    metric = latest["tasks"][task]["metric"]
-    for h in latest["h_eff"]:
-        pts = [(r.get("step"), r["tasks"][task]["h_eff"][str(h)]["overall"].get(metric))
-               for r in reports if task in r["tasks"] and str(h) in r["tasks"][task]["h_eff"]]
-        pts = [(s, v) for s, v in pts if v is not None]
-        ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", label=f"H_eff={h}")
-    ax.set_xlabel("step")
-    if first_col:
-        ax.set_ylabel("accuracy, all levels")
-    ax.set_title(f"{task}: {metric} vs step", fontsize=9)
-    ax.set_ylim(-0.03, 1.03)
-    ax.legend(fontsize=7)
-
-
-def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
-    """The summary figure: accuracy heatmap (difficulty × H_eff) per levelled task."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    latest = reports[-1]
-    tasks = [t for t, info in latest["tasks"].items() if info.get("metric") and
-             any(s.get("levels") for s in info["h_eff"].values())]
-    others = [t for t in latest["tasks"] if t not in tasks]
-    panels = tasks + (["other tasks"] if others else [])
-    if not panels:
-        raise DataError("benchmark results hold no task scores to plot; check bench.tasks")
-    with_trend = len(reports) > 1
-    rows_max = max([len(_heatmap_grid(latest["tasks"][t])[0]) for t in tasks] or [0])
-    cols_max = max([len(latest["tasks"][t]["h_eff"]) for t in tasks] or [0])
-    # Cells hold two lines (score, interval): size the panels by the largest grid.
-    panel_w, panel_h = max(3.4, 0.62 * cols_max + 1.4), max(3.2, 0.42 * rows_max + 1.2)
-    fig, axes = plt.subplots(2 if with_trend else 1, len(panels), squeeze=False,
-                             layout="constrained",
-                             figsize=(panel_w * len(panels) + 1.0,
-                                      panel_h * (2 if with_trend else 1) + 0.6))
-    train_max = latest.get("train_max_difficulty")
-    image = None
-    for col, (ax, task) in enumerate(zip(axes[0], tasks, strict=False)):
-        image = _plot_heatmap(ax, task, latest, col == 0)
-    if others:
-        _plot_other_tasks(axes[0][len(tasks)], latest, others)
-    if with_trend:
-        for col, (ax, task) in enumerate(zip(axes[1], panels, strict=False)):
-            if task in tasks:
-                _plot_trend(ax, task, reports, col == 0)
-            else:
-                ax.axis("off")
-    if image is not None:
-        fig.colorbar(image, ax=list(axes[0][: len(tasks)]), shrink=0.8, label="accuracy")
-    caption = "accuracy by difficulty × H_eff [95% Wilson interval]; n per level on the axis"
-    if train_max is not None:  # on its own line: one line would not fit a single panel
-        caption += f"\ndashed line: top of the training range (level {train_max})"
-    fig.suptitle(caption, fontsize=9)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)

@@ -8,9 +8,11 @@ from pathlib import Path
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` (partial, merged over config/config.yaml) and ``key=value`` overrides."""
-    parser.add_argument("--config", type=Path, default=None,
-                        help="YAML config (may be partial; merged over config/config.yaml)")
+    """``--config FILE`` (partial, merged over config/config.yaml; repeated, merged in order)
+    and ``key=value`` overrides."""
+    parser.add_argument("--config", type=Path, action="append", default=None,
+                        help="YAML config (may be partial; merged over config/config.yaml); "
+                             "repeat to merge several in order, as snakemake --configfile A B")
     parser.add_argument("--run", default=None,
                         help="apply the named variant from the config's runs: section")
     parser.add_argument("overrides", nargs="*", metavar="key=value",

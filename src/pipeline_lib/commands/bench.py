@@ -58,5 +58,9 @@ def run(args: argparse.Namespace) -> int:
             metric = info["metric"] or next((m for m in overall if not m.endswith("_stderr")), None)
             cells.append(f"{overall.get(metric, float('nan')):.3f}" if metric else "-")
         print(f"  {task} ({info['metric'] or 'overall'}): " + "  ".join(cells))
+        for label, scores in (info.get("adaptive") or {}).items():
+            value = scores["overall"].get(info["metric"] or "")
+            shown = f"{value:.3f}" if value is not None else "-"
+            print(f"    {label}: {shown} at {scores['loops']['mean']:.2f} mean loops")
     print(f"wrote {args.out}")
     return 0

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..config_rules import EXIT_CRITERIA
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
@@ -27,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     depth.add_argument("--adaptive", default=None, metavar="THRESHOLD[:MAX]",
                        help="adaptive exit: a token stops looping once its next-token "
                             "distribution changes by less than THRESHOLD (KL), at most MAX loops")
-    parser.add_argument("--adaptive-criterion", default="kl", choices=["kl", "entropy"],
-                        help="exit score of --adaptive (default kl)")
+    parser.add_argument("--adaptive-criterion", default="kl", choices=list(EXIT_CRITERIA),
+                        help="exit score of --adaptive (default kl; gate needs a snapshot "
+                             "with model.exit_gate); --adaptive gate:0.9 names it too")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="per prompt (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature; 0 = greedy (default)")
@@ -106,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
                            tokenizer_option="--tokenizer {}")
     depth = parse_depth(args.h_eff, args.adaptive, loaded.config.model.loops,
                         args.adaptive_criterion)
+    if depth.threshold is not None:  # the gate criterion needs a gated snapshot
+        from ..evaluate.exit_criteria import check_model_criterion
+
+        check_model_criterion(loaded.model, depth.criterion, "generate --adaptive-criterion")
     model = loaded.model.to(resolve_device(args.device))
 
     def show(_: int, piece: str) -> None:

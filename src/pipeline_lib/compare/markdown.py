@@ -131,6 +131,36 @@ def accuracy_tables(runs: Sequence[RunResults], level: int = 2) -> list[str]:
     return lines
 
 
+def depth_settings(r: RunResults, key: str) -> list[tuple[str, float, Score]]:
+    """(depth setting, mean loops used, whole-task score) of one run and task: each fixed
+    H_eff (every token used H_eff loops), then each adaptive exit, by mean loops."""
+    fixed = [(f"H_eff={h}", float(h), r.scores.get(key, {}).get(None, {}).get(h, Score(v)))
+             for h, v in sorted(r.accuracy.get(key, {}).items())]
+    crit = f" ({r.adaptive_criterion})" if r.adaptive_criterion else ""
+    adaptive = [(f"{label}{crit}", cells[None].mean_loops, cells[None].score)
+                for label, cells in r.adaptive.get(key, {}).items() if None in cells]
+    return fixed + sorted(adaptive, key=lambda x: x[1])
+
+
+def loops_table(runs: Sequence[RunResults], level: int = 2) -> list[str]:
+    """Accuracy against mean loops used per token, one row per variant × depth setting, for
+    every task some variant was benchmarked on under adaptive exit; empty without any."""
+    keys = sorted({k for r in runs for k in r.adaptive})
+    if not keys:
+        return []
+    lines = [f"{'#' * level} Accuracy against mean loops used", "",
+             "All levels; mean loops per scored or generated token (a fixed H_eff uses H_eff "
+             "loops for every token; `adaptive:THRESHOLD:MAX` reads each token out at its own "
+             "exit, at most MAX loops). Accuracy [95% interval].", "",
+             "| run | task | depth | mean loops | accuracy |", "|---|---|---|---|---|"]
+    for key in keys:
+        for r in runs:
+            for setting, loops, score in depth_settings(r, key):
+                lines.append(f"| {r.name} | {key} | {setting} | {loops:.2f} | "
+                             f"{_acc_cell(score)} |")
+    return lines
+
+
 def findings(runs: Sequence[RunResults], level: int = 2) -> list[str]:
     """Per run: best H_eff, and the paired verdict of every H_eff against the baseline."""
     hs = sorted({h for r in runs for h in r.val_loss})
@@ -172,5 +202,7 @@ def summary_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any] | None
              "accuracy is each task's main metric with a 95% interval (Wilson); FLOPs per token "
              "of a forward pass at the variant's training loop count (training ≈ 3×).", ""]
     lines += variants_table(runs) + [""] + loss_table(runs) + accuracy_tables(runs)
+    loops = loops_table(runs)
+    lines += [""] + loops if loops else []
     lines += [""] + depth_markdown(depth) + [""] + findings(runs)
     return "\n".join(lines) + "\n"

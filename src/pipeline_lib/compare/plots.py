@@ -6,19 +6,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .runs import RunResults
+from .markdown import depth_settings
+from .runs import RunResults, Score
+
+LOOPS_PLOT = "accuracy_vs_loops.png"
 
 
 def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
-    """``loss_vs_heff.png``, ``accuracy_vs_heff.png`` and ``train_loss.png``."""
+    """``loss_vs_heff.png``, ``accuracy_vs_heff.png``, ``train_loss.png`` and, when some
+    variant was benchmarked under adaptive exit, ``accuracy_vs_loops.png`` (a stale one is
+    removed otherwise)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return [_save(plot(plt, runs), out_dir / name) for name, plot in (
-        ("loss_vs_heff.png", _plot_loss_vs_heff), ("accuracy_vs_heff.png", _plot_accuracy),
-        ("train_loss.png", _plot_train_loss))]
+    plots = [("loss_vs_heff.png", _plot_loss_vs_heff), ("accuracy_vs_heff.png", _plot_accuracy),
+             ("train_loss.png", _plot_train_loss)]
+    if any(r.adaptive for r in runs):
+        plots.append((LOOPS_PLOT, _plot_accuracy_vs_loops))
+    else:
+        (Path(out_dir) / LOOPS_PLOT).unlink(missing_ok=True)
+    return [_save(plot(plt, runs), out_dir / name) for name, plot in plots]
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -63,6 +72,35 @@ def _plot_accuracy(plt: Any, runs: Sequence[RunResults]) -> Any:
         ax.set_title(f"{task} (95% intervals)", fontsize="small")
         ax.legend(fontsize="small")
     axes[0][0].set_ylabel("accuracy")
+    return fig
+
+
+def _interval_bars(scores: Sequence[Score]) -> list[list[float]]:
+    """Error bars [below, above] of each score's 95% interval (none where it has none)."""
+    lo = [s.value - (s.ci_low if s.ci_low is not None else s.value) for s in scores]
+    hi = [(s.ci_high if s.ci_high is not None else s.value) - s.value for s in scores]
+    return [lo, hi]
+
+
+def _plot_accuracy_vs_loops(plt: Any, runs: Sequence[RunResults]) -> Any:
+    """Accuracy against mean loops used, one panel per task with adaptive results: per
+    variant the fixed H_eff points (circles, solid) and the adaptive exits (squares, dashed)."""
+    keys = sorted({k for r in runs for k in r.adaptive})
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.4 * len(keys), 3.8),
+                             constrained_layout=True, squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        for i, r in enumerate(runs):
+            points = depth_settings(r, key)
+            for adaptive, style in ((False, "o-"), (True, "s--")):
+                pts = [(x, s) for name, x, s in points if name.startswith("adaptive") == adaptive]
+                if not pts:
+                    continue
+                ax.errorbar([x for x, _ in pts], [s.value for _, s in pts],
+                            yerr=_interval_bars([s for _, s in pts]), fmt=style, color=f"C{i}",
+                            capsize=3, label=f"{r.name} ({'adaptive' if adaptive else 'fixed'})")
+        ax.set(xlabel="mean loops used per token", title=f"{key} (95% intervals)")
+        ax.legend(fontsize="small")
+    axes[0][0].set_ylabel("accuracy, all levels")
     return fig
 
 

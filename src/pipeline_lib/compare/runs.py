@@ -2,7 +2,7 @@
 
 Per variant it reads the final snapshot's H_eff sweep (``eval/heff.parquet``), the final
 benchmark JSON (``bench/step_….json``, with every example's score per H_eff by lm-eval
-``doc_id``), the training curve (``train/metrics.jsonl``) and the snapshot's config
+``doc_id``, and the scores under adaptive exit with the mean loops used), the training curve (``train/metrics.jsonl``) and the snapshot's config
 (parameters, forward FLOPs per token at the training loop count, core blocks and loops: the
 variant's kind in the depth check).
 """
@@ -35,6 +35,16 @@ class Score:
     stderr: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
+
+
+@dataclass
+class LoopScore:
+    """A score under one adaptive exit, with the mean loops its tokens used."""
+
+    score: Score
+    mean_loops: float
+    max_loops: int
+    tokens: int | None = None
 
 
 @dataclass
@@ -71,6 +81,9 @@ class RunResults:
     samples: dict[str, TaskSamples] = field(default_factory=dict)  # task/metric → examples
     # H_eff → loss ± stderr of the imported snapshot (step 0 of a model.init_from run)
     initial_scores: dict[int, Score] = field(default_factory=dict)
+    # task/metric → adaptive:T:MAX → level (None: all levels) → score and mean loops used
+    adaptive: dict[str, dict[str, dict[int | None, LoopScore]]] = field(default_factory=dict)
+    adaptive_criterion: str | None = None  # bench.adaptive_criterion of the bench JSON
 
     @property
     def final_train_loss(self) -> float | None:
@@ -164,6 +177,31 @@ def _bench_scores(bench: Mapping[str, Any]) -> tuple[dict, dict, dict, dict]:
     return accuracy, scores, paired, samples
 
 
+def _adaptive_scores(bench: Mapping[str, Any]) -> dict[str, dict[str, dict[int | None, LoopScore]]]:
+    """The adaptive-exit scores of one bench JSON (its tasks' ``adaptive`` sections)."""
+    out: dict[str, dict[str, dict[int | None, LoopScore]]] = {}
+    for task, info in bench.get("tasks", {}).items():
+        metric = info.get("metric")
+        for label, s in (info.get("adaptive") or {}).items():
+            loops = s["loops"]
+            if metric not in s.get("overall", {}):
+                continue
+            ci = s.get("overall_ci", {}).get(metric, {})
+            cells = {None: LoopScore(Score(float(s["overall"][metric]), ci.get("n"), None,
+                                           ci.get("ci_low"), ci.get("ci_high")),
+                                     float(loops["mean"]), int(loops["max_loops"]),
+                                     loops.get("tokens"))}
+            for level, cell in s.get("levels", {}).items():
+                lv = loops.get("levels", {}).get(level)
+                if lv is not None and lv.get("mean") is not None:
+                    cells[int(level)] = LoopScore(
+                        Score(float(cell[metric]), cell.get("n"), None, cell.get("ci_low"),
+                              cell.get("ci_high")),
+                        float(lv["mean"]), int(loops["max_loops"]), lv.get("tokens"))
+            out.setdefault(f"{task}/{metric}", {})[label] = cells
+    return out
+
+
 def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_jsonl: Path,
                      config_yaml: Path | None = None) -> RunResults:
     """Final-snapshot numbers of one variant. ``config_yaml`` defaults to the config of the
@@ -197,7 +235,8 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
                       params=shape.params, flops_per_token=shape.flops_per_token,
                       train_loops=shape.loops, core_layers=shape.core_layers,
                       train_max_difficulty=bench.get("train_max_difficulty"), samples=samples,
-                      initial_scores=initial_scores)
+                      initial_scores=initial_scores, adaptive=_adaptive_scores(bench),
+                      adaptive_criterion=(bench.get("bench") or {}).get("adaptive_criterion"))
 
 
 def run_dir_inputs(run_dir: Path) -> dict[str, Path]:
@@ -220,7 +259,9 @@ def load_runs(inputs: Mapping[str, Mapping[str, Path]]) -> list[RunResults]:
 
 def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
     """Long table (:data:`COLUMNS`); h_eff None for training loss and model size, level None
-    for whole-task scores; n = tokens for losses, examples for accuracies."""
+    for whole-task scores; n = tokens for losses, examples for accuracies. Adaptive exits
+    add ``{task}/{metric}_{adaptive}`` and ``{task}/mean_loops_{adaptive}`` (n = tokens)
+    rows, whose h_eff is their MAX."""
     rows = []
 
     def add(r: RunResults, metric: str, h: int | None, value: float, level: int | None = None,
@@ -246,6 +287,13 @@ def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
             for level in sorted(lv for lv in by_level if lv is not None):
                 for h, s in sorted(by_level[level].items()):
                     add(r, key, h, s.value, level, s)
+        for key, settings in sorted(r.adaptive.items()):
+            task = key.rsplit("/", 1)[0]
+            for label, cells in settings.items():
+                for level, c in sorted(cells.items(), key=lambda x: (x[0] is not None, x[0])):
+                    add(r, f"{key}_{label}", c.max_loops, c.score.value, level, c.score)
+                    add(r, f"{task}/mean_loops_{label}", c.max_loops, c.mean_loops, level,
+                        Score(c.mean_loops, c.tokens))
     return rows
 
 

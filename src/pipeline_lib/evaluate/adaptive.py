@@ -1,25 +1,25 @@
 """Per-token adaptive depth: each token stops looping once its prediction has settled.
 
-A token exits at the first loop t < H whose readout meets the criterion, else at H:
-
-- ``kl`` (Huginn's criterion, Geiping et al. 2025, arXiv:2502.05171): KL(p_t ‖ p_{t−1}) of
-  the next-token distributions of two successive readouts falls below the threshold. p_0 is
-  the readout of the initial loop state (uniform for ``state_init: zeros``), so a token can
-  exit after loop 1.
-- ``entropy``: the entropy of p_t (nats) falls below the threshold.
+A token exits at the first loop t < H whose readout meets the criterion, else at H. The
+criteria (:mod:`.exit_criteria`): ``kl`` (Huginn's, Geiping et al. 2025,
+arXiv:2502.05171: KL(p_t ‖ p_{t−1}) of two successive readouts; p_0 is the readout of the
+initial state, so a token can exit after loop 1), ``entropy`` of p_t, ``latent_diff`` and
+``cosine`` of successive loop states, ``argmax_stable`` (top token unchanged for n loops)
+and ``gate`` (the learned exit gate's cumulative exit probability). Each criterion of
+``eval.adaptive_criteria`` is its own pass and its own section.
 
 Semantics of this one-pass evaluation: every position's state keeps being computed up to H
 (later tokens attend to it), and each token's prediction is read out at its own exit loop;
 the "loops used" of a token is its exit loop. So the numbers say how much depth each token
-needs, not how much compute a cached decoder would save. Scores are clamped at 0, so the
-threshold 0 never exits early and reproduces the fixed H-loop result exactly: the adaptive
+needs, not how much compute a cached decoder would save. The threshold that never exits
+(0; 1 for gate) reproduces the fixed H-loop result exactly: the adaptive
 loss is the fixed loss at H (per-token losses computed as the H_eff sweep computes them)
 plus the change of every token that exits early. Every loss carries a per-document
 bootstrap standard error and a paired interval against the fixed loss at H.
 
 One pass over loops 1..H per batch serves every threshold; readouts only cover the tokens
-that have not yet exited under the smallest positive threshold (once a token exits there,
-it has exited under every larger one).
+that have not yet exited under the strictest threshold that can exit (once a token exits
+there, it has exited under every more lenient one).
 """
 
 from __future__ import annotations
@@ -36,13 +36,22 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
+from ..config_rules import adaptive_criteria, check_exit_threshold, criterion_thresholds
 from ..errors import ConfigError
+from .exit_criteria import (  # noqa: F401 (adaptive_logits, parse_adaptive: public here too)
+    CRITERIA,
+    LOGIT_CRITERIA,
+    ExitTracker,
+    adaptive_logits,
+    exit_threshold,
+    never_exits,
+    parse_adaptive,
+)
 from .heff_stats import DocumentAccumulator, DocumentLosses
 from .stats import bootstrap_stderr, document_bootstrap, paired_column_diffs
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
-CRITERIA = ("kl", "entropy")
 _CHUNK_ELEMENTS = 1 << 22  # logits elements per readout chunk (16 MiB in fp32)
 
 
@@ -56,59 +65,34 @@ class AdaptiveSpec:
 
     @classmethod
     def from_eval_config(cls, eval_cfg: Any) -> AdaptiveSpec | None:
-        """From ``eval.adaptive_*``; None when ``eval.adaptive_thresholds`` is empty (off)."""
+        """The first of :meth:`all_from_eval_config`, or None (off)."""
+        specs = cls.all_from_eval_config(eval_cfg)
+        return specs[0] if specs else None
+
+    @classmethod
+    def all_from_eval_config(cls, eval_cfg: Any) -> list[AdaptiveSpec]:
+        """One spec per criterion of ``eval.adaptive_criteria`` (or ``adaptive_criterion``)
+        with its thresholds; none when ``eval.adaptive_thresholds`` is empty (off)."""
         if not eval_cfg.adaptive_thresholds:
-            return None
-        return cls(tuple(float(x) for x in eval_cfg.adaptive_thresholds),
-                   eval_cfg.adaptive_criterion, int(eval_cfg.adaptive_max_loops))
+            return []
+        return [cls(tuple(float(x) for x in criterion_thresholds(eval_cfg, c)), c,
+                    int(eval_cfg.adaptive_max_loops)) for c in adaptive_criteria(eval_cfg)]
 
     def resolved(self, h_effs: Sequence[int]) -> AdaptiveSpec:
         """Thresholds sorted and distinct, ``max_loops`` 0 replaced by ``max(h_effs)``."""
         if self.criterion not in CRITERIA:
             raise ConfigError(f"eval.adaptive_criterion = {self.criterion!r} is not one of "
                               f"{list(CRITERIA)}; pick one")
-        bad = [x for x in self.thresholds if not x >= 0]  # also catches nan
-        if bad or not self.thresholds:
-            raise ConfigError(f"eval.adaptive_thresholds {list(self.thresholds)} need values "
-                              ">= 0 (0 = never exit early), e.g. [0, 0.001, 0.01]")
+        key = f"eval.adaptive_thresholds ({self.criterion})"
+        if not self.thresholds:
+            raise ConfigError(f"{key} is empty; list thresholds, e.g. [0, 0.001, 0.01]")
+        for x in self.thresholds:
+            check_exit_threshold(self.criterion, x, key)
         if self.max_loops < 0:
             raise ConfigError(f"eval.adaptive_max_loops = {self.max_loops} must be >= 1, or 0 "
                               "for the largest eval.h_eff")
         max_loops = self.max_loops or max(h_effs)
         return AdaptiveSpec(tuple(sorted(set(self.thresholds))), self.criterion, max_loops)
-
-
-def parse_adaptive(text: str, key: str = "h_eff") -> tuple[float, int | None]:
-    """``"adaptive:THRESHOLD[:MAX]"`` → (threshold ≥ 0, max loops ≥ 1 or None)."""
-    parts = str(text).split(":")
-    fix = f"use {key}=adaptive:THRESHOLD or {key}=adaptive:THRESHOLD:MAX, e.g. adaptive:0.01:8"
-    if parts[0].strip().lower() != "adaptive" or len(parts) not in (2, 3):
-        raise ConfigError(f"{key}={text!r} is not an adaptive exit; {fix}")
-    try:
-        threshold = float(parts[1])
-        max_loops = int(parts[2]) if len(parts) == 3 else None
-    except ValueError:
-        raise ConfigError(f"{key}={text!r}: THRESHOLD must be a number and MAX an integer; "
-                          f"{fix}") from None
-    if not threshold >= 0 or math.isinf(threshold):
-        raise ConfigError(f"{key}={text!r}: the threshold must be a finite number >= 0; {fix}")
-    if max_loops is not None and max_loops < 1:
-        raise ConfigError(f"{key}={text!r}: MAX must be at least 1 loop; {fix}")
-    return threshold, max_loops
-
-
-def exit_scores(logp: Tensor, prev_logp: Tensor | float | None, criterion: str) -> Tensor:
-    """Per-row score [N] of log-probabilities [N, V]: KL(p ‖ prev) or the entropy of p, ≥ 0.
-
-    ``prev_logp`` may be one number for every entry (−log V: the uniform distribution).
-    """
-    p = logp.exp()
-    if criterion == "kl":
-        assert prev_logp is not None, "the kl criterion needs the previous readout"
-        score = torch.einsum("...v,...v->...", p, logp - prev_logp)  # 4× linalg.vecdot's speed
-    else:
-        score = -torch.einsum("...v,...v->...", p, logp)
-    return score.clamp_min_(0.0)  # rounding can dip below 0; 0 must never exit early
 
 
 def _chunks(n: int, vocab: int) -> Iterable[slice]:
@@ -142,7 +126,8 @@ class _Scorer:
     def __init__(self, model: torch.nn.Module, n: int, criterion: str) -> None:
         self.weight = model.head_weight.detach().float()  # [V, D]
         vocab, dev = self.weight.shape[0], self.weight.device
-        self.kl = criterion == "kl"
+        self.kl, self.entropy = criterion == "kl", criterion == "entropy"
+        self.top = criterion == "argmax_stable"  # also the top token of every row
         self.step = max(1, _CHUNK_ELEMENTS // vocab)
         rows = max(1, min(n, self.step))
         self.z = torch.empty(rows, vocab, dtype=torch.float32, device=dev)
@@ -165,12 +150,14 @@ class _Scorer:
         if isinstance(self.prev, Tensor):
             self.prev = self.prev[still]
 
-    def score(self, hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        """(score [a], cross-entropy [a]) of hidden rows [a, D]; the kl score needs
-        :meth:`start` first (before it, the scores are left unset)."""
+    def score(self, hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(score [a], cross-entropy [a], top token [a] or None) of hidden rows [a, D]; the
+        kl score needs :meth:`start` first (before it, and for criteria not scored from the
+        logits, the scores are 0)."""
         a = hidden.shape[0]
-        score = torch.empty(a, dtype=torch.float32, device=hidden.device)
+        score = torch.zeros(a, dtype=torch.float32, device=hidden.device)
         ce = torch.empty(a, dtype=torch.float32, device=hidden.device)
+        top = torch.empty(a, dtype=torch.int64, device=hidden.device) if self.top else None
         table = self.logp[self.cur][:a] if self.kl else None
         for start in range(0, a, self.step):
             c = slice(start, min(start + self.step, a))
@@ -179,15 +166,17 @@ class _Scorer:
             logp = table[c] if table is not None else self.logp[0][:m]
             torch.log_softmax(z, dim=-1, out=logp)
             p = torch.exp(logp, out=self.p[:m])
-            if not self.kl:
+            if self.entropy:
                 score[c] = torch.einsum("nv,nv->n", p, logp).neg_()
-            elif self.prev is not None:
+            elif self.kl and self.prev is not None:
                 prev = self.prev[c] if isinstance(self.prev, Tensor) else self.prev
                 score[c] = torch.einsum("nv,nv->n", p, torch.sub(logp, prev, out=z))
             ce[c] = logp.gather(1, targets[c, None]).squeeze(1).neg_()
+            if top is not None:
+                top[c] = logp.argmax(dim=1)
         if table is not None:
             self.prev, self.cur = table, 1 - self.cur
-        return score.clamp_min_(0.0), ce  # rounding can dip below 0; 0 never exits early
+        return score.clamp_min_(0.0), ce, top  # rounding can dip below 0; 0 never exits early
 
 
 def cross_entropy_rows(model: torch.nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
@@ -218,25 +207,34 @@ def adaptive_batch(model: torch.nn.Module, batch: Any, spec: AdaptiveSpec
     targets = ctx.targets.reshape(-1)
     rows = (targets != IGNORE_INDEX).nonzero().squeeze(1)  # scored positions [n]
     n, dev = rows.numel(), targets.device
-    positive = [x for x in spec.thresholds if x > 0]
+    # the compared values (exit: score < it); those of thresholds that can exit early
+    internal = [exit_threshold(criterion, x) for x in spec.thresholds]
+    can_exit = [v for v, x in zip(internal, spec.thresholds, strict=True)
+                if not never_exits(criterion, x)]
     # Score and cross-entropy of every token after loops 1..H-1 (inf: no longer read out).
     scores = torch.full((max(H - 1, 0), n), math.inf, dtype=torch.float32, device=dev)
     ces = torch.zeros(max(H - 1, 0), n, dtype=torch.float32, device=dev)
-    # Tokens still read out: not yet exited under the smallest positive threshold (then
-    # they have exited under every larger one too).
-    active = torch.arange(n if positive and H > 1 else 0, device=dev)
-    lowest = min(positive, default=0.0)
+    # Tokens still read out: not yet exited under the strictest threshold that can exit
+    # (then they have exited under every more lenient one too).
+    active = torch.arange(n if can_exit and H > 1 else 0, device=dev)
+    lowest = min(can_exit, default=0.0)
     state = model.init_state(ctx)
     scorer = _Scorer(model, active.numel(), criterion)
+    tracker = None if criterion in LOGIT_CRITERIA else ExitTracker(model, criterion)
     if criterion == "kl" and active.numel():  # readout 0: the initial state
         scorer.start(_hidden_rows(model, state, ctx, rows), targets[rows])
+    if tracker is not None and active.numel():
+        tracker.start(state.reshape(-1, state.shape[-1])[rows])
     for t in range(1, H + 1):
         state = model.forward_loops(ctx, t - 1, t, state)
         if t == H or not active.numel():
             continue
         whole = active.numel() == n
         pos = rows if whole else rows[active]
-        score, ce = scorer.score(_hidden_rows(model, state, ctx, pos, True), targets[pos])
+        hidden = _hidden_rows(model, state, ctx, pos, True)
+        score, ce, top = scorer.score(hidden, targets[pos])
+        if tracker is not None:
+            score = tracker.score(state.reshape(-1, state.shape[-1])[pos], hidden, top)
         if whole:
             scores[t - 1], ces[t - 1] = score, ce
         else:
@@ -245,8 +243,10 @@ def adaptive_batch(model: torch.nn.Module, batch: Any, spec: AdaptiveSpec
         if not bool(still.all()):
             active = active[still]
             scorer.keep(still)
+            if tracker is not None:
+                tracker.keep(still)
     ce_h = cross_entropy_rows(model, _hidden_rows(model, state, ctx, rows), targets[rows])
-    thr = torch.tensor(spec.thresholds, dtype=torch.float32, device=dev)[:, None, None]
+    thr = torch.tensor(internal, dtype=torch.float32, device=dev)[:, None, None]
     hit = torch.cat([scores[None] < thr, torch.ones(len(spec.thresholds), 1, n,
                                                    dtype=torch.bool, device=dev)], dim=1)
     first = hit.to(torch.uint8).argmax(dim=1)  # [K, n]: exit loop − 1 (H − 1: never early)
@@ -349,45 +349,3 @@ def adaptive_sweep(model: torch.nn.Module, batches: Iterable[Any], spec: Adaptiv
                    max_tokens: int, reference: DocumentLosses | None = None) -> dict[str, Any]:
     """:func:`adaptive_documents` then :func:`adaptive_section`."""
     return adaptive_section(adaptive_documents(model, batches, spec, max_tokens), reference)
-
-
-# ------------------------------------------------------------------ generation and scoring
-
-
-@torch.no_grad()
-def adaptive_logits(model: torch.nn.Module, batch_or_input_ids: Any, threshold: float,
-                    max_loops: int, criterion: str = "kl") -> tuple[Tensor, Tensor]:
-    """(logits [B, L, V], exit loop [B, L]): every position read out at its own exit loop.
-
-    For lm-eval scoring and generation; the same criterion as :func:`adaptive_sweep`.
-    """
-    if criterion not in CRITERIA:
-        raise ConfigError(f"adaptive criterion {criterion!r} is not one of {list(CRITERIA)}")
-    if max_loops < 1:
-        raise ConfigError(f"adaptive max loops = {max_loops} must be at least 1")
-    ctx = model.embed(batch_or_input_ids)
-    state = model.init_state(ctx)
-    prev = None
-    if criterion == "kl" and max_loops > 1:
-        prev = torch.log_softmax(model.readout_logits(state, ctx).float(), dim=-1)
-    out: Tensor | None = None
-    exit_loop: Tensor | None = None
-    for t in range(1, max_loops + 1):
-        state = model.forward_loops(ctx, t - 1, t, state)
-        logits = model.readout_logits(state, ctx)  # [B, L, V]
-        if out is None:
-            out = torch.empty_like(logits)
-            exit_loop = torch.full(logits.shape[:2], max_loops, dtype=torch.int64,
-                                   device=logits.device)
-            done = torch.zeros(logits.shape[:2], dtype=torch.bool, device=logits.device)
-        if t == max_loops:
-            out[~done] = logits[~done]
-            break
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        new = (exit_scores(logp, prev, criterion) < threshold) & ~done
-        out[new] = logits[new]
-        exit_loop[new] = t
-        done |= new
-        prev = logp
-    assert out is not None and exit_loop is not None
-    return out, exit_loop

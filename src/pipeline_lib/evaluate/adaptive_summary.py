@@ -1,10 +1,11 @@
 """Summary of the adaptive-exit sections of every kept snapshot's sweep: a table and a figure.
 
-``eval/heff_adaptive.parquet`` (:data:`COLUMNS`): one row per (snapshot step, threshold),
+``eval/heff_adaptive.parquet`` (:data:`COLUMNS`): one row per (snapshot step, criterion,
+threshold),
 with the loss, its per-document bootstrap standard error, the mean loops used and the
 paired difference to the fixed loss at ``max_loops`` (``diff_vs_fixed`` and its 95%
 interval). ``eval/heff_adaptive.png``: loss against (mean) loops used, the adaptive points
-and the fixed-H_eff points of each snapshot on the same axes, so one reads off whether an
+of every criterion and the fixed-H_eff points of each snapshot on the same axes, so one reads off whether an
 exit rule reaches a fixed depth's loss with fewer loops.
 
 Sweeps without an ``adaptive`` section (``eval.adaptive_thresholds: []``, or written before
@@ -30,23 +31,37 @@ _TYPES = {"step": "int64", "criterion": "string", "max_loops": "int64", "thresho
           "diff_hi": "float64"}
 
 
+MARKERS = {"kl": "s", "entropy": "^", "latent_diff": "D", "cosine": "v", "argmax_stable": "P",
+           "gate": "*"}
+
+
+def sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The adaptive sections of one sweep, one per criterion: ``adaptive_by_criterion``, or
+    the lone ``adaptive`` of sweeps written before several criteria."""
+    if doc.get("adaptive_by_criterion"):
+        return list(doc["adaptive_by_criterion"].values())
+    return [doc["adaptive"]] if doc.get("adaptive") else []
+
+
 def adaptive_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Long format: one row per (snapshot step, threshold) of the sweeps that have one."""
+    """Long format: one row per (snapshot step, criterion, threshold) of the sweeps."""
     rows = []
     for doc in sweeps:
-        section = doc.get("adaptive")
-        if not section:
-            continue
-        for point in section["points"]:
-            diff = point.get("vs_fixed", {})
-            rows.append({"step": doc.get("step"), "criterion": section["criterion"],
-                         "max_loops": int(section["max_loops"]),
-                         "threshold": float(point["threshold"]), "loss": float(point["loss"]),
-                         "stderr": point.get("stderr"), "mean_loops": float(point["mean_loops"]),
-                         "tokens": int(point["tokens"]), "fixed_loss": section.get("fixed_loss"),
-                         "diff_vs_fixed": diff.get("diff"), "diff_lo": diff.get("lo"),
-                         "diff_hi": diff.get("hi")})
+        for section in sections(doc):
+            _section_rows(doc, section, rows)
     return rows
+
+
+def _section_rows(doc: dict[str, Any], section: dict[str, Any], rows: list) -> None:
+    for point in section["points"]:
+        diff = point.get("vs_fixed", {})
+        rows.append({"step": doc.get("step"), "criterion": section["criterion"],
+                     "max_loops": int(section["max_loops"]),
+                     "threshold": float(point["threshold"]), "loss": float(point["loss"]),
+                     "stderr": point.get("stderr"), "mean_loops": float(point["mean_loops"]),
+                     "tokens": int(point["tokens"]), "fixed_loss": section.get("fixed_loss"),
+                     "diff_vs_fixed": diff.get("diff"), "diff_lo": diff.get("lo"),
+                     "diff_hi": diff.get("hi")})
 
 
 def write_adaptive_table(rows: Sequence[dict[str, Any]], out: Path) -> None:
@@ -54,15 +69,16 @@ def write_adaptive_table(rows: Sequence[dict[str, Any]], out: Path) -> None:
 
 
 def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") -> None:
-    """Loss vs loops used: fixed H_eff (circles, solid) and adaptive exit (squares, dashed,
-    labelled with thresholds on the last snapshot), one colour per snapshot."""
+    """Loss vs loops used: fixed H_eff (circles, solid) and every criterion's adaptive exit
+    (one marker per criterion, dashed, labelled with thresholds on the last snapshot), one
+    colour per snapshot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5), constrained_layout=True)
-    with_adaptive = [doc for doc in sweeps if doc.get("adaptive")]
+    with_adaptive = [doc for doc in sweeps if sections(doc)]
     cmap = plt.get_cmap("viridis")
     n = max(len(with_adaptive) - 1, 1)
     for i, doc in enumerate(with_adaptive):
@@ -72,17 +88,8 @@ def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") 
         ax.errorbar(hs, [doc["losses"][h] for h in hs],
                     yerr=[stderr.get(str(h), 0.0) for h in hs], marker="o", color=colour,
                     capsize=2, label=f"step {step}: fixed H_eff")
-        section = doc["adaptive"]
-        points = sorted(section["points"], key=lambda p: p["mean_loops"])
-        ax.errorbar([p["mean_loops"] for p in points], [p["loss"] for p in points],
-                    yerr=[p.get("stderr") or 0.0 for p in points], marker="s", linestyle="--",
-                    color=colour, capsize=2,
-                    label=f"step {step}: adaptive ({section['criterion']}, ≤ "
-                          f"{section['max_loops']} loops)")
-        if i == len(with_adaptive) - 1:
-            for p in points:
-                ax.annotate(f"{p['threshold']:g}", (p["mean_loops"], p["loss"]),
-                            textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+        for section in sections(doc):
+            _plot_section(ax, section, colour, step, i == len(with_adaptive) - 1)
     if with_adaptive:
         ax.set_xscale("log", base=2)
         ax.legend(fontsize="x-small")
@@ -95,6 +102,19 @@ def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") 
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _plot_section(ax: Any, section: dict[str, Any], colour: Any, step: Any, label: bool) -> None:
+    points = sorted(section["points"], key=lambda p: p["mean_loops"])
+    ax.errorbar([p["mean_loops"] for p in points], [p["loss"] for p in points],
+                yerr=[p.get("stderr") or 0.0 for p in points],
+                marker=MARKERS.get(section["criterion"], "s"), linestyle="--", color=colour,
+                capsize=2, label=f"step {step}: adaptive ({section['criterion']}, ≤ "
+                                 f"{section['max_loops']} loops)")
+    if label:
+        for p in points:
+            ax.annotate(f"{p['threshold']:g}", (p["mean_loops"], p["loss"]),
+                        textcoords="offset points", xytext=(4, 4), fontsize="x-small")
 
 
 def summarize_adaptive(inputs: Sequence[Path], out_table: Path, out_plot: Path,

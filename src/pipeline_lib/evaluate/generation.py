@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, UsageError
-from .adaptive import CRITERIA, parse_adaptive
+from .exit_criteria import CRITERIA, parse_adaptive_spec
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,19 @@ def parse_depth(h_eff: str | None, adaptive: str | None, train_loops: int,
     if adaptive is not None:
         text = str(adaptive).strip()
         try:
-            threshold, max_loops = parse_adaptive(
-                text if text.lower().startswith("adaptive") else f"adaptive:{text}", "--adaptive")
-        except ConfigError:
-            raise ConfigError(f"--adaptive {adaptive!r} is not THRESHOLD[:MAX]; use e.g. "
-                              "--adaptive 0.01 or --adaptive 0.01:8 (THRESHOLD >= 0, MAX >= 1 "
-                              "loops)") from None
+            criterion, threshold, max_loops = parse_adaptive_spec(
+                text if text.lower().startswith("adaptive") else f"adaptive:{text}", "--adaptive",
+                criterion)
+        except ConfigError as exc:
+            raise ConfigError(f"--adaptive {adaptive!r} is not [CRITERION:]THRESHOLD[:MAX] "
+                              f"({str(exc).split('; ')[0]}); use e.g. --adaptive 0.01, "
+                              "--adaptive 0.01:8 or --adaptive gate:0.9") from None
         return Depth(max_loops or train_loops, threshold, criterion)
     if h_eff is None:
         return Depth(train_loops)
     text = str(h_eff).strip()
     if text.lower().startswith("adaptive"):
-        threshold, max_loops = parse_adaptive(text, "--h-eff")
+        criterion, threshold, max_loops = parse_adaptive_spec(text, "--h-eff", criterion)
         return Depth(max_loops or train_loops, threshold, criterion)
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"--h-eff {h_eff!r} is not a loop count; use --h-eff N with N >= 1 "

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
 from .adaptive import AdaptiveSpec, adaptive_sweep, cross_entropy_rows, document_keys
+from .exit_criteria import check_model_criterion
 from .heff_stats import DocumentAccumulator, DocumentLosses, loss_statistics
 
 log = logging.getLogger(__name__)
@@ -149,18 +150,40 @@ def sweep_result(step: int | None, losses: dict[int, float], tokens: int,
     }
 
 
+def _adaptive_specs(adaptive: AdaptiveSpec | Sequence[AdaptiveSpec] | None,
+                    h_effs: Sequence[int], model: Any) -> list[AdaptiveSpec]:
+    """The adaptive-exit specs resolved against ``h_effs``; checked before any work (the gate
+    criterion needs a gated snapshot)."""
+    specs = [adaptive] if isinstance(adaptive, AdaptiveSpec) else list(adaptive or [])
+    specs = [spec.resolved(h_effs) for spec in specs]
+    for spec in specs:
+        check_model_criterion(model, spec.criterion)
+    return specs
+
+
+def _adaptive_sections(model: Any, batches: Any, specs: Sequence[AdaptiveSpec],
+                       max_tokens: int, reference: Any, amp: Any) -> dict[str, Any]:
+    """``adaptive_by_criterion`` (one pass over ``batches()`` per criterion) and ``adaptive``,
+    the first criterion's section (the format before several criteria)."""
+    with amp.autocast():
+        sections = {spec.criterion: adaptive_sweep(model, batches(), spec, max_tokens,
+                                                   reference=reference) for spec in specs}
+    return {"adaptive": sections[specs[0].criterion], "adaptive_by_criterion": sections}
+
+
 def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *,
              max_tokens: int, batch_rows: int, use_ema: bool = False,
-             adaptive: AdaptiveSpec | None = None, device: str = "cpu",
-             precision: str = "fp32", objective: str | None = None) -> dict[str, Any]:
+             adaptive: AdaptiveSpec | Sequence[AdaptiveSpec] | None = None,
+             device: str = "cpu", precision: str = "fp32",
+             objective: str | None = None) -> dict[str, Any]:
     """Evaluate ``snapshot`` on the validation split of ``data_dir``; write ``out`` (JSON).
 
     ``objective`` (default: the snapshot's ``train.objective``) decides what is scored: an
     ``answer_*`` objective scores the answer tokens (and the EOS after each) alone, the
     tokens such a model was trained on; any other scores every token.
 
-    ``adaptive``: also the per-token adaptive exit (:mod:`.adaptive`), its own pass over the
-    same batches, as the ``adaptive`` section. The model and every batch live on ``device``
+    ``adaptive``: also the per-token adaptive exit (:mod:`.adaptive`) of each criterion (see
+    :func:`_adaptive_sections`). The model and every batch live on ``device``
     (``experiment.device``), forward passes run in ``precision`` (``experiment.precision``).
     """
     from ..data.loader import PackedData, answer_targets_only
@@ -176,6 +199,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     data = PackedData(data_dir)
     objective = _check_pack(data, data_dir, snapshot, loaded.config, objective)
     answer_only = objective.startswith("answer_")
+    specs = _adaptive_specs(adaptive, h_effs, loaded.model)
 
     def batches() -> Iterator[dict[str, torch.Tensor]]:
         """Validation rows until max_tokens targets are scored (or the split ends)."""
@@ -199,11 +223,9 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     result = sweep_result(loaded.step, losses, tokens, documents)
     result["scored_tokens"] = "answer" if answer_only else "all"
     result["device"], result["precision"] = dev.type, amp.name
-    if adaptive is not None:
-        with amp.autocast():
-            result["adaptive"] = adaptive_sweep(
-                loaded.model, batches(),
-                adaptive.resolved(h_effs), max_tokens, reference=documents)
+    if specs:
+        result.update(_adaptive_sections(loaded.model, batches, specs, max_tokens, documents,
+                                         amp))
     log.info("H_eff sweep of %s: %s (deeper_better=%s)", snapshot,
              {h: round(v, 4) for h, v in losses.items()}, result["deeper_better"])
     out.parent.mkdir(parents=True, exist_ok=True)

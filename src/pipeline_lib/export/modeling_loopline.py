@@ -30,7 +30,8 @@ and values of every attention call — prelude blocks, each core block once per 
 loop sees a different state), coda blocks — so each step runs only the new token. A cache
 is bound to the loop count it was filled with. Greedy, sampling and beam search (the cache
 reorders) work with it; assisted decoding does not; ``use_cache=False`` recomputes the
-window every step.
+window every step. A learned exit gate (``exit_gate`` in config.json) is loaded as
+``exit_gate`` but not applied: forward and generate run a fixed loop count.
 """
 
 from __future__ import annotations
@@ -71,14 +72,12 @@ class LooplineConfig(PretrainedConfig):
         self.rope_original_max_position = rope_original_max_position
         self.prelude_layers, self.core_layers = prelude_layers, core_layers
         self.coda_layers, self.num_loops = coda_layers, num_loops
-        self.intermediate_size = intermediate_size
+        self.intermediate_size, self.moe_intermediate_size = intermediate_size, moe_intermediate_size
         self.moe_experts, self.moe_top_k = moe_experts, moe_top_k
-        self.moe_intermediate_size = moe_intermediate_size
         self.injection, self.injection_scale = injection, injection_scale
         self.step_embedding_rows, self.state_init = step_embedding_rows, state_init
         self.tie_embeddings, self.rope_theta = tie_embeddings, rope_theta
-        self.rms_norm_eps = rms_norm_eps
-        self.max_position_embeddings = max_position_embeddings
+        self.rms_norm_eps, self.max_position_embeddings = rms_norm_eps, max_position_embeddings
         # The model reads the tied head from tok_emb itself; transformers must not tie.
         kwargs["tie_word_embeddings"] = False
         super().__init__(**kwargs)
@@ -324,6 +323,7 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
                                 nn.Parameter(torch.tensor(float(config.injection_scale))))
         rows = config.step_embedding_rows
         self.step_emb = nn.Embedding(rows, d) if rows else None
+        self.exit_gate = nn.Linear(d, 1) if getattr(config, "exit_gate", False) else None
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:

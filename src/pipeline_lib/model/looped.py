@@ -33,10 +33,12 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from .attention import DocumentMask, resolve_attention_kernel
 from .blocks import Block, residual_out_std
+from .exit_gate import expected_exit_forward
 from .kv_cache import KVCache, kv_decode_step, kv_prefill
 from .layers import RMSNorm, RopeScaling, rope_tables
 from .loss import chunked_cross_entropy
 from .moe import MoEFFN
+from .recompute import checkpointed
 from .size import check_model_config, step_embedding_rows
 
 Batch = Mapping[str, Tensor]
@@ -59,6 +61,7 @@ class LoopOutput:
 
     losses: dict[int, Tensor]  # loop count → mean (weighted) loss, fp32 scalar
     state: Tensor  # [B, L, D] loop state after the last loop run
+    objective: Tensor | None = None  # expected-exit loss (forward's exit_entropy_weight)
 
 
 class LoopedLM(nn.Module):
@@ -84,6 +87,10 @@ class LoopedLM(nn.Module):
             self.register_buffer("injection_scale", scale, persistent=False)
         rows = step_embedding_rows(cfg)
         self.step_emb = nn.Embedding(rows, d) if rows else None
+        # one exit logit per token and loop, shared by every loop (see .exit_gate)
+        self.exit_gate = nn.Linear(d, 1) if cfg.exit_gate else None
+        # train.activation_checkpointing (none | loop | block; see .recompute), set by training
+        self.activation_checkpointing = "none"
         self.reset_parameters()
 
     # ------------------------------------------------------------------ set-up
@@ -106,6 +113,9 @@ class LoopedLM(nn.Module):
             self.injection_proj.weight.copy_(torch.cat([eye, cfg.injection_scale * eye], dim=1))
         if self.step_emb is not None:
             nn.init.normal_(self.step_emb.weight, std=std)
+        if self.exit_gate is not None:  # λ ≈ 0.5 at every loop at the start
+            nn.init.normal_(self.exit_gate.weight, std=std)
+            nn.init.zeros_(self.exit_gate.bias)
 
     @property
     def head_weight(self) -> Tensor:
@@ -152,10 +162,7 @@ class LoopedLM(nn.Module):
         ctx = self.context(batch) if ctx is None else ctx
         ids = batch if isinstance(batch, Tensor) else batch["input_ids"]
         self._drop_aux_terms()
-        x = self.tok_emb(ids)  # [B, L, D]
-        for block in self.prelude:
-            x = block(x, ctx.rope, ctx.mask)
-        ctx.e = x
+        ctx.e = self._piece("loop", self._blocks, self.prelude, self.tok_emb(ids), ctx)
         return ctx
 
     def init_state(self, ctx: LoopContext) -> Tensor:
@@ -165,6 +172,18 @@ class LoopedLM(nn.Module):
 
     # ------------------------------------------------------------------ loops
 
+    def _piece(self, level: str, fn, *args):
+        """``fn(*args)``, checkpointed when ``activation_checkpointing`` is ``level``."""
+        if self.activation_checkpointing == level:
+            return checkpointed(fn, *args)
+        return fn(*args)
+
+    def _blocks(self, blocks: nn.ModuleList, x: Tensor, ctx: LoopContext) -> Tensor:
+        """x [B, L, D] through ``blocks`` (each checkpointed alone at level ``block``)."""
+        for block in blocks:
+            x = self._piece("block", block, x, ctx.rope, ctx.mask)
+        return x
+
     def _loop(self, state: Tensor, ctx: LoopContext, t: int) -> Tensor:
         """Loop t (0-based): inject e into the state, run the core blocks."""
         if self.injection_proj is not None:
@@ -173,9 +192,7 @@ class LoopedLM(nn.Module):
             x = state + self.injection_scale.to(state.dtype) * ctx.e
         if self.step_emb is not None:  # loops past the table reuse its last row
             x = x + self.step_emb.weight[min(t, self.step_emb.num_embeddings - 1)]
-        for block in self.core:
-            x = block(x, ctx.rope, ctx.mask)
-        return x
+        return self._blocks(self.core, x, ctx)
 
     def forward_loops(self, ctx_or_batch: LoopContext | Batch, start: int, end: int,
                       state: Tensor | None = None, *, no_grad_loops: int = 0) -> Tensor:
@@ -198,17 +215,17 @@ class LoopedLM(nn.Module):
                 for t in range(start, start + n_free):
                     state = self._loop(state, ctx, t)
         for t in range(start + n_free, end):
-            state = self._loop(state, ctx, t)
+            state = self._piece("loop", self._loop, state, ctx, t)
         return state
 
     # ------------------------------------------------------------------ readout
 
     def readout_hidden(self, state: Tensor, ctx: LoopContext) -> Tensor:
         """norm(coda(state)) [B, L, D]: what the head reads."""
-        x = state
-        for block in self.coda:
-            x = block(x, ctx.rope, ctx.mask)
-        return self.norm(x)
+        return self._piece("loop", self._coda_norm, state, ctx)
+
+    def _coda_norm(self, state: Tensor, ctx: LoopContext) -> Tensor:
+        return self.norm(self._blocks(self.coda, state, ctx))
 
     def readout_logits(self, state: Tensor, ctx: LoopContext) -> Tensor:
         """Logits [B, L, V] of a loop state (materialised: for generation and scoring)."""
@@ -254,18 +271,27 @@ class LoopedLM(nn.Module):
 
     def forward(self, batch: Batch | LoopContext, readouts: Sequence[int],
                 answer_weight: float = 1.0, *, no_grad_loops: int = 0, start: int = 0,
-                state: Tensor | None = None, answer_only: bool = False) -> LoopOutput:
+                state: Tensor | None = None, answer_only: bool = False,
+                exit_entropy_weight: float | None = None) -> LoopOutput:
         """Losses after each listed loop count, from one pass over the loops.
 
         Counts may exceed ``cfg.loops`` (test-time extrapolation). ``start``/``state``
         continue from a previous unroll's (detached) state, so counts must exceed
         ``start``; ``no_grad_loops`` loops after ``start`` run without gradients.
+        ``exit_entropy_weight`` (β, needs the exit gate, start 0): also the expected-exit
+        objective over the readouts (:mod:`.exit_gate`) as ``objective``.
         """
         wanted = sorted(set(int(h) for h in readouts))
         if not wanted or wanted[0] <= start:
             raise ValueError(f"readouts must be a non-empty list of counts > start={start}, "
                              f"got {list(readouts)}")
         ctx = batch if isinstance(batch, LoopContext) else self.embed(batch)
+        if exit_entropy_weight is not None:
+            assert start == 0 and state is None, "expected exit reads out from loop 1"
+            weights = self._token_weights(ctx, answer_weight, answer_only)
+            out, objective, state = expected_exit_forward(
+                self, ctx, wanted, weights, exit_entropy_weight, no_grad_loops=no_grad_loops)
+            return LoopOutput({int(h): out[int(h)] for h in readouts}, state, objective)
         out: dict[int, Tensor] = {}
         t = start
         for h in wanted:

@@ -71,7 +71,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, token_weights: Tensor | None,
                 chunk_size: int, ignore_index: int, reduction: str, backend: str,
-                need_hidden_grad: bool, need_weight_grad: bool) -> Tensor:
+                need_hidden_grad: bool, need_weight_grad: bool,
+                token_losses: Tensor | None) -> Tensor:
         N = hidden.shape[0]  # hidden: [N, D], weight: [V, D], targets: [N]
         dtype = torch.promote_types(hidden.dtype, weight.dtype)
         w_mat = weight.to(dtype)
@@ -103,6 +104,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             losses = step(logits, targets[start:end], scale[start:end], ignore_index,
                           compute_grad)
             loss += (losses * scale[start:end]).sum()
+            if token_losses is not None:  # side output, no gradient
+                token_losses[start:end] = losses
             if compute_grad:
                 grad_logits = logits.to(dtype)  # [C, V], now d loss / d logits
                 if grad_hidden is not None:
@@ -126,12 +129,13 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             grad_hidden.mul_(grad_loss.to(grad_hidden.dtype))
         if grad_weight is not None:
             grad_weight = grad_weight.mul_(grad_loss).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None, None
 
 
 def chunked_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int = 1024,
                           ignore_index: int = -100, reduction: str = "mean",
-                          token_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
+                          token_weights: Tensor | None = None, backend: str = "auto",
+                          token_losses: Tensor | None = None) -> Tensor:
     """Cross-entropy of ``hidden [N, D] @ weight.T [D, V]`` against ``targets [N]``.
 
     Equals ``F.cross_entropy(hidden @ weight.T, targets, ignore_index=..., reduction=...)`` in
@@ -140,7 +144,9 @@ def chunked_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk
     Σ wᵢ·ceᵢ, ``mean`` gives Σ wᵢ·ceᵢ / Σ wᵢ over non-ignored tokens. With every target
     ignored the loss is 0 (F.cross_entropy gives nan). ``backend``: ``auto`` (Triton kernel
     on CUDA when importable, else torch), ``torch`` or ``triton`` (the latter also runs on
-    CPU tensors under ``TRITON_INTERPRET=1``). Returns an fp32 scalar.
+    CPU tensors under ``TRITON_INTERPRET=1``). Returns an fp32 scalar. ``token_losses``: an
+    fp32 [N] tensor filled with every token's unweighted cross-entropy (0 where ignored),
+    outside autograd (the expected-exit loss weighs them by exit probabilities).
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, not {reduction!r}")
@@ -153,4 +159,4 @@ def chunked_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk
     return _ChunkedCrossEntropy.apply(
         hidden, weight, targets, token_weights, chunk_size, ignore_index, reduction,
         _resolve_backend(backend, hidden.device),
-        grad_on and hidden.requires_grad, grad_on and weight.requires_grad)
+        grad_on and hidden.requires_grad, grad_on and weight.requires_grad, token_losses)

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .recompute import recomputing
+
 log = logging.getLogger(__name__)
 
 GROUPED_MM_ALIGN_BYTES = 16  # row stride alignment torch._grouped_mm requires
@@ -47,12 +49,20 @@ def _support_key(device: torch.device, dtype: torch.dtype, backward: bool) -> tu
     return (device.type, capability, dtype, backward)
 
 
+def _same_tensor(t: Tensor) -> Tensor:
+    return t
+
+
 def _probe(device: torch.device, dtype: torch.dtype, backward: bool) -> bool:
     x = (torch.arange(32 * 16, device=device) % 7 - 3).reshape(32, 16).to(dtype) / 4
     w = (torch.arange(2 * 16 * 16, device=device) % 5 - 2).reshape(2, 16, 16).to(dtype) / 4
     offs = torch.tensor([16, 32], dtype=torch.int32, device=device)
+    # Identity saved-tensor hooks: a probe run inside a checkpointed piece (the first MoE
+    # call of a process) saves nothing into it, so its recomputation, which finds the
+    # probe cached, saves the same tensors (model.recompute).
     try:
-        with torch.enable_grad() if backward else torch.no_grad():
+        with (torch.enable_grad() if backward else torch.no_grad(),
+              torch.autograd.graph.saved_tensors_hooks(_same_tensor, _same_tensor)):
             x, w = x.requires_grad_(backward), w.requires_grad_(backward)
             y = torch._grouped_mm(x, w, offs=offs)
             ref = torch.cat([x[:16] @ w[0], x[16:] @ w[1]])
@@ -166,12 +176,22 @@ class MoEFFN(nn.Module):
         return top_idx, gates, probs
 
     def _record(self, top_idx: Tensor, probs: Tensor, counts: Tensor) -> None:
-        """Count loads and record the aux loss term (training mode only)."""
-        if self.training:
+        """Count loads and record the aux loss term (training mode only).
+
+        When activation checkpointing recomputes this call in backward, the term is computed
+        again (the recomputation must save the same tensors) but neither it nor the loads
+        are recorded a second time.
+        """
+        if not self.training:
+            return
+        again = recomputing()
+        if not again:
             self.load_counts += counts.detach()
-            if self.aux_loss_weight > 0 and torch.is_grad_enabled():
-                frac = counts.float() / top_idx.numel()  # f_e, no gradient (as in Switch)
-                self.aux_terms.append(self.n_experts * (frac * probs.mean(dim=0)).sum())
+        if self.aux_loss_weight > 0 and torch.is_grad_enabled():
+            frac = counts.float() / top_idx.numel()  # f_e, no gradient (as in Switch)
+            term = self.n_experts * (frac * probs.mean(dim=0)).sum()
+            if not again:
+                self.aux_terms.append(term)
 
     # ------------------------------------------------------------------ experts
 

@@ -112,6 +112,8 @@ def param_count(cfg: ModelConfig) -> int:
     elif cfg.learn_injection_scale:
         total += 1  # λ
     total += step_embedding_rows(cfg) * d
+    if cfg.exit_gate:
+        total += d + 1  # the shared exit gate Linear(d, 1): weight and bias
     return total
 
 

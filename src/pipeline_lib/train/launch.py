@@ -13,8 +13,9 @@ a free port, so concurrent segment jobs on one machine never collide (torchrun i
 ``--master_port`` in this mode). With ``train.nnodes`` > 1 the job uses a c10d rendezvous
 at ``train.rdzv_endpoint`` (or ``$MASTER_ADDR:$MASTER_PORT``) and, inside a SLURM
 allocation, ``srun`` starts one torchrun per node (the rule asks SLURM for the nodes: see
-:func:`pipeline_lib.workflow.plan.multi_node_resources`). The job's output is streamed into
-this process's log; a failure raises TrainingError carrying the failing rank's error line.
+:func:`pipeline_lib.workflow.cluster_resources.multi_node_resources`). The job's output is
+streamed into this process's log; a failure raises TrainingError carrying the failing rank's
+error line.
 
 In the worker processes the ``train`` command calls :func:`train_in_process`, which sees
 torchrun's environment, joins the process group and trains its rank.

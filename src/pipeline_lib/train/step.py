@@ -2,7 +2,8 @@
 
 Loss of a micro-batch: the objective over the loop readouts (``last``: the loss after the
 last loop; ``deep_supervision``: the mean of the losses after loops 1..n, all from one
-pass), answer tokens weighted by ``train.answer_weight``, plus the model's MoE aux loss.
+pass; ``expected_exit``: the same readouts weighted by the exit gate's distribution, minus
+β times its entropy, see :mod:`pipeline_lib.model.exit_gate`), answer tokens weighted by ``train.answer_weight``, plus the model's MoE aux loss.
 ``answer_last`` / ``answer_deep_supervision`` read out the same way but score the answer
 tokens only (the mean loss over ``answer_mask``; ``answer_weight`` is then unused).
 Gradients of the micro-batches are accumulated with weight 1/accum each.
@@ -17,6 +18,9 @@ Backprop through loops (``train.bptt``):
   guard judge the unroll (its own baseline key), step the optimizer, update the MoE
   biases and the EMA, and detach. A spike in one unroll drops the remaining unrolls of
   that global step (the prototype's rule); unrolls already applied stay applied.
+
+``train.activation_checkpointing`` (set on the model here) recomputes each loop's or each
+block's activations in backward (:mod:`pipeline_lib.model.recompute`): same gradients.
 
 Every other step is skipped the same way: the guard sees the (mean) loss and the
 pre-clipping gradient norm; on a skip the gradients and MoE loads are thrown away. With
@@ -85,13 +89,21 @@ class StepRunner:
         self.ema, self.hooks, self.device = ema, hooks or StepHooks(), device
         self.group = group  # several ranks: statistics are reduced before the guard judges
         self.forward = model if forward is None else forward  # compiled with train.compile
+        model.activation_checkpointing = train.activation_checkpointing  # see model.recompute
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.deep = train.objective in ("deep_supervision", "answer_deep_supervision")
+        self.deep = train.objective in ("deep_supervision", "answer_deep_supervision",
+                                        "expected_exit")
         self.answer_only = train.objective.startswith("answer_")
+        # expected_exit: Σ_t p(t)·L_t − β·H(p) over the same readouts (model.exit_gate)
+        self.exit_entropy = (train.exit_entropy_weight if train.objective == "expected_exit"
+                             else None)
 
     # ------------------------------------------------------------------ pieces
 
-    def _objective(self, losses: dict[int, Tensor], counts: Sequence[int]) -> Tensor:
+    def _objective(self, out: Any, counts: Sequence[int]) -> Tensor:
+        losses = out.losses
+        if self.exit_entropy is not None:
+            return out.objective
         if self.deep:
             return torch.stack([losses[h] for h in counts]).mean()
         return losses[counts[-1]]
@@ -189,8 +201,10 @@ class StepRunner:
                   self.amp.autocast() if self.amp is not None else nullcontext()):
                 # a fresh embedding per unroll: the previous unroll's graph is freed
                 out = self.forward(batch, counts, t.answer_weight, no_grad_loops=no_grad,
-                                   start=start, state=states[m], answer_only=self.answer_only)
-                loss = self.hooks.loss(self._objective(out.losses, counts), step, flat_row)
+                                   start=start, state=states[m], answer_only=self.answer_only,
+                                   **({} if self.exit_entropy is None else
+                                      {"exit_entropy_weight": self.exit_entropy}))
+                loss = self.hooks.loss(self._objective(out, counts), step, flat_row)
                 aux = self.model.take_aux_loss()
             ((loss + aux) / accum).backward()
             if keep_state:

@@ -4,7 +4,7 @@ Runs, their resolved configs, data ids, segment ends and the kept snapshot steps
 paths of each (from :mod:`pipeline_lib.run_layout`). Kept snapshots are outputs; the others
 are temporary outputs that Snakemake deletes once the next segment consumed them, so a
 finished run re-run finds nothing to do. Torch-free and cheap: Snakemake evaluates this on
-every call, dry runs included.
+every call, dry runs included, and the per-segment functions once per segment job: lookups.
 """
 
 from __future__ import annotations
@@ -12,16 +12,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ..config import (
+    DEFAULT_CONFIG_PATH,
     Config,
     DataConfig,
-    apply_default_config,
     config_for_run,
     config_from_dict,
     config_hash,
+    merge_config_dicts,
+    merge_config_files,
     to_dict,
 )
 from ..data.identity import data_id as compute_data_id
@@ -30,7 +33,8 @@ from ..errors import ConfigError, PipelineError
 from ..export.hf_import import fingerprint_id, resolve_init_from
 from ..run_layout import ResultsLayout, RunLayout
 from ..task_catalog import check_bench_tasks, user_task_inputs
-from .snapshots_policy import kept_steps, previous_end, segment_ends, total_steps
+from .cluster_resources import job_resources, job_threads
+from .snapshots_policy import anchor_steps, kept_steps, previous_end, segment_ends, total_steps
 
 DEFAULT_RUN = "default"
 # how long a segment job may run: no effect on the weights (a stop resumes exactly)
@@ -74,6 +78,20 @@ class RunPlan:
     def final_step(self) -> int:
         return self.segment_ends[-1]
 
+    @cached_property
+    def anchor_steps(self) -> list[int]:
+        """Temporary segment ends with an anchor target (long temporary chains only)."""
+        return anchor_steps(self.segment_ends, self.kept_steps)
+
+    @cached_property
+    def previous_ends(self) -> dict[int, int | None]:
+        """Each segment end's previous one (None for the first): one lookup per job."""
+        return dict(zip(self.segment_ends, [None, *self.segment_ends[:-1]], strict=True))
+
+    @cached_property
+    def kept_set(self) -> frozenset[int]:
+        return frozenset(self.kept_steps)
+
 
 class WorkflowPlan:
     """Runs, data packs and snapshot steps of one Snakemake invocation."""
@@ -88,6 +106,7 @@ class WorkflowPlan:
         self._check_nodes()
         self._bench_inputs: dict[str, list[str]] = {}
         self._check_bench()
+        self._train_signatures: dict[str, str] = {}  # a param of every segment job
 
     def _check_nodes(self) -> None:
         """The rule's SLURM resources come from the base config: variants keep its nodes."""
@@ -166,13 +185,17 @@ class WorkflowPlan:
         plan = self.runs[run]
         if step == 0 and self.has_init(run):
             return str(self.layout.run(run).init_dir)
-        if step not in plan.segment_ends:
+        if step not in plan.previous_ends:
             raise ValueError(f"step {step} is not a segment end of run {run}")
-        return str(self.layout.run(run).snapshot(step, kept=step in plan.kept_steps))
+        return str(self.layout.run(run).snapshot(step, kept=step in plan.kept_set))
+
+    def _previous_end(self, run: str, step: int) -> int | None:
+        ends = self.runs[run].previous_ends  # previous_end raises: not a segment end
+        return ends[step] if step in ends else previous_end(self.runs[run].segment_ends, step)
 
     def previous_snapshot(self, run: str, step: int) -> list[str]:
         """The snapshot the segment ending at ``step`` resumes from ([] for the first)."""
-        previous = previous_end(self.runs[run].segment_ends, step)
+        previous = self._previous_end(run, step)
         return [] if previous is None else [self.snapshot_path(run, previous)]
 
     def has_init(self, run: str) -> bool:
@@ -192,8 +215,7 @@ class WorkflowPlan:
     def init_snapshot(self, run: str, step: int) -> list[str]:
         """The imported snapshot the segment ending at ``step`` warm-starts from: only the
         first segment of an ``init_from`` run has one."""
-        plan = self.runs[run]
-        if not self.has_init(run) or previous_end(plan.segment_ends, step) is not None:
+        if not self.has_init(run) or self._previous_end(run, step) is not None:
             return []
         return [str(self.layout.run(run).init_dir)]
 
@@ -209,6 +231,18 @@ class WorkflowPlan:
 
     def kept_snapshots(self, run: str) -> list[str]:
         return [self.snapshot_path(run, s) for s in self.runs[run].kept_steps]
+
+    def anchors(self, run: str) -> list[str]:
+        """The anchors of ``run``'s long temporary chains (rule ``segment_anchor``)."""
+        layout = self.layout.run(run)
+        return [str(layout.anchor(s)) for s in self.runs[run].anchor_steps]
+
+    def segment_targets(self, run: str) -> list[str]:
+        """Kept snapshots and anchors, in step order (the order Snakemake resolves them)."""
+        plan = self.runs[run]
+        marks = dict(zip(plan.kept_steps, self.kept_snapshots(run), strict=True))
+        marks.update(zip(plan.anchor_steps, self.anchors(run), strict=True))
+        return [marks[step] for step in sorted(marks)]
 
     def bench_steps(self, run: str) -> list[int]:
         plan = self.runs[run]
@@ -241,11 +275,11 @@ class WorkflowPlan:
         return {run: str(self.layout.run(run).metrics) for run in self.runs}
 
     def run_targets(self, run: str) -> list[str]:
-        """What one run's pipeline builds: kept snapshots, index, H_eff and benchmark
-        summaries, export, its parent run brought up to date with the config (the inputs of
-        rule ``track_done``, which then ends the parent run)."""
+        """What one run's pipeline builds: kept snapshots (and anchors), index, H_eff and
+        benchmark summaries, export, its parent run brought up to date with the config (the
+        inputs of rule ``track_done``, which then ends the parent run)."""
         layout = self.layout.run(run)
-        return self.kept_snapshots(run) + [str(p) for p in (
+        return self.segment_targets(run) + [str(p) for p in (
             layout.index, layout.heff_table, layout.heff_plot, layout.bench_table,
             layout.bench_plot, layout.export_dir, layout.parent_config)]
 
@@ -259,6 +293,11 @@ class WorkflowPlan:
         vanish unnoticed. As a target, a deleted one is rebuilt (from the previous kept
         snapshot, regenerating the temporary ones between), and so is what depends on it:
         the later segments resuming from it, its sweeps and benchmarks, the index.
+
+        Snakemake resolves targets in turn, each recursively: they come in step order, with
+        an anchor (a copy of its benchmark record, rule ``segment_anchor``) every 100th of a
+        long run of temporary segments, so each chain ends at the previous target: no
+        recursion limit. It needs the record, not the snapshot: that still goes once consumed.
         """
         targets = []
         for run in self.runs:
@@ -269,41 +308,26 @@ class WorkflowPlan:
 
     def threads(self, family: str) -> int:
         """Threads of a ``train`` or ``eval`` job (Snakemake caps them at ``--cores``)."""
-        r = self.config.resources
-        return r.train_cpus if family == "train" else r.eval_cpus
+        return job_threads(self.config, family)
 
     def cluster_resources(self, family: str) -> dict[str, Any]:
-        """Resources of the ``train`` or ``eval`` rule family (SLURM executor names);
-        partition and account only when set, so the cluster defaults apply otherwise."""
-        r = self.config.resources
-        res: dict[str, Any] = {
-            "cpus_per_task": self.threads(family),
-            "mem_mb": r.train_mem_mb if family == "train" else r.eval_mem_mb,
-        }
-        gpus = r.train_gpus if family == "train" else r.eval_gpus
-        if family == "train" and self.config.train.nnodes > 1:
-            res.update(multi_node_resources(self.config.train.nnodes, self.config.train.nproc,
-                                            gpus, r.train_cpus))
-        elif gpus:
-            res["gpu"] = gpus
-        if family != "train":
-            res["runtime"] = r.eval_runtime_minutes
-        if r.slurm_partition:
-            res["slurm_partition"] = r.slurm_partition
-        if r.slurm_account:
-            res["slurm_account"] = r.slurm_account
-        return res
+        """Resources of the ``train`` or ``eval`` rule family (:func:`job_resources`)."""
+        return job_resources(self.config, family)
 
     # ------------------------------------------------------------------ params
 
     def train_signature(self, run: str) -> str:
         """Hash of what determines the trained weights: a change retrains, eval.* does not."""
+        if run in self._train_signatures:  # asked once per segment job
+            return self._train_signatures[run]
         cfg = self.runs[run].config
         train = {k: v for k, v in to_dict(cfg.train).items() if k not in JOB_TIME_KEYS}
         relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
                     "data_id": self.runs[run].data_id, "model": model_signature(cfg.model),
                     "train": train, "keep_best": cfg.snapshots.keep_best}
-        return config_hash({**relevant, **self._precision(run)})
+        signature = config_hash({**relevant, **self._precision(run)})
+        self._train_signatures[run] = signature
+        return signature
 
     def _precision(self, run: str) -> dict[str, str]:
         """``experiment.precision`` unless auto (so the signatures of runs from before the
@@ -349,39 +373,20 @@ def model_signature(model: Any) -> dict[str, Any]:
     return data
 
 
-def multi_node_resources(nnodes: int, nproc: int, gpus_per_node: int,
-                         cpus_per_node: int) -> dict[str, Any]:
-    """SLURM resources of a segment job over ``nnodes`` nodes of ``nproc`` processes each
-    (names of the SLURM executor plugin, which turns them into ``sbatch`` options).
-
-    ``nodes``, and one task per process (``tasks_per_node``; with one process per node
-    ``tasks`` = nnodes, since the plugin refuses ``tasks_per_node`` 1 for these jobs);
-    ``mpi`` makes the job step run the segment's command in the batch script rather than in
-    ``srun -n1``, so that the segment's own ``srun`` can start one torchrun per node; GPUs per
-    node as ``gres`` (``gpu`` would be the job's total), and ``tasks_per_gpu: 0`` so that the
-    plugin does not read ``tasks`` as tasks per GPU. ``cpus_per_node`` is split over the tasks.
-    """
-    res: dict[str, Any] = {"nodes": nnodes, "mpi": "srun",
-                           "cpus_per_task": max(1, cpus_per_node // nproc)}
-    if nproc > 1:
-        res["tasks_per_node"] = nproc
-    else:
-        res["tasks"] = nnodes
-    if gpus_per_node:
-        res.update(gres=f"gpu:{gpus_per_node}", tasks_per_gpu=0)
-    return res
-
-
 def plan_for_snakemake(config: dict[str, Any], configfiles: Sequence[Any] = (),
-                       config_args: Sequence[str] = ()) -> WorkflowPlan:
-    """The Snakefile's plan: ``config`` (what --configfile/--config gave Snakemake) merged
-    over the embedded default in place, validated by the same code as the stage commands,
-    and planned. A user error ends Snakemake with the one line those commands print
-    (``error: …``, naming the file, or the ``runs:`` variant the key is in), never with a
-    traceback or a dump of the JSON schema."""
-    names = [_shown(Path(f)) for f in configfiles] + (["--config"] if config_args else [])
+                       overrides: Mapping[str, Any] | None = None) -> WorkflowPlan:
+    """The Snakefile's plan, ``config`` rebuilt in place by loopline's rules (not Snakemake's
+    recursive merge, which adds a later file's ``runs:`` to the earlier ones): the default ←
+    ``configfiles`` in order, as the commands' ``--config A --config B`` ← ``overrides``
+    (``--config``; without files ``config`` is all the user gave). A user error ends
+    Snakemake with the one line the commands print (``error: …``, naming the file or the
+    ``runs:`` variant), never with a traceback or a dump of the JSON schema."""
+    names = [_shown(Path(f)) for f in configfiles] + (["--config"] if overrides else [])
     try:
-        apply_default_config(config)
+        last = (overrides or {}) if configfiles else config
+        merged = merge_config_dicts(merge_config_files(configfiles, DEFAULT_CONFIG_PATH), dict(last))
+        config.clear()
+        config.update(merged)
         return WorkflowPlan(config, " + ".join(names) or "config/config.yaml")
     except PipelineError as exc:
         raise SystemExit(f"error: {exc}") from None

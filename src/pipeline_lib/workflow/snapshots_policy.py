@@ -5,6 +5,11 @@ the Snakefile can declare the kept snapshots as outputs and the others as ``temp
 (deleted once the next segment consumed them). Torch-free: Snakemake imports this on every
 call, dry runs included.
 
+Long runs of temporary snapshots get *anchors* (:func:`anchor_steps`): Snakemake resolves
+every target's dependencies recursively, so a chain of thousands of segments behind one
+target would exceed Python's recursion limit; with a target every :data:`ANCHOR_SEGMENTS`
+segments at most, each chain it resolves is short.
+
 ``snapshots.keep_best`` cannot be decided in advance; training jobs maintain
 ``snapshots/best`` themselves (:func:`pipeline_lib.checkpoint.best.update_best_snapshot`).
 """
@@ -15,6 +20,11 @@ from ..config import SnapshotsConfig
 from ..errors import ConfigError
 from ..run_layout import step_dir_name as step_dir_name  # where a step's snapshot lives
 from ..train.budget import total_steps as total_steps  # the run's steps (token budget)
+
+# The longest run of temporary segments between two planned targets: Snakemake's DAG
+# resolution nests about two Python frames per segment, and the default recursion limit of
+# 1000 is met near 480 segments; 100 leaves room and costs one tiny job per 100 segments.
+ANCHOR_SEGMENTS = 100
 
 
 def segment_ends(total_steps: int, steps_per_segment: int) -> list[int]:
@@ -50,3 +60,20 @@ def previous_end(ends: list[int], step: int) -> int | None:
                           "exist only at multiples of train.steps_per_segment and total_steps")
     i = ends.index(step)
     return ends[i - 1] if i else None
+
+
+def anchor_steps(ends: list[int], kept: list[int], every: int | None = None) -> list[int]:
+    """Temporary segment ends that get an anchor: the ``every``-th (default
+    :data:`ANCHOR_SEGMENTS`, read when called) of each run of temporary segments between
+    kept ones, so that no run of them longer than ``every`` is left without a target. None
+    when the kept snapshots are that close already (most configs)."""
+    every = ANCHOR_SEGMENTS if every is None else every
+    if every < 1:
+        raise ValueError(f"anchor spacing {every} must be at least 1")
+    kept_set, anchors, since = set(kept), [], 0
+    for step in ends:
+        since = 0 if step in kept_set else since + 1
+        if since == every:
+            anchors.append(step)
+            since = 0
+    return anchors

@@ -139,7 +139,8 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     check_stage_outputs(cfg, run_dir, [out])
     result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
                       max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
-                      use_ema=cfg.eval.use_ema, adaptive=AdaptiveSpec.from_eval_config(cfg.eval),
+                      use_ema=cfg.eval.use_ema,
+                      adaptive=AdaptiveSpec.all_from_eval_config(cfg.eval),
                       device=cfg.experiment.device, precision=cfg.experiment.precision,
                       objective=cfg.train.objective)
     step = result["step"]
@@ -150,9 +151,11 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
         metrics = {f"heff/loss_h{h}": v for h, v in result["losses"].items()}
         metrics["heff/best_h"] = result["best_h_eff"]
         metrics["heff/deeper_better"] = float(result["deeper_better"])
-        for point in result.get("adaptive", {}).get("points", []):
-            metrics[f"heff/adaptive_loss_t{point['threshold']:g}"] = point["loss"]
-            metrics[f"heff/adaptive_loops_t{point['threshold']:g}"] = point["mean_loops"]
+        for i, section in enumerate(result.get("adaptive_by_criterion", {}).values()):
+            name = "adaptive" if i == 0 else f"adaptive_{section['criterion']}"  # first: as before
+            for point in section["points"]:
+                metrics[f"heff/{name}_loss_t{point['threshold']:g}"] = point["loss"]
+                metrics[f"heff/{name}_loops_t{point['threshold']:g}"] = point["mean_loops"]
         stage.log_metrics(step or 0, metrics)
         stage.log_artifact(out, "eval/heff")
         if is_final(Path(snapshot)):
@@ -193,12 +196,14 @@ def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[
 
 def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
                 tasks_dir: Path) -> dict[str, Any]:
-    """Downstream benchmarks of one snapshot at every ``bench.h_eff``, as child run
-    ``bench/step_…`` with metrics ``bench/{task}/{metric}_h{h}`` at the snapshot's step; the
-    final snapshot's scores also go to the parent run (``bench/{task}/{metric}`` at step =
-    H_eff, with their intervals)."""
+    """Downstream benchmarks of one snapshot at every ``bench.h_eff`` (and adaptive exit),
+    as child run ``bench/step_…`` with metrics ``bench/{task}/{metric}_h{h}`` (adaptive:
+    ``…_adaptive:T:MAX`` with ``mean_loops_…`` and ``loops_hist_…/{loops}``, see
+    :func:`pipeline_lib.bench.scoring.bench_metrics`) at the snapshot's step; the final
+    snapshot's fixed-H_eff scores also go to the parent run (``bench/{task}/{metric}`` at
+    step = H_eff, with their intervals)."""
     from ..bench import run_benchmarks
-    from ..bench.scoring import bench_records
+    from ..bench.scoring import bench_metrics
     from ..bench.tasks import check_tasks_dir
     from ..checkpoint.manifest import verify_snapshot
     from ..tracking import start_stage
@@ -210,17 +215,23 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
                             device=cfg.experiment.device, precision=cfg.experiment.precision)
     step = result.get("step")
     with start_stage(cfg, run_dir, f"bench/{_step_name(step)}",
-                     params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff},
+                     params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff,
+                             **_adaptive_params(cfg.bench)},
                      tags=_kernel_tags()) as stage:
-        metrics = {}
-        for row in bench_records(result):
-            level = "" if row["level"] is None else f"_k{row['level']}"
-            metrics[f"bench/{row['task']}/{row['metric']}_h{row['h_eff']}{level}"] = row["value"]
-        stage.log_metrics(step or 0, metrics)
+        stage.log_metrics(step or 0, bench_metrics(result))
         stage.log_artifact(out, "bench")
         if is_final(Path(snapshot)):
             stage.log_headline("bench", bench_values(result), {"step": step})
     return result
+
+
+def _adaptive_params(bench: Any) -> dict[str, Any]:
+    """The bench stage's adaptive-exit params; none when it is off."""
+    if not bench.adaptive_thresholds:
+        return {}
+    return {"bench.adaptive_thresholds": bench.adaptive_thresholds,
+            "bench.adaptive_criterion": bench.adaptive_criterion,
+            "bench.adaptive_max_loops": bench.adaptive_max_loops}
 
 
 def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],

@@ -1,0 +1,185 @@
+"""Per-token depth in the benchmarks: loops used under adaptive exit, per task and level, in
+the bench JSON, the summary table and the stage's MLflow metrics.
+
+Token counts are recomputed here without the wrapper's counter: a multiple-choice question
+scores every byte of every choice (byte tokenizer, empty target delimiter); a generation
+takes one step per kept token, plus one for the EOS that ends it early.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+
+import pyarrow.parquet as pq
+import pytest
+from snapshot_helpers import greedy_reference
+
+from pipeline_lib.bench.lm_requests import cut_at_stops
+from pipeline_lib.bench.loops_used import LoopsUsed, loops_summary
+from pipeline_lib.bench.runner import adaptive_settings, run_benchmarks
+from pipeline_lib.bench.scoring import SUMMARY_COLUMNS, bench_metrics, summarize_bench
+from pipeline_lib.bench.tasks import GENERATION_STOPS
+from pipeline_lib.config import BenchConfig, Config, validate_config
+from pipeline_lib.errors import ConfigError
+from pipeline_lib.tracking.commit import check_metric_key
+
+pytestmark = pytest.mark.slow
+NEVER, EARLY = "adaptive:0:3", "adaptive:0.01:3"
+
+
+@pytest.fixture(scope="module")
+def adaptive_report(tmp_path_factory, snapshot_dir, small_bench):
+    """(report, tasks dir) at H_eff 1, 3 and adaptive exit 0 (never early) and 0.01, MAX 3."""
+    out = tmp_path_factory.mktemp("bench_adaptive")
+    bench = replace(small_bench, adaptive_thresholds=[0.01, 0.0])
+    report = run_benchmarks(snapshot_dir, bench, out / "tasks", out / "step_0000007.json")
+    return report, out / "tasks"
+
+
+def _rows(tasks_dir, name):
+    return [json.loads(line) for line in (tasks_dir / f"{name}.jsonl").read_text().splitlines()]
+
+
+def generated_tokens(model, tokenizer, prompt: str, h_eff: int, max_gen: int) -> int:
+    """Decoding steps of one greedy generation: up to the token that completes a stop
+    string, else up to and including EOS, else the whole budget."""
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    ids = greedy_reference(model, tokenizer.encode(prompt).ids, h_eff, max_gen, eos)
+    for k in range(1, len(ids) + 1):
+        if cut_at_stops(tokenizer.decode(ids[:k]), GENERATION_STOPS)[1]:
+            return k
+    return len(ids) + 1 if len(ids) < max_gen else max_gen
+
+
+def scored_tokens(info, rows, model, tokenizer, max_gen: int) -> dict[str, int]:
+    """{level: tokens} a task scores (multiple choice) or generates at H_eff 3."""
+    out: Counter[str] = Counter()
+    for row in rows:
+        if info["output_type"] == "multiple_choice":
+            n = sum(len(tokenizer.encode(c).ids) for c in row["choices"])
+        else:
+            n = generated_tokens(model, tokenizer, row["prompt"], 3, max_gen)
+        out[str(row["level"])] += n
+    return dict(out)
+
+
+def test_loops_used_histograms_count_every_token_per_task_and_level(
+        adaptive_report, small_bench, trained_model, tokenizer):
+    report, tasks_dir = adaptive_report
+    assert report["adaptive"] == [NEVER, EARLY]
+    assert report["bench"]["adaptive_thresholds"] == [0.01, 0.0]
+    for name, info in report["tasks"].items():
+        assert sorted(info["adaptive"]) == [EARLY, NEVER]
+        want = scored_tokens(info, _rows(tasks_dir, name), trained_model, tokenizer,
+                             small_bench.max_gen_toks)
+        never = info["adaptive"][NEVER]["loops"]
+        # threshold 0 never exits early: every token used all 3 loops
+        assert never["mean"] == 3.0 and never["max_loops"] == 3
+        assert never["hist"] == {"1": 0, "2": 0, "3": sum(want.values())}
+        assert never["tokens"] == sum(want.values())
+        assert {lv: e["hist"]["3"] for lv, e in never["levels"].items()} == want
+        assert all(e["mean"] == 3.0 for e in never["levels"].values())
+        early = info["adaptive"][EARLY]["loops"]
+        assert sorted(early["hist"]) == ["1", "2", "3"]
+        assert sum(early["hist"].values()) == early["tokens"]
+        assert early["mean"] == pytest.approx(
+            sum(int(t) * n for t, n in early["hist"].items()) / early["tokens"])
+        assert early["tokens"] == sum(e["tokens"] for e in early["levels"].values())
+        for lv, entry in early["levels"].items():
+            assert sum(entry["hist"].values()) == entry["tokens"]
+            if info["output_type"] == "multiple_choice":  # same tokens at every depth
+                assert entry["tokens"] == want[lv]
+    assert any(e["loops"]["mean"] < 3.0 for info in report["tasks"].values()
+               for e in info["adaptive"].values())  # the trained model does exit early
+
+
+def test_adaptive_scores_sit_beside_unchanged_fixed_ones(adaptive_report, bench_report):
+    report, _ = adaptive_report
+    fixed, _, _ = bench_report
+    assert "adaptive" not in fixed and all("adaptive" not in i for i in fixed["tasks"].values())
+    for name, info in report["tasks"].items():
+        assert info["h_eff"] == fixed["tasks"][name]["h_eff"]  # no loops keys, same numbers
+        assert info["paired"] == fixed["tasks"][name]["paired"]
+        never = info["adaptive"][NEVER]
+        assert never["per_sample"] == info["h_eff"]["3"]["per_sample"]  # = fixed H_eff=MAX
+        assert never["levels"] == info["h_eff"]["3"]["levels"]
+
+
+def test_summary_table_and_metrics_carry_mean_loops(adaptive_report, tmp_path):
+    report, _ = adaptive_report
+    path = tmp_path / "step_0000007.json"
+    path.write_text(json.dumps(report))
+    rows = summarize_bench([path], tmp_path / "s.parquet", tmp_path / "s.png")
+    table = pq.read_table(tmp_path / "s.parquet")
+    assert tuple(table.column_names) == SUMMARY_COLUMNS and table.to_pylist() == rows
+    fixed = [r for r in rows if r["adaptive"] is None]
+    assert fixed and all(r["mean_loops"] is None and r["loops_hist"] is None for r in fixed)
+    khop = report["tasks"]["loopline_khop"]["adaptive"][EARLY]
+    (whole,) = [r for r in rows if (r["task"], r["adaptive"], r["level"], r["metric"])
+                == ("loopline_khop", EARLY, None, "acc")]
+    assert whole["h_eff"] == 3 and whole["value"] == khop["overall"]["acc"]
+    assert whole["mean_loops"] == khop["loops"]["mean"]
+    assert json.loads(whole["loops_hist"]) == khop["loops"]["hist"]
+    assert whole["diff_vs_h1"] is None  # paired differences are fixed H_eff against H_eff
+    (hard,) = [r for r in rows if (r["task"], r["adaptive"], r["level"], r["metric"])
+               == ("loopline_khop", EARLY, 3, "acc")]
+    assert hard["mean_loops"] == khop["loops"]["levels"]["3"]["mean"]
+    metrics = bench_metrics(report)
+    for key in metrics:
+        check_metric_key(key)
+    assert metrics[f"bench/loopline_khop/acc_{EARLY}"] == khop["overall"]["acc"]
+    assert metrics[f"bench/loopline_khop/mean_loops_{EARLY}_k3"] == hard["mean_loops"]
+    assert metrics[f"bench/loopline_khop/loops_hist_{EARLY}/2"] == khop["loops"]["hist"]["2"]
+    assert metrics["bench/loopline_khop/acc_h3"] == \
+        report["tasks"]["loopline_khop"]["h_eff"]["3"]["overall"]["acc"]  # not overwritten
+
+
+def test_loops_summary_and_counter():
+    used = LoopsUsed()
+    used.add("t", 0, [1, 3, 3])
+    used.add("t", 1, [2])
+    used.add("t", 0, [3])
+    used.add(None, None, [4])
+    assert used.tasks() == ["t", "unknown"]
+    assert used.mean_per_task() == {"t": 12 / 5, "unknown": 4.0}
+    summary = loops_summary(used.documents("t"), 4, {"0": 1, "1": 2})
+    assert summary == {"mean": 12 / 5, "tokens": 5, "max_loops": 4,
+                       "hist": {"1": 1, "2": 1, "3": 3, "4": 0},
+                       "levels": {"1": {"mean": 2.5, "tokens": 4,
+                                        "hist": {"1": 1, "2": 0, "3": 3, "4": 0}},
+                                  "2": {"mean": 2.0, "tokens": 1,
+                                        "hist": {"1": 0, "2": 1, "3": 0, "4": 0}}}}
+    assert "levels" not in loops_summary(used.documents("t"), 4)
+    used.clear()
+    assert used.mean_per_task() == {} and used.documents("t") == {}
+
+
+def test_adaptive_settings_from_the_bench_config():
+    bench = BenchConfig(h_eff=[1, 4, 8], adaptive_thresholds=[0.01, 0.0, 0.01, 1e-3])
+    assert adaptive_settings(bench, bench.h_eff) == [
+        "adaptive:0:8", "adaptive:0.001:8", "adaptive:0.01:8"]
+    assert adaptive_settings(replace(bench, adaptive_max_loops=12), [2]) == [
+        "adaptive:0:12", "adaptive:0.001:12", "adaptive:0.01:12"]
+    assert adaptive_settings(BenchConfig(), [1, 4]) == []
+    cfg = Config()
+    cfg.bench.adaptive_thresholds = [0.01, float("nan")]
+    with pytest.raises(ConfigError, match="bench.adaptive_thresholds"):
+        validate_config(cfg)
+
+
+def test_bench_criteria_are_the_eval_criteria():
+    """bench.adaptive_criterion accepts every criterion the H_eff sweep and the lm-eval
+    model accept (a criterion added to one is added to both)."""
+    from dataclasses import fields
+
+    from pipeline_lib.config import EvalConfig
+    from pipeline_lib.evaluate.adaptive import CRITERIA
+
+    def choices(cls, name):
+        (f,) = [f for f in fields(cls) if f.name == name]
+        return f.metadata["choices"]
+
+    assert choices(BenchConfig, "adaptive_criterion") == choices(EvalConfig, "adaptive_criterion")
+    assert sorted(choices(BenchConfig, "adaptive_criterion")) == sorted(CRITERIA)
