@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
 
-.PHONY: demo depth-long retrofit results device-results device-wheels test test-fast lint bench ui ui-screenshot clean install schema
+.PHONY: demo depth-long retrofit exit-gate results device-results device-wheels test test-fast lint bench ui ui-screenshot clean install schema
 
 install: $(STAMP)
 
@@ -45,6 +45,13 @@ retrofit: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/retrofit_smollm2.yaml
 	$(BIN)/python -m pipeline_lib results-doc --results results_retrofit --readme README.md \
 	  --docs docs/results_retrofit --section retrofit
+
+# loop4 with the learned exit gate (config/experiments/exit_gate.yaml) and its README section:
+# the adaptive plot with every exit criterion.
+exit-gate: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/exit_gate.yaml
+	$(BIN)/python -m pipeline_lib results-doc --results results_exit_gate --readme README.md \
+	  --docs docs/results_exit_gate --section exit-gate
 
 # README's device section from a device check's JSON (run on the device with
 # `python benchmarks/device_check.py --out docs/device/device_check.json`, then copied here).
