@@ -115,3 +115,27 @@ def test_a_named_section_leaves_the_default_section_alone(tmp_path: Path):
     assert "### Depth check" in text.split(begin)[1] and text.endswith(f"{end}{TAIL}")
     with pytest.raises(DataError, match="results:other:begin"):
         write_results_doc(tmp_path / "results", readme, tmp_path / "docs", "other")
+
+
+def test_validation_curves_by_heff_are_drawn_and_linked(tmp_path: Path):
+    """A variant whose training log has val/loss_h{H} gets a figure (loss vs step, one line
+    per H_eff) drawn into the docs folder and linked; variants without them get none."""
+    from pipeline_lib.compare import val_loss_curves
+
+    results = _results(tmp_path)
+    metrics = results / "alpha" / "train" / "metrics.jsonl"
+    lines = [{"step": 1, "loss": 3.0, "loss_h1": 3.2},
+             {"step": 2, "loss": 2.9, "val_loss": 2.8, "val/loss_h1": 3.1, "val/loss_h4": 2.8},
+             {"step": 3, "loss": 2.7},
+             {"step": 4, "loss": 2.5, "val_loss": 2.4, "val/loss_h1": 3.0, "val/loss_h4": 2.4}]
+    metrics.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    assert val_loss_curves(metrics) == {1: [(2, 3.1), (4, 3.0)], 4: [(2, 2.8), (4, 2.4)]}
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{HEAD}{BEGIN}\n{END}{TAIL}")
+    docs = tmp_path / "docs" / "results"
+    body = write_results_doc(results, readme, docs)
+    figure = docs / "alpha_val_loss_by_heff.png"
+    assert figure.read_bytes().startswith(b"\x89PNG") and figure.stat().st_size > 1000
+    assert ("![alpha: validation loss vs training step, one line per H_eff]"
+            "(docs/results/alpha_val_loss_by_heff.png)") in body
+    assert not list(docs.glob("beta_val_loss*")) and "beta: validation loss vs training" not in body

@@ -365,6 +365,10 @@ class TrainConfig:
     eval_interval: int = _f(50, "Validation loss every this many steps (0 = only at segment end).",
                             minimum=0)
     eval_rows: int = _f(32, "Validation rows per in-training evaluation (fixed slice).", minimum=1)
+    val_h_eff: list[int] = _f(
+        [], "Loop counts each in-training validation also reads out, from the same pass "
+        "(logged as val/loss_h{H}; val_loss stays at model.loops); empty = eval.h_eff.",
+        items={"minimum": 1})
     diagnostics_interval: int = _f(50, "Per-block grad norm / activation RMS every N steps (0 = off).",
                                    minimum=0)
     compile: bool = _f(False, "torch.compile the model (off by default on the CPU).")

@@ -5,7 +5,9 @@ there is ever typed by hand: a stamp (commit, date, machine), the demo's wall ti
 (``results/demo_time.json``, written by ``make demo``), the comparison's tables (the same
 pieces as ``compare/summary.md``), the depth check read back from
 ``compare/depth_check.json``, the findings, and the figures, copied into the docs folder
-under stable names and linked relative to the README.
+under stable names and linked relative to the README, plus one drawn here per variant whose
+training log has them: the in-training validation loss against the step, one line per H_eff
+(``val/loss_h{H}`` of ``train/metrics.jsonl``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .compare import DEPTH_CHECK_JSON, RunResults, load_run_results, run_dir_inputs
+from .compare import (
+    DEPTH_CHECK_JSON,
+    RunResults,
+    load_run_results,
+    plot_val_loss_curves,
+    run_dir_inputs,
+    val_loss_curves,
+)
 from .compare.depth import depth_markdown
 from .compare.markdown import accuracy_tables, findings, loss_table, variants_table
 from .errors import DataError
@@ -141,6 +150,25 @@ def copy_figures(results: Path, runs: Sequence[str], docs: Path) -> list[tuple[s
     return copied
 
 
+def plot_val_curve_figures(results: Path, runs: Sequence[str],
+                           docs: Path) -> list[tuple[str, Path]]:
+    """Draw ``{run}_val_loss_by_heff.png`` into ``docs`` for every run whose training log
+    holds validation losses by H_eff; returns (caption, file) like :func:`copy_figures`."""
+    layout, docs = ResultsLayout(results), Path(docs)
+    drawn = []
+    for run in runs:
+        metrics = layout.run(run).metrics
+        curves = val_loss_curves(metrics)
+        if not curves:
+            log.warning("%s has no val/loss_h{H} lines; the README shows no validation curves "
+                        "of %s", metrics, run)
+            continue
+        docs.mkdir(parents=True, exist_ok=True)
+        path = plot_val_loss_curves(curves, run, docs / f"{run}_val_loss_by_heff.png")
+        drawn.append((f"{run}: validation loss vs training step, one line per H_eff", path))
+    return drawn
+
+
 def results_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any],
                      figures: Sequence[tuple[str, str]], stamp: str,
                      demo_time: str | None = None) -> str:
@@ -185,7 +213,9 @@ def write_results_doc(results: Path, readme: Path, docs: Path, section: str = ""
     repo = readme.resolve().parent
     stamp = machine_stamp(repo, [readme.resolve(), docs.resolve()])
     runs, depth = load_results(Path(results))
-    copied = copy_figures(Path(results), [r.name for r in runs], docs)
+    names = [r.name for r in runs]
+    copied = copy_figures(Path(results), names, docs) + plot_val_curve_figures(Path(results),
+                                                                               names, docs)
     links = [(caption, Path(os.path.relpath(p.resolve(), repo)).as_posix())
              for caption, p in copied]
     body = results_markdown(runs, depth, links, stamp, demo_time_line(Path(results)))

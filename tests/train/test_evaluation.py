@@ -9,7 +9,7 @@ from trainer_helpers import make_pack
 from pipeline_lib.config import ModelConfig
 from pipeline_lib.data.loader import PackedData
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.train.evaluation import generate_samples, samples_jsonl, validation_loss
+from pipeline_lib.train.evaluation import generate_samples, samples_jsonl, validation_losses
 
 CPU = torch.device("cpu")
 
@@ -25,24 +25,29 @@ def model(data: PackedData) -> LoopedLM:
     return LoopedLM(ModelConfig(vocab_size=data.vocab_size, d_model=16, n_heads=2, loops=2))
 
 
-def test_validation_loss_is_the_token_weighted_mean(data: PackedData, model: LoopedLM) -> None:
-    loss = validation_loss(model, data, 10, 4, loops=2, device=CPU)
+def test_validation_losses_are_token_weighted_means_from_one_pass(data: PackedData,
+                                                                   model: LoopedLM) -> None:
+    losses = validation_losses(model, data, 10, 4, readouts=[4, 1, 2], device=CPU)
+    assert list(losses) == [1, 2, 4]
     whole = next(data.val_batches(10, 10))
     with torch.no_grad():
-        expected = float(model.losses(whole, [2])[2])
-    assert loss == pytest.approx(expected, rel=1e-6)
+        expected = {h: float(v) for h, v in model.losses(whole, [1, 2, 4]).items()}
+    assert losses == pytest.approx(expected, rel=1e-6)
+    assert len(set(losses.values())) == 3  # three distinct readouts, not one repeated
     assert model.training  # the mode is restored
-    assert validation_loss(model, data, 10, 4, loops=2, device=CPU) == loss
+    # a count read out alone is bit for bit the same as read out beside others
+    assert validation_losses(model, data, 10, 4, readouts=[2], device=CPU) == {2: losses[2]}
 
 
 def test_answer_objective_validates_on_answer_tokens(data: PackedData, model: LoopedLM) -> None:
     """answer_* runs are validated on the tokens they train on (as the H_eff sweep scores them)."""
-    loss = validation_loss(model, data, 10, 4, loops=2, device=CPU, answer_only=True)
+    loss = validation_losses(model, data, 10, 4, readouts=[2], device=CPU, answer_only=True)[2]
     whole = next(data.val_batches(10, 10))
     with torch.no_grad():
         expected = float(model.losses(whole, [2], answer_only=True)[2])
     assert loss == pytest.approx(expected, rel=1e-6)
-    assert loss != pytest.approx(validation_loss(model, data, 10, 4, loops=2, device=CPU))
+    assert loss != pytest.approx(validation_losses(model, data, 10, 4, readouts=[2],
+                                                   device=CPU)[2])
 
 
 def test_greedy_samples_are_deterministic(data: PackedData, model: LoopedLM) -> None:

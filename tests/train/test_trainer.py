@@ -70,6 +70,10 @@ def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant
     assert [m["loss"] for m in m1] == [m["loss"] for m in m3]
     assert [m["grad_norm"] for m in m1] == [m["grad_norm"] for m in m3]
     assert [m["loops"] for m in m1] == [m["loops"] for m in m3]
+    # validation at every eval.h_eff (steps 4, 6 in both) and the readouts of each step
+    for key in ("val_loss", "val/loss_h1", "val/loss_h12", "loss_h1"):
+        values = [m.get(key) for m in m1 if m["step"] in (4, 6)]
+        assert None not in values and values == [m.get(key) for m in m3 if m["step"] in (4, 6)]
     assert [m["cursor"] for m in m1] == [[0, 8 * i] for i in range(6)]
     if variant == "curricula":  # uniform in [1, round(1 + 4·min(1, s/4))]
         assert all(m["loops"] <= min(5, int(1 + s + 0.5)) for s, m in enumerate(m1, 1))
@@ -129,6 +133,46 @@ def test_metrics_lines_and_segment_end_evaluation(pack: Path, tmp_path: Path) ->
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["val_loss"] == lines[-1]["val_loss"]
     assert state["best_val"]["val_loss"] == min(m["val_loss"] for m in lines if "val_loss" in m)
+
+
+def test_validation_reads_out_every_h_eff_once_per_evaluation(pack: Path, tmp_path: Path) -> None:
+    """train.val_h_eff from one pass at every evaluation (segment ends 2, 4, 6 and the
+    eval_interval, 4), each value once across segments and a rerun of the last one, equal to a
+    direct ``model.losses``; val_loss stays at model.loops (3). Deep supervision logs the loss
+    after every loop of every step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from pipeline_lib.checkpoint.snapshot import load_model_state
+    from pipeline_lib.data.loader import PackedData
+    from pipeline_lib.train.trainer import Trainer
+
+    cfg = tiny_config("train.val_h_eff=[5, 1, 2]")
+    run = tmp_path / "run"
+    run_segments(cfg, pack, run, [2, 4, 6])
+    train_segment(cfg, pack, snap(run, 4), 6, snap(run, 6))  # rerun: its lines replace its own
+    lines = metrics(run)
+    assert [m["step"] for m in lines] == [1, 2, 3, 4, 5, 6]
+    val_keys = {"val/loss_h1", "val/loss_h2", "val/loss_h5"}
+    for m in lines:
+        assert {k for k in m if k.startswith("val")} == ((val_keys | {"val_loss"})
+                                                          if m["step"] in (2, 4, 6) else set())
+        readouts = [k for k in m if k.startswith("loss_h")]
+        assert readouts == ["loss_h1", "loss_h2", "loss_h3"]
+        assert m["loss"] == pytest.approx(sum(m[k] for k in readouts) / 3, rel=1e-6)
+    model = Trainer.build(cfg, pack).model.eval()
+    model.load_state_dict(load_model_state(snap(run, 6)))
+    whole = next(PackedData(pack).val_batches(cfg.train.eval_rows, cfg.train.eval_rows))
+    with torch.no_grad():
+        direct = {h: float(v) for h, v in model.losses(whole, [1, 2, 3, 5]).items()}
+    last = lines[-1]
+    assert last["val_loss"] == pytest.approx(direct[3], rel=1e-6)
+    assert {h: last[f"val/loss_h{h}"] for h in (1, 2, 5)} == pytest.approx(
+        {h: direct[h] for h in (1, 2, 5)}, rel=1e-6)
+    tags = set()
+    for events_file in (run / "tensorboard").iterdir():
+        tags |= set(EventAccumulator(str(events_file)).Reload().Tags()["scalars"])
+    assert val_keys | {"train/val_loss", "train/loss_h1", "train/loss"} <= tags
+    assert not {"train/val/loss_h1", "val/loss_h3"} & tags
 
 
 def test_rerun_of_a_segment_replaces_its_lines(pack: Path, tmp_path: Path) -> None:
@@ -312,6 +356,15 @@ def test_mlflow_metrics_once_per_step_after_a_failed_attempt(
     assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
     assert {m.step: m.value for m in history} == pytest.approx(
         {m["step"]: m["loss"] for m in metrics(run)})
+    evaluated = [m for m in metrics(run) if "val_loss" in m]
+    assert [m["step"] for m in evaluated] == [3, 4, 6]
+    for h in cfg.eval.h_eff:  # every H_eff at every evaluation, once, under its own name
+        history = client.get_metric_history(state["tracking_run_id"], f"val/loss_h{h}")
+        assert sorted(m.step for m in history) == [3, 4, 6]
+        assert {m.step: m.value for m in history} == pytest.approx(
+            {m["step"]: m[f"val/loss_h{h}"] for m in evaluated})
+    readouts = client.get_metric_history(state["tracking_run_id"], "train/loss_h3")
+    assert sorted(m.step for m in readouts) == [1, 2, 3, 4, 5, 6]
     assert client.get_run(state["tracking_run_id"]).info.status == "FINISHED"
     logged = {a.path for a in client.list_artifacts(state["tracking_run_id"], "train")}
     assert {"train/config.yaml", "train/samples"} <= logged

@@ -96,6 +96,14 @@ def test_mlflow_runs_and_exactly_once_train_metrics(tiny_pipeline: Path):
         train = children["train"]
         history = client.get_metric_history(train.info.run_id, "train/loss")
         assert sorted(m.step for m in history) == list(range(1, 31))
+        # in-training validation at every eval.h_eff (tiny.yaml: 1, 2, 4), every 10 steps, once
+        lines = [json.loads(x) for x in (tiny_pipeline / "results" / parent.data.tags[
+            "loopline.run"] / "train" / "metrics.jsonl").read_text().splitlines()]
+        for h in (1, 2, 4):
+            val = client.get_metric_history(train.info.run_id, f"val/loss_h{h}")
+            assert sorted(m.step for m in val) == [10, 20, 30], h
+            assert {m.step: m.value for m in val} == pytest.approx(
+                {m["step"]: m[f"val/loss_h{h}"] for m in lines if f"val/loss_h{h}" in m})
         heff = children["eval_heff/step_0000030"].data.metrics
         assert {"heff/loss_h1", "heff/loss_h2", "heff/loss_h4", "heff/best_h"} <= set(heff)
         bench = children["bench/step_0000030"].data.metrics

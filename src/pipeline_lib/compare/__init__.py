@@ -25,7 +25,7 @@ from typing import Any
 from ..output_paths import check_output_dir, check_output_file
 from .depth import TARGET_MARGIN, compare_examples, depth_check, depth_markdown, variant_kind
 from .markdown import summary_markdown, verdict
-from .plots import plot_comparison
+from .plots import plot_comparison, plot_val_loss_curves
 from .runs import (
     COLUMNS,
     TAIL_STEPS,
@@ -36,13 +36,15 @@ from .runs import (
     load_run_results,
     load_runs,
     run_dir_inputs,
+    val_loss_curves,
     write_table,
 )
 
 __all__ = ["COLUMNS", "DEPTH_CHECK_JSON", "TAIL_STEPS", "TARGET_MARGIN", "RunResults", "Score",
            "TaskSamples", "check_compare_outputs", "compare_examples", "compare_runs", "comparison_rows", "depth_check",
            "depth_markdown", "load_run_results", "load_runs", "plot_comparison",
-           "run_dir_inputs", "summary_markdown", "variant_kind", "verdict"]
+           "plot_val_loss_curves", "run_dir_inputs", "summary_markdown", "val_loss_curves",
+           "variant_kind", "verdict"]
 
 log = logging.getLogger(__name__)
 DEPTH_CHECK_JSON = "depth_check.json"

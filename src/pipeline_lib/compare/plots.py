@@ -1,8 +1,9 @@
-"""Plots of the comparison: loss and accuracy against H_eff with intervals, training loss."""
+"""Plots of the comparison: loss and accuracy against H_eff with intervals, training loss;
+per variant, the validation loss during training at every H_eff."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,26 @@ def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
     else:
         (Path(out_dir) / LOOPS_PLOT).unlink(missing_ok=True)
     return [_save(plot(plt, runs), out_dir / name) for name, plot in plots]
+
+
+def plot_val_loss_curves(curves: Mapping[int, Sequence[tuple[int, float]]], run: str,
+                         path: Path) -> Path:
+    """``path``: validation loss against the training step, one line per H_eff (``curves``:
+    :func:`.runs.val_loss_curves` of the run ``run``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    for h, points in sorted(curves.items()):
+        steps, losses = zip(*points, strict=True)
+        ax.plot(steps, losses, marker="." if len(points) < 30 else None, linewidth=1,
+                label=f"H_eff={h}")
+    ax.set(xlabel="optimizer step", ylabel="validation loss (nats/token)",
+           title=f"{run}: validation loss while training, by test-time loops")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
 
 
 def _save(fig: Any, path: Path) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from ..run_layout import RunLayout
 
 log = logging.getLogger(__name__)
 TAIL_STEPS = 10  # final training loss = mean over the last this many logged steps
+VAL_LOSS_KEY = re.compile(r"val/loss_h(\d+)")  # the trainer's validation after H loops
 COLUMNS = ("run", "final_step", "metric", "h_eff", "level", "value", "n", "stderr", "ci_low",
            "ci_high")
 
@@ -117,6 +119,22 @@ def _train_curve(metrics_jsonl: Path) -> list[tuple[int, float]]:
             if not rec.get("skipped") and rec.get("loss") is not None:
                 curve.append((int(rec["step"]), float(rec["loss"])))
     return curve
+
+
+def val_loss_curves(metrics_jsonl: Path) -> dict[int, list[tuple[int, float]]]:
+    """``{H: [(step, validation loss after H loops), …]}`` from a run's training log: the
+    ``val/loss_h{H}`` fields the trainer writes at every evaluation (``train.eval_interval``,
+    segment ends); empty when the log is missing or has none (trained before they existed)."""
+    curves: dict[int, list[tuple[int, float]]] = {}
+    if not Path(metrics_jsonl).is_file():
+        return curves
+    for line in Path(metrics_jsonl).read_text().splitlines():
+        rec = json.loads(line) if line.strip() else {}
+        for key, value in rec.items():
+            match = VAL_LOSS_KEY.fullmatch(key)
+            if match and value is not None:
+                curves.setdefault(int(match[1]), []).append((int(rec["step"]), float(value)))
+    return dict(sorted(curves.items()))
 
 
 @dataclass

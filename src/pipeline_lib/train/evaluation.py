@@ -1,8 +1,9 @@
 """What the trainer measures on fixed inputs: validation loss and greedy samples.
 
-- :func:`validation_loss`: loss after ``model.loops`` loops on the first
-  ``train.eval_rows`` validation rows (a fixed, deterministic slice), token-weighted over
-  its batches; every ``train.eval_interval`` steps and at each segment end.
+- :func:`validation_losses`: loss after each of several loop counts (``model.loops`` and
+  ``train.val_h_eff``) from one pass, on the first ``train.eval_rows`` validation rows (a
+  fixed, deterministic slice), token-weighted over its batches; every
+  ``train.eval_interval`` steps and at each segment end.
 - :func:`generate_samples`: greedy continuations of ``train.sample_prompts``, written with
   every snapshot (``samples.jsonl``); a quick look at what the model writes.
 
@@ -31,15 +32,19 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def validation_loss(model: Any, data: Any, num_rows: int, batch_rows: int, *, loops: int,
-                    device: torch.device, answer_only: bool = False) -> float:
-    """Mean next-token loss (answer weight 1) after ``loops`` loops over the first
-    ``num_rows`` validation rows of ``data`` (a PackedData), weighted by target tokens;
-    ``answer_only`` (``answer_*`` objectives) scores the answer tokens alone, as the H_eff
-    sweep does."""
+def validation_losses(model: Any, data: Any, num_rows: int, batch_rows: int, *,
+                      readouts: Sequence[int], device: torch.device,
+                      answer_only: bool = False) -> dict[int, float]:
+    """``{h: mean next-token loss (answer weight 1) after h loops}`` for every h in
+    ``readouts``, over the first ``num_rows`` validation rows of ``data`` (a PackedData),
+    weighted by target tokens; one forward pass per batch reads out every count (exact: loop
+    t never depends on the total). ``answer_only`` (``answer_*`` objectives) scores the
+    answer tokens alone, as the H_eff sweep does. NaN for every count when no row has a
+    target."""
+    hs = sorted(set(int(h) for h in readouts))
     was_training = model.training
     model.eval()
-    total = 0.0
+    totals = [0.0] * len(hs)
     count = 0
     try:
         for batch in data.val_batches(num_rows, batch_rows):
@@ -49,12 +54,13 @@ def validation_loss(model: Any, data: Any, num_rows: int, batch_rows: int, *, lo
             n = int((batch["targets"] != IGNORE_INDEX).sum())
             if n == 0:
                 continue
-            loss = model.losses(batch, [loops])[loops]
-            total += float(loss) * n
+            losses = model.losses(batch, hs)
+            for i, value in enumerate(torch.stack([losses[h] for h in hs]).tolist()):
+                totals[i] += value * n  # one host sync per batch, whatever the counts
             count += n
     finally:
         model.train(was_training)
-    return total / count if count else math.nan
+    return {h: total / count if count else math.nan for h, total in zip(hs, totals, strict=True)}
 
 
 @torch.no_grad()

@@ -8,7 +8,9 @@ only; other ranks pass ``enabled=False``):
   (live, for ``tail -f``), after first cutting the files back to the resume step, so a
   crashed attempt's tail never appears twice (spike-log ``abort``/``rollback`` events are
   kept: they explain why a segment was rerun);
-- writes numeric fields as TensorBoard scalars under ``{run}/tensorboard`` with
+- writes numeric fields as TensorBoard scalars under ``{run}/tensorboard`` (named
+  ``train/{key}``, except keys of their own namespace such as ``val/loss_h4``, the
+  validation loss after 4 loops, which keep their name; see :func:`metric_name`) with
   ``purge_step = resume step + 1`` (a crashed attempt's tail is hidden; the previous
   segment's last step stays);
 - buffers them into the MLflow child run; :meth:`commit` (after the snapshot is durable)
@@ -34,6 +36,7 @@ METRICS_FILE = "metrics.jsonl"  # the snapshot's copies of the segment's lines
 SPIKE_FILE = "spike_events.jsonl"
 KEEP_EVENTS = frozenset({"abort", "rollback"})
 NON_SCALAR = frozenset({"step", "cursor", "unroll_losses"})
+OWN_NAMESPACES = ("val/",)  # record keys logged under their own name, not under train/
 
 
 def _line(record: Mapping[str, Any]) -> str:
@@ -79,6 +82,12 @@ def scalar_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def metric_name(key: str) -> str:
+    """The TensorBoard / MLflow name of a record's key: ``train/{key}``, or the key itself
+    when it starts with one of :data:`OWN_NAMESPACES` (``val/loss_h4``)."""
+    return key if key.startswith(OWN_NAMESPACES) else f"train/{key}"
+
+
 class TrainLog:
     """Sinks of one segment's step records and spike events (see the module docstring)."""
 
@@ -114,7 +123,7 @@ class TrainLog:
         assert self._metrics_fh is not None
         self._metrics_fh.write(line)
         step = int(record["step"])
-        scalars = {f"train/{key}": value for key, value in scalar_metrics(record).items()}
+        scalars = {metric_name(key): value for key, value in scalar_metrics(record).items()}
         if self._tb is not None:
             for key, value in scalars.items():
                 self._tb.add_scalar(key, value, step)

@@ -6,7 +6,9 @@ pass; ``expected_exit``: the same readouts weighted by the exit gate's distribut
 β times its entropy, see :mod:`pipeline_lib.model.exit_gate`), answer tokens weighted by ``train.answer_weight``, plus the model's MoE aux loss.
 ``answer_last`` / ``answer_deep_supervision`` read out the same way but score the answer
 tokens only (the mean loss over ``answer_mask``; ``answer_weight`` is then unused).
-Gradients of the micro-batches are accumulated with weight 1/accum each.
+Gradients of the micro-batches are accumulated with weight 1/accum each. Under deep
+supervision the losses the objective averaged are kept per loop too (``readout_losses``,
+detached values of the same pass, fetched with the step's loss in one host sync).
 
 Backprop through loops (``train.bptt``):
 
@@ -63,6 +65,7 @@ class StepResult:
     skipped: bool
     reason: str | None = None
     unroll_losses: list[float] = field(default_factory=list)
+    readout_losses: dict[int, float] = field(default_factory=dict)  # deep: loss after t loops
     optimizer_steps: int = 0
     moe: dict[str, float] = field(default_factory=dict)
     diagnostics: dict[str, float] = field(default_factory=dict)
@@ -156,16 +159,19 @@ class StepRunner:
         weighted, weight = 0.0, 0
         for j, (start, end) in enumerate(bounds):
             counts = list(range(start + 1, end + 1)) if self.deep else [end]
-            seg_loss, seg_aux = self._backward(batches, counts, start, no_grad, states,
-                                               probe, step=step, flat_row=flat_row,
-                                               keep_state=len(bounds) > 1)
+            sums = self._backward(batches, counts, start, no_grad, states, probe, step=step,
+                                  flat_row=flat_row, keep_state=len(bounds) > 1)
             if probe is not None:
                 result.diagnostics = gradient_metrics(self.model)  # before clipping
-            value, result.aux_loss = float(seg_loss) / accum, float(seg_aux) / accum
+            # loss, aux loss and (deep supervision) each readout's loss: one host sync
+            values = [v / accum for v in sums.tolist()]
             result.moe = self.model.moe_load_stats()
             if self.group is not None:  # every rank judges the same global statistics
-                value, result.aux_loss = self.group.mean([value, result.aux_loss])
+                values = self.group.mean(values)
                 result.moe = self.group.mean_dict(result.moe)
+            value, result.aux_loss, *readouts = values
+            if self.deep:
+                result.readout_losses.update(zip(counts, readouts, strict=True))
             result.grad_norm = self._grad_norm_and_clip()
             result.unroll_losses.append(value)
             # deep supervision: every readout counts once; last: the deepest readout wins
@@ -189,13 +195,15 @@ class StepRunner:
 
     def _backward(self, batches: Sequence[Batch], counts: list[int], start: int, no_grad: int,
                   states: list[Tensor | None], probe: ActivationProbe | None, *, step: int,
-                  flat_row: int, keep_state: bool) -> tuple[Tensor, Tensor]:
+                  flat_row: int, keep_state: bool) -> Tensor:
         """Forward and backward of every micro-batch for one unroll (gradients
-        accumulated with weight 1/accum); returns the summed (loss, aux loss)."""
+        accumulated with weight 1/accum); returns the sums over the micro-batches of
+        [loss, aux loss, (deep supervision) the loss after each of ``counts``]."""
         t, accum = self.train, len(batches)
         self.optimizer.zero_grad(set_to_none=True)
         seg_loss = torch.zeros((), device=self.device)
         seg_aux = torch.zeros((), device=self.device)
+        seg_readouts = torch.zeros(len(counts) if self.deep else 0, device=self.device)
         for m, batch in enumerate(batches):
             with (probe.attached() if probe is not None else nullcontext(),
                   self.amp.autocast() if self.amp is not None else nullcontext()):
@@ -211,7 +219,9 @@ class StepRunner:
                 states[m] = out.state.detach()
             seg_loss += loss.detach()
             seg_aux += aux.detach()
-        return seg_loss, seg_aux
+            if self.deep:  # the values the objective averaged, already computed
+                seg_readouts += torch.stack([out.losses[h].detach() for h in counts])
+        return torch.cat([torch.stack([seg_loss, seg_aux]), seg_readouts])
 
     def _add_activations(self, result: StepResult, probe: ActivationProbe) -> None:
         activations = probe.metrics()

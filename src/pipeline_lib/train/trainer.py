@@ -51,7 +51,7 @@ from .budget import total_steps as planned_total_steps
 from .diagnostics import due
 from .distributed import RankGroup, process_device, reshard, shard_model, shards_model
 from .ema import WeightsEMA
-from .evaluation import generate_samples, samples_jsonl, validation_loss
+from .evaluation import generate_samples, samples_jsonl, validation_losses
 from .freeze import freeze_parts
 from .hooks import StepHooks, installed_step_hooks
 from .metrics import TrainLog
@@ -241,7 +241,7 @@ class Trainer:
                 self.hooks.before_step(step)
                 record = self.train_step(step, run_dir=run_dir, attempt=attempt)
                 if step == until_step or due(step, self.cfg.train.eval_interval):
-                    record["val_loss"] = self._timed_validate()
+                    record.update(self._timed_validate())
                 train_log.step(record)
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
@@ -279,12 +279,12 @@ class Trainer:
         self._advance(step, next_cursor, result)
         return self._record(step, cursor, result, elapsed)
 
-    def _timed_validate(self) -> float:
+    def _timed_validate(self) -> dict[str, float]:
         wall, cpu = time.perf_counter(), time.process_time()
-        loss = self.validate()
+        losses = self.validate()
         self.eval_time_s += time.perf_counter() - wall
         self.eval_cpu_s += time.process_time() - cpu
-        return loss
+        return losses
 
     def _advance(self, step: int, next_cursor: DataCursor, result: StepResult) -> None:
         s = self.state
@@ -308,6 +308,8 @@ class Trainer:
             record["skip_reason"] = result.reason
         if len(result.unroll_losses) > 1 or self.cfg.train.bptt.mode == "unrolled":
             record["unroll_losses"] = result.unroll_losses
+        # deep supervision: the loss read out after each loop t (train/loss_h{t})
+        record.update({f"loss_h{t}": v for t, v in sorted(result.readout_losses.items())})
         record.update(result.moe)
         record.update(result.diagnostics)
         return record
@@ -329,19 +331,29 @@ class Trainer:
 
     # ------------------------------------------------------------------ end of segment
 
-    def validate(self) -> float:
-        t = self.cfg.train
+    @property
+    def val_h_eff(self) -> list[int]:
+        """The loop counts validation reads out besides ``model.loops``: ``train.val_h_eff``,
+        or ``eval.h_eff`` when that is empty."""
+        return list(self.cfg.train.val_h_eff or self.cfg.eval.h_eff)
+
+    def validate(self) -> dict[str, float]:
+        """``{"val_loss": loss after model.loops loops, "val/loss_h{H}": loss after H loops
+        for every H of :attr:`val_h_eff`}``, all from one pass per batch. ``val_loss`` is the
+        one the state, best-snapshot selection and the README read."""
+        t, loops = self.cfg.train, self.cfg.model.loops
         with self.autocast():
-            loss = validation_loss(self.model, self.data, t.eval_rows, t.micro_batch_rows,
-                                   loops=self.cfg.model.loops, device=self.device,
-                                   answer_only=t.objective.startswith("answer_"))
+            losses = validation_losses(self.model, self.data, t.eval_rows, t.micro_batch_rows,
+                                       readouts=[loops, *self.val_h_eff], device=self.device,
+                                       answer_only=t.objective.startswith("answer_"))
         if self.group is not None:  # every rank evaluated the same rows with the same weights
             reshard(self.model)
-        self.state.val_loss = loss
+        loss = self.state.val_loss = losses[loops]
         best = self.state.best_val
         if math.isfinite(loss) and (best is None or loss < float(best["val_loss"])):
             self.state.best_val = {"step": self.state.step, "val_loss": loss}
-        return loss
+        by_h = {f"val/loss_h{h}": losses[h] for h in sorted(set(self.val_h_eff))}
+        return {"val_loss": loss, **by_h}
 
     def save_resume_point(self, path: Path, train_log: TrainLog, record: dict[str, Any]) -> None:
         """A complete snapshot at the current step that only a retry of this job reads
