@@ -316,7 +316,7 @@ def test_keep_best_tracks_temporary_and_kept_segments_in_one_place(pack: Path,
                                                                    tmp_path: Path) -> None:
     """Temporary snapshots (snapshots/transient/step_…) and kept ones (snapshots/step_…)
     compete for the same snapshots/best, which outlives the temporary step directories."""
-    cfg = tiny_config("snapshots.keep_best=true", "train.lr=0.3")  # too high: loss goes up
+    cfg = tiny_config("snapshots.keep_best=true", "train.lr=1.0")  # too high: loss goes up
     root = tmp_path / "snapshots"
     outs = [root / "transient" / "step_0000002", root / "transient" / "step_0000004",
             root / "step_0000006"]
