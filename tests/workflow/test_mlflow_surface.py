@@ -83,6 +83,18 @@ def _check_results(base: str, run_dir: Path, parent: dict, children: dict[str, d
     assert params > 0 and flops > 2 * params / 2  # 2 FLOPs per weight, attention on top
 
 
+def _check_depth_while_training(base: str, run_dir: Path, train: dict) -> None:
+    """The train run's validation loss at every eval.h_eff, per validation step, over REST:
+    what MLflow's chart view draws as the depth profile evolving with training."""
+    logged = [json.loads(line) for line in (run_dir / "train" / "metrics.jsonl").open()]
+    val_steps = [r for r in logged if any(k.startswith("val/loss_h") for k in r)]
+    assert val_steps
+    for h in (1, 2, 4):  # tiny.yaml's eval.h_eff
+        key = f"val/loss_h{h}"
+        assert _history(base, train["info"]["run_id"], key) == pytest.approx(
+            [(r["step"], r[key]) for r in val_steps]), key
+
+
 def _check_lineage(base: str, experiment_id: str, run_dir: Path, parent: dict,
                    children: dict[str, dict]) -> None:
     data_dir = next(p for p in (run_dir.parent / "data").iterdir() if p.is_dir())
@@ -126,6 +138,7 @@ def test_parent_run_is_the_comparison_surface(server: Server, tmp_path: Path) ->
     assert int(info["start_time"]) <= min(starts) and int(info["end_time"]) >= max(ends)
     _check_results(base, run_dir, parent, children)
     _check_lineage(base, experiment_id, run_dir, parent, children)
+    _check_depth_while_training(base, run_dir, children["train"])
 
     # A job fails (the final snapshot's config no longer matches its manifest): FAILED.
     config = run_dir / "snapshots" / "step_0000010" / "config.yaml"
