@@ -200,6 +200,16 @@ def replace_between_markers(text: str, body: str, source: Path, section: str = "
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
+def _prune_figures(docs: Path, kept: Sequence[Path]) -> None:
+    """Remove pictures of an earlier generation from ``docs`` (each section has a folder of
+    its own) that this section no longer shows."""
+    keep = {Path(p).resolve() for p in kept}
+    for old in sorted(Path(docs).glob("*.png")):
+        if old.resolve() not in keep:
+            log.info("removing %s: no longer part of the section", old)
+            old.unlink()
+
+
 def write_results_doc(results: Path, readme: Path, docs: Path, section: str = "") -> str:
     """Regenerate the README's results section (``section``: a named one) from ``results``;
     returns the new section."""
@@ -216,6 +226,7 @@ def write_results_doc(results: Path, readme: Path, docs: Path, section: str = ""
     names = [r.name for r in runs]
     copied = copy_figures(Path(results), names, docs) + plot_val_curve_figures(Path(results),
                                                                                names, docs)
+    _prune_figures(docs, [p for _, p in copied])
     links = [(caption, Path(os.path.relpath(p.resolve(), repo)).as_posix())
              for caption, p in copied]
     body = results_markdown(runs, depth, links, stamp, demo_time_line(Path(results)))
