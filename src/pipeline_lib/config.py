@@ -459,7 +459,7 @@ class BenchConfig:
         "fixed MAX-loop result). Empty = off.", items={"minimum": 0})
     adaptive_criterion: str = _f(
         "kl", "Adaptive exit criterion of the benchmarks (as eval.adaptive_criterion).",
-        choices=["kl", "entropy"])
+        choices=list(EXIT_CRITERIA))
     adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (MAX; 0 = the "
                                  "largest bench.h_eff).", minimum=0)
 
@@ -577,8 +577,9 @@ def load_config(
                               ) from None
         cfg = _merge(cfg, dotlist, "command-line override")
     # where an interpolation that does not resolve was written (interpolations resolve here)
+    files = [str(p) for p in config_paths(path, base)] or [str(base or "config")]
     source = ("command-line override" if any("${" in item for item in overrides)
-              else str(path if path is not None else base or "config"))
+              else " + ".join(files))
     out = _to_object(cfg, source)
     validate_config(out)
     return out
