@@ -128,7 +128,7 @@ def test_config_change_updates_the_parent_and_supersedes_replaced_runs(
     # (the clone's store keeps the original's artifact location, which other clones share)
     known = {a.path for a in store(work).list_artifacts(before.info.run_id, "config")}
     change = tmp_path / "lr.yaml"
-    change.write_text("train: {lr: 0.002}\n")
+    change.write_text("train: {lr: 0.0025}\n")  # the default is 0.002
     result = snakemake(work, "--cores", "2", configs=(change,))
     assert result.returncode == 0, failure_report(work, result)
     jobs = job_counts(result.stdout + result.stderr)
@@ -138,16 +138,16 @@ def test_config_change_updates_the_parent_and_supersedes_replaced_runs(
     parent, children = runs_by_stage(work)
     assert parent.info.run_id == before.info.run_id
     tags = parent.data.tags
-    assert parent.data.params["train.lr"] == first_lr != "0.002"  # MLflow params are immutable
+    assert parent.data.params["train.lr"] == first_lr != "0.0025"  # MLflow params are immutable
     assert tags["loopline.params_changed"] == "train.lr"
-    assert tags["loopline.param.train.lr"] == "0.002"
+    assert tags["loopline.param.train.lr"] == "0.0025"
     assert tags["loopline.config_hash"] != before.data.tags["loopline.config_hash"]
     current = f"config/config_{tags['loopline.config_hash']}.yaml"
     artifacts = {a.path for a in store(work).list_artifacts(parent.info.run_id, "config")}
     assert artifacts - known == {current}
     config = yaml.safe_load(Path(store(work).download_artifacts(
         parent.info.run_id, current, str(tmp_path))).read_text())
-    assert config["train"]["lr"] == 0.002
+    assert config["train"]["lr"] == 0.0025
     assert tags["loopline.data_id"] not in ("", "unknown")
 
     # The retrained train run is current; the first one (and each replaced sweep and

@@ -121,8 +121,9 @@ def test_metrics_lines_and_segment_end_evaluation(pack: Path, tmp_path: Path) ->
     assert [m["step"] for m in lines if "diag/grad_norm/core.0" in m] == [3, 6]
     assert "diag/act_rms/core.0/last" in lines[2]
     # lr follows warmup (2 steps) then cosine to min_lr_ratio · lr at the last step
-    assert lines[0]["lr"] == pytest.approx(0.5 * 3e-3)
-    assert lines[-1]["lr"] == pytest.approx(0.1 * 3e-3)
+    peak = tiny_config().train.lr
+    assert lines[0]["lr"] == pytest.approx(0.5 * peak)
+    assert lines[-1]["lr"] == pytest.approx(0.1 * peak)
     samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["prompt"] for s in samples] == tiny_config().train.sample_prompts
     # self-contained: the pack's tokenizer travels in the snapshot, under the manifest
