@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from support.hf_import_helpers import save_tiny_llama
+from support.lm_eval_samples import per_example
 
 from pipeline_lib.bench.lm_wrapper import LooplineLM
 from pipeline_lib.bench.runner import task_manager_for
@@ -33,27 +34,14 @@ def setting(tmp_path_factory):
         yield root / "pretrained", root / "snap", task_manager_for(TASKS, root / "tasks")
 
 
-def _per_example(lm, manager) -> dict[str, list[tuple]]:
-    import lm_eval
-
-    results = lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=manager,
-                                      log_samples=True, bootstrap_iters=0)
-    out = {}
-    for task in TASKS:
-        samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
-        metric = "acc" if task == "loopline_khop" else "exact_match"
-        out[task] = [(s["doc_id"], s[metric], s["filtered_resps"]) for s in samples]
-    return out
-
-
 def test_hf_on_the_original_scores_like_loopline_on_the_import(setting):
     from lm_eval.models.huggingface import HFLM
 
     pretrained, snap, manager = setting
-    ours = _per_example(LooplineLM(snapshot=str(snap), h_eff=1, batch_size=4), manager)
+    ours = per_example(LooplineLM(snapshot=str(snap), h_eff=1, batch_size=4), manager, TASKS)
     hf = HFLM(pretrained=str(pretrained), backend="causal", dtype="float32", device="cpu",
               batch_size=4, max_length=128)
-    theirs = _per_example(hf, manager)
+    theirs = per_example(hf, manager, TASKS)
     for task in TASKS:
         assert [(d, m) for d, m, _ in theirs[task]] == [(d, m) for d, m, _ in ours[task]], task
         assert len(ours[task]) == 6

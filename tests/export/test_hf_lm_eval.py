@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from snapshot_helpers import train_pattern_model, write_tiny_snapshot
+from support.lm_eval_samples import per_example
 
 from pipeline_lib.bench.lm_wrapper import LooplineLM
 from pipeline_lib.bench.runner import task_manager_for
@@ -38,30 +39,17 @@ def setting(tmp_path_factory):
         yield snap, root / "export", task_manager_for(TASKS, root / "tasks")
 
 
-def _per_example(lm, manager) -> dict[str, list[tuple]]:
-    import lm_eval
-
-    results = lm_eval.simple_evaluate(model=lm, tasks=TASKS, task_manager=manager,
-                                      log_samples=True, bootstrap_iters=0)
-    out = {}
-    for task in TASKS:
-        samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
-        metric = "acc" if task == "loopline_khop" else "exact_match"
-        out[task] = [(s["doc_id"], s[metric], s["filtered_resps"]) for s in samples]
-    return out
-
-
 @pytest.mark.parametrize("h_eff", [2, 4])
 def test_hf_model_on_the_export_scores_like_the_loopline_model(setting, h_eff):
     from lm_eval.models.huggingface import HFLM
 
     snap, export, manager = setting
-    ours = _per_example(LooplineLM(snapshot=str(snap), h_eff=h_eff, batch_size=4), manager)
+    ours = per_example(LooplineLM(snapshot=str(snap), h_eff=h_eff, batch_size=4), manager, TASKS)
     extra = {} if h_eff == 2 else {"num_loops": h_eff}  # 2 = config.num_loops, the default
     hf = HFLM(pretrained=str(export), backend="causal", trust_remote_code=True,
               dtype="float32", device="cpu", batch_size=4, **extra)
     assert hf.model.config.num_loops == h_eff and hf.max_length == 24
-    theirs = _per_example(hf, manager)
+    theirs = per_example(hf, manager, TASKS)
     for task in TASKS:
         assert [(d, m) for d, m, _ in theirs[task]] == [(d, m) for d, m, _ in ours[task]], task
         assert len(ours[task]) == 4
