@@ -277,3 +277,17 @@ def test_init_from_refuses_rows_longer_than_a_mistral_window(llama, tmp_path):
     cfg = _init_config(mistral, {"type": "file", "path": str(mistral)})
     with pytest.raises(ConfigError, match="sliding window"):
         resolve_init_from(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seq_len=128)))
+
+
+def test_gguf_tensor_names_are_read_from_the_header_alone(llama, tmp_path):
+    """The planner's cheap header read lists the tensors gguf's full reader lists (the tied
+    head is detected from it on every Snakemake call)."""
+    import gguf
+
+    from pipeline_lib.data.gguf_metadata import read_gguf_header
+
+    _, hf = llama
+    path = write_tiny_gguf(hf, tmp_path / "tiny.gguf")
+    fields, names = read_gguf_header(path, tensor_names=True)
+    assert names == [t.name for t in gguf.GGUFReader(str(path)).tensors]
+    assert "output.weight" in names and fields["llama.block_count"] == 4

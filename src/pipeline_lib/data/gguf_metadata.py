@@ -90,6 +90,13 @@ class _Cursor:
 def read_gguf_metadata(path: Path) -> dict[str, Any]:
     """Every metadata key of the GGUF file ``path``: scalars and strings as values, arrays as
     :class:`GGUFArray`. One-line DataError when the file is not a readable GGUF."""
+    return read_gguf_header(path)[0]
+
+
+def read_gguf_header(path: Path, *, tensor_names: bool = False) -> tuple[dict[str, Any],
+                                                                         list[str]]:
+    """(:func:`read_gguf_metadata`'s fields, the tensor names when ``tensor_names``: the
+    tensor-info records after the metadata, read without touching tensor data)."""
     magic, vt = _gguf_constants()
     formats = {vt.UINT8: "B", vt.INT8: "b", vt.UINT16: "H", vt.INT16: "h", vt.UINT32: "I",
                vt.INT32: "i", vt.FLOAT32: "f", vt.BOOL: "?", vt.UINT64: "Q", vt.INT64: "q",
@@ -105,8 +112,14 @@ def read_gguf_metadata(path: Path) -> dict[str, Any]:
             if version not in (2, 3):
                 raise DataError(f"GGUF file {path} has version {version}; only versions 2 and 3 "
                                 "are read: convert it with a current llama.cpp")
-            cur.unpack("Q")  # tensor count: tensors are not read
-            return {cur.string(): cur.value(cur.unpack("I")) for _ in range(cur.unpack("Q"))}
+            n_tensors = cur.unpack("Q")
+            fields = {cur.string(): cur.value(cur.unpack("I")) for _ in range(cur.unpack("Q"))}
+            names = []
+            for _ in range(n_tensors if tensor_names else 0):
+                names.append(cur.string())  # name, dims (u32 count, u64 each), type, offset
+                n_dims = cur.unpack("I")
+                cur.pos += 8 * n_dims + 4 + 8
+            return fields, names
     except (struct.error, ValueError) as exc:  # ValueError: mmap of an empty file
         raise DataError(f"GGUF file {path} is truncated or corrupt ({exc}); download it "
                         "again") from None

@@ -55,12 +55,18 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 # --------------------------------------------------------------------------- identity and config
 
 
+def source_files(source: str | Path) -> list[Path]:
+    """The files a source's import reads: the GGUF itself, or a directory's JSON and
+    safetensors files (resolved paths)."""
+    source = Path(source).expanduser().resolve()
+    return [source] if source.is_file() else sorted(
+        p for p in source.iterdir() if p.suffix in (".json", ".safetensors", ".gguf"))
+
+
 def source_fingerprint(source: str | Path) -> dict[str, Any]:
     """What identifies a source cheaply: resolved path, size and mtime of its weight and
     config files (no content hash: the Snakefile computes this on every call)."""
-    source = Path(source).expanduser().resolve()
-    files = [source] if source.is_file() else sorted(
-        p for p in source.iterdir() if p.suffix in (".json", ".safetensors", ".gguf"))
+    source, files = Path(source).expanduser().resolve(), source_files(source)
     return {"source": str(source),
             "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
 
@@ -81,15 +87,21 @@ def init_model_config(cfg: Config, arch: SourceArch, choice: LayerChoice,
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **fields))
 
 
+def init_layers(cfg: Config) -> tuple[SourceArch, LayerChoice]:
+    """The architecture of ``model.init_from.source`` and its checked layer choice."""
+    init = cfg.model.init_from
+    arch = source_arch(init.source)
+    return arch, layer_choice(arch.layers, init.prelude or None, init.core or None,
+                              init.coda or None, where="model.init_from.")
+
+
 def resolve_init_from(cfg: Config) -> Config:
     """``cfg`` with its model section completed from ``model.init_from.source`` (unchanged
     without one); the layer ranges and the tokenizer are checked against the source."""
     init = cfg.model.init_from
     if not init.source:
         return cfg
-    arch = source_arch(init.source)
-    choice = layer_choice(arch.layers, init.prelude or None, init.core or None,
-                          init.coda or None, where="model.init_from.")
+    arch, choice = init_layers(cfg)
     tok = cfg.data.tokenizer
     if tok.type != "file":
         raise ConfigError(f"model.init_from.source = {init.source!r} brings its own tokenizer, "
@@ -312,5 +324,6 @@ def read_import_record(snapshot: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is missing or unreadable ({exc}); re-run import-hf") from None
 
 
-__all__ = ["import_checkpoint", "init_model_config", "resolve_init_from", "read_import_record", "source_fingerprint",
+__all__ = ["import_checkpoint", "init_layers", "init_model_config", "resolve_init_from",
+           "source_files", "read_import_record", "source_fingerprint",
            "unpermute_rows"]

@@ -181,7 +181,9 @@ def _check_architecture(arch: str, where: Any) -> None:
 
 
 def _gguf_arch(path: Path) -> SourceArch:
-    fields, tensor_names = read_gguf_metadata(path)
+    from ..data.gguf_metadata import read_gguf_header
+
+    fields, tensor_names = read_gguf_header(path, tensor_names=True)
     name = str(fields.get("general.architecture", "?"))
     if name not in GGUF_ARCHITECTURES:
         raise DataError(f"{path}: GGUF architecture {name!r} is not supported; loopline imports "
@@ -196,7 +198,8 @@ def _gguf_arch(path: Path) -> SourceArch:
 
     heads = int(key("attention.head_count"))
     hidden = int(key("embedding_length"))
-    vocab = fields.get(f"{name}.vocab_size") or len(fields.get("tokenizer.ggml.tokens") or [])
+    tokens = fields.get("tokenizer.ggml.tokens")
+    vocab = fields.get(f"{name}.vocab_size") or getattr(tokens, "length", 0)
     rope: dict[str, Any] = {}
     if fields.get(f"{name}.rope.scaling.type") == "linear":
         rope = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
@@ -212,30 +215,6 @@ def _gguf_arch(path: Path) -> SourceArch:
         rope_theta=float(fields.get(f"{name}.rope.freq_base", 10000.0)), rope_scaling=rope,
         tie_embeddings="output.weight" not in tensor_names,
         max_positions=int(fields.get(f"{name}.context_length", 2048)))
-
-
-def read_gguf_metadata(path: Path) -> tuple[dict[str, Any], set[str]]:
-    """(scalar and string metadata fields, tensor names) of a GGUF file (memory-mapped; token
-    lists are returned as lists)."""
-    try:
-        import gguf
-    except ImportError:
-        raise DataError(f"reading {path} needs the gguf package; run make install (it is in "
-                        "the dev extra) or pip install gguf") from None
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError, KeyError) as exc:
-        raise DataError(f"{path} is not a readable GGUF file ({str(exc).splitlines()[0]}); "
-                        "re-download it") from None
-    fields: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key in ("tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
-            continue
-        try:
-            fields[key] = field.contents()
-        except (ValueError, IndexError, UnicodeDecodeError):
-            continue
-    return fields, {t.name for t in reader.tensors}
 
 
 def _check_expressible(arch: SourceArch, source: Path) -> None:

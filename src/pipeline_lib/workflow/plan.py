@@ -30,7 +30,7 @@ from ..config import (
 from ..data.identity import data_id as compute_data_id
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
-from ..export.hf_import import fingerprint_id, resolve_init_from
+from ..export.hf_import import fingerprint_id, resolve_init_from, source_files
 from ..run_layout import ResultsLayout, RunLayout
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads
@@ -207,10 +207,7 @@ class WorkflowPlan:
         ``import_init``, so a changed source is imported again."""
         if not self.has_init(run):
             return []
-        source = Path(self.runs[run].config.model.init_from.source).expanduser()
-        files = [source] if source.is_file() else sorted(
-            p for p in source.iterdir() if p.suffix in (".json", ".safetensors"))
-        return [str(p) for p in files]
+        return [str(p) for p in source_files(self.runs[run].config.model.init_from.source)]
 
     def init_snapshot(self, run: str, step: int) -> list[str]:
         """The imported snapshot the segment ending at ``step`` warm-starts from: only the

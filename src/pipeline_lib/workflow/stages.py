@@ -255,15 +255,12 @@ def import_stage(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
     """Rule ``import_init``: ``model.init_from`` imported as a snapshot at ``out`` (child run
     ``import``: source, layers, fingerprint as params, import time and size as metrics, the
     import record as an artifact)."""
-    from ..export.hf_import import IMPORT_RECORD, import_checkpoint
-    from ..export.hf_layout import layer_choice, source_arch
+    from ..export.hf_import import IMPORT_RECORD, import_checkpoint, init_layers
     from ..tracking import start_stage
 
     check_stage_outputs(cfg, run_dir)
     init = cfg.model.init_from
-    arch = source_arch(init.source)
-    choice = layer_choice(arch.layers, init.prelude or None, init.core or None,
-                          init.coda or None, where="model.init_from.")
+    _, choice = init_layers(cfg)
     record = import_checkpoint(init.source, out, cfg, choice, adapter=init.adapter)
     params = {"import.source": record["source"]["source"],
               "import.fingerprint": record["fingerprint"],
