@@ -249,3 +249,26 @@ def test_bench_tasks_are_checked_and_user_task_files_are_bench_inputs(tmp_path):
     cfg["runs"] = {"a": {}, "b": {"bench": {"tasks": ["loopline_kop"]}}}
     with pytest.raises(ConfigError, match=r"^runs\.b\.bench\.tasks names unknown task"):
         WorkflowPlan(cfg)
+
+
+def test_train_signature_ignores_keys_that_leave_the_weights_alone():
+    """Activation checkpointing (bit-identical) and extra validation readouts never retrain a
+    run; keys added later count only away from their default (a finished run made before
+    they existed keeps its signature: checked against 85d7219 by hand, 2026-12-01)."""
+    import yaml
+
+    from pipeline_lib.config import merge_config_dicts
+    from pipeline_lib.workflow.plan import WorkflowPlan
+
+    base = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "config.yaml")
+                          .read_text())
+
+    def signature(**train):
+        plan = WorkflowPlan(merge_config_dicts(base, {"train": train}))
+        return plan.train_signature("loop4")
+
+    plain = signature()
+    assert signature(activation_checkpointing="loop", val_h_eff=[1, 2]) == plain
+    assert signature(muon_momentum=0.95, freeze=[]) == plain  # the later keys' defaults
+    assert signature(freeze=["embeddings"]) != plain
+    assert signature(optimizer="muon") != plain

@@ -57,8 +57,8 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 def source_files(source: str | Path) -> list[Path]:
     """The files a source's import reads: the GGUF itself, or a directory's JSON and
-    safetensors files (resolved paths)."""
-    source = Path(source).expanduser().resolve()
+    safetensors files (under the path as given)."""
+    source = Path(source).expanduser()
     return [source] if source.is_file() else sorted(
         p for p in source.iterdir() if p.suffix in (".json", ".safetensors", ".gguf"))
 

@@ -34,11 +34,16 @@ from ..export.hf_import import fingerprint_id, resolve_init_from, source_files
 from ..run_layout import ResultsLayout, RunLayout
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads
+from .signatures import (
+    JOB_TIME_KEYS,
+    LATER_TRAIN_DEFAULTS,
+    SAME_WEIGHTS_TRAIN_KEYS,
+    model_signature,
+    without_later_defaults,
+)
 from .snapshots_policy import anchor_steps, kept_steps, previous_end, segment_ends, total_steps
 
 DEFAULT_RUN = "default"
-# how long a segment job may run: no effect on the weights (a stop resumes exactly)
-JOB_TIME_KEYS = frozenset({"segment_runtime_minutes", "stop_margin_minutes"})
 BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)
 
 
@@ -220,7 +225,7 @@ class WorkflowPlan:
         """What determines the imported snapshot: source fingerprint, model section, seed."""
         cfg = self.runs[run].config
         return config_hash({"source": fingerprint_id(cfg.model.init_from.source),
-                            "model": to_dict(cfg.model), "seed": cfg.experiment.seed})
+                            "model": model_signature(cfg.model), "seed": cfg.experiment.seed})
 
     def final_snapshot(self, run: str) -> str:
         """The snapshot of the run's last segment (always kept): what rule export exports."""
@@ -318,7 +323,8 @@ class WorkflowPlan:
         if run in self._train_signatures:  # asked once per segment job
             return self._train_signatures[run]
         cfg = self.runs[run].config
-        train = {k: v for k, v in to_dict(cfg.train).items() if k not in JOB_TIME_KEYS}
+        train = without_later_defaults(to_dict(cfg.train), LATER_TRAIN_DEFAULTS,
+                                        JOB_TIME_KEYS | SAME_WEIGHTS_TRAIN_KEYS)
         relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
                     "data_id": self.runs[run].data_id, "model": model_signature(cfg.model),
                     "train": train, "keep_best": cfg.snapshots.keep_best}
@@ -350,24 +356,6 @@ class WorkflowPlan:
         """Files of the run's ``bench.include_path`` tasks (YAMLs, includes, data): inputs of
         the bench rule, so editing them reruns the benchmarks."""
         return self._bench_inputs[run]
-
-
-# Model keys added after runs were made, at their defaults: left out of the train signature
-# so that a finished run does not retrain because the code learned a new option.
-LATER_MODEL_DEFAULTS = {"n_kv_heads": 0, "rope_scaling": "none", "rope_scaling_factor": 1.0,
-                        "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
-                        "rope_original_max_position": 8192}
-
-
-def model_signature(model: Any) -> dict[str, Any]:
-    """The model section as the train signature hashes it: keys at :data:`LATER_MODEL_DEFAULTS`
-    and an empty ``init_from`` left out; an init source by its fingerprint."""
-    data = {k: v for k, v in to_dict(model).items()
-            if k not in LATER_MODEL_DEFAULTS or v != LATER_MODEL_DEFAULTS[k]}
-    init = data.pop("init_from", None) or {}
-    if init.get("source"):
-        data["init_from"] = {**init, "fingerprint": fingerprint_id(init["source"])}
-    return data
 
 
 def plan_for_snakemake(config: dict[str, Any], configfiles: Sequence[Any] = (),

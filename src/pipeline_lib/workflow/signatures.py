@@ -1,0 +1,45 @@
+"""What the train and import signatures hash: a change of these retrains (or re-imports).
+
+Keys the code learned after runs were made are left out while they hold their default, so
+that a finished run does not retrain because the config grew an option; keys that never
+change the weights are left out always. Torch-free: the Snakefile's plan uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import to_dict
+from ..export.hf_import import fingerprint_id
+
+# how long a segment job may run: no effect on the weights (a stop resumes exactly)
+JOB_TIME_KEYS = frozenset({"segment_runtime_minutes", "stop_margin_minutes"})
+# Model keys added after runs were made, at their defaults: left out of the train signature
+# so that a finished run does not retrain because the code learned a new option.
+LATER_MODEL_DEFAULTS = {"n_kv_heads": 0, "rope_scaling": "none", "rope_scaling_factor": 1.0,
+                        "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+                        "rope_original_max_position": 8192, "exit_gate": False}
+LATER_TRAIN_DEFAULTS = {"muon_lr": 0.0, "muon_momentum": 0.95,
+                        "muon_adjust_lr": "match_rms_adamw", "freeze": [],
+                        "exit_entropy_weight": 0.01}
+# train keys that never change the weights (recomputation is bit-identical; extra readouts
+# of the validation loss only log more)
+SAME_WEIGHTS_TRAIN_KEYS = frozenset({"activation_checkpointing", "val_h_eff"})
+
+
+def without_later_defaults(section: dict[str, Any], later: dict[str, Any],
+                            ignored: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``section`` without the ``ignored`` keys and the keys still at their ``later``
+    default (keys added after runs were made must not retrain those runs)."""
+    return {k: v for k, v in section.items()
+            if k not in ignored and (k not in later or v != later[k])}
+
+
+def model_signature(model: Any) -> dict[str, Any]:
+    """The model section as the train signature hashes it: keys at :data:`LATER_MODEL_DEFAULTS`
+    and an empty ``init_from`` left out; an init source by its fingerprint."""
+    data = without_later_defaults(to_dict(model), LATER_MODEL_DEFAULTS)
+    init = data.pop("init_from", None) or {}
+    if init.get("source"):
+        data["init_from"] = {**init, "fingerprint": fingerprint_id(init["source"])}
+    return data
