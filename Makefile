@@ -29,35 +29,38 @@ demo: $(STAMP)
 	grep -q "Nothing to be done" logs/demo.log || printf '{"wall_s": %d, "started": "%s", "finished": "%s", "cores": %d}\n' \
 	  $$(( $$(date +%s) - t0 )) "$$started" "$$(date -Iseconds)" $(CORES) > results/demo_time.json
 
-# README's results section (between its results markers) from results/, figures in docs/results.
+# docs/results.md's results section (between its results markers) from results/, figures in
+# docs/results, and the short summary on the front page (README.md's results:summary markers).
 results: $(STAMP)
-	$(BIN)/python -m pipeline_lib results-doc --results results --readme README.md --docs docs/results
+	$(BIN)/python -m pipeline_lib results-doc --results results --doc docs/results.md \
+	  --docs docs/results --summary README.md
 
-# The longer experiment (config/experiments/depth_long.yaml, ≈ 30 min on 2 cores) and its section.
+# The longer experiment (config/experiments/depth_long.yaml, ≈ 30 min on 2 cores) and its section
+# in docs/results.md.
 depth-long: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/depth_long.yaml
-	$(BIN)/python -m pipeline_lib results-doc --results results_long --readme README.md \
+	$(BIN)/python -m pipeline_lib results-doc --results results_long --doc docs/results.md \
 	  --docs docs/results_long --section depth-long
 
 # Retrofitted recurrence into SmolLM2-135M, CPU version (config/experiments/retrofit_smollm2.yaml),
-# and its README section from the run's own outputs.
+# and its section in docs/pretrained.md from the run's own outputs.
 retrofit: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/retrofit_smollm2.yaml
-	$(BIN)/python -m pipeline_lib results-doc --results results_retrofit --readme README.md \
+	$(BIN)/python -m pipeline_lib results-doc --results results_retrofit --doc docs/pretrained.md \
 	  --docs docs/results_retrofit --section retrofit
 
-# loop4 with the learned exit gate (config/experiments/exit_gate.yaml) and its README section:
-# the adaptive plot with every exit criterion.
+# loop4 with the learned exit gate (config/experiments/exit_gate.yaml) and its section in
+# docs/evaluation.md: the adaptive plot with every exit criterion.
 exit-gate: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/exit_gate.yaml
-	$(BIN)/python -m pipeline_lib results-doc --results results_exit_gate --readme README.md \
+	$(BIN)/python -m pipeline_lib results-doc --results results_exit_gate --doc docs/evaluation.md \
 	  --docs docs/results_exit_gate --section exit-gate
 
-# README's device section from a device check's JSON (run on the device with
+# docs/performance.md's device section from a device check's JSON (run on the device with
 # `python benchmarks/device_check.py --out docs/device/device_check.json`, then copied here).
 DEVICE_REPORT ?= docs/device/device_check.json
 device-results: $(STAMP)
-	$(BIN)/python -m pipeline_lib device-results --report $(DEVICE_REPORT) --readme README.md
+	$(BIN)/python -m pipeline_lib device-results --report $(DEVICE_REPORT) --doc docs/performance.md
 
 # The one wheel scripts/device_check_from_source.sh carries to a GPU machine that has CUDA
 # torch but not loopline's dependencies (its Python: 3.12).
@@ -89,7 +92,7 @@ ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $(UI_STORE) --host 127.0.0.1 --port $(UI_PORT) --workers 1
 
 # Screenshots of the MLflow UI over the demo store (run list and chart view, docs/ui/*.png,
-# shown in the README), by headless Chromium; nothing without a store (run `make demo`).
+# shown in docs/tracking.md), by headless Chromium; nothing without a store (run `make demo`).
 # Installs Debian's chromium when it is missing (apt-get: as root, else through sudo).
 UI_SHOT_STORE ?= results/mlflow.db
 ui-screenshot: $(STAMP)

@@ -8,7 +8,7 @@
 #   bash scripts/device_check_from_source.sh [--only CHECK …] [key=value …]
 #
 # Writes $OUT/device_check.json (OUT defaults to docs/device), the results so far after every
-# check; then, here: `make device-results` (README's device section from that JSON).
+# check; then, here: `make device-results` (docs/performance.md's device section from that JSON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -1,4 +1,4 @@
-"""Where a figure was made: the checkout's git state and the CPU's name (stamps of README's
+"""Where a figure was made: the checkout's git state and the CPU's name (stamps of the docs'
 generated sections, the device check's JSON, the benchmarks). Imports nothing of loopline."""
 
 from __future__ import annotations
@@ -16,6 +16,15 @@ def git_output(repo: Path, *args: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def repo_root(path: Path) -> Path:
+    """The top of the git checkout holding ``path`` (a file or folder), else ``path``'s
+    folder: where a page's stamp reads the commit and its repository paths start."""
+    folder = Path(path).resolve()
+    folder = folder if folder.is_dir() else folder.parent
+    top = git_output(folder, "rev-parse", "--show-toplevel")
+    return Path(top).resolve() if top else folder
 
 
 def cpu_model() -> str:

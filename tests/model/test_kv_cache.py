@@ -120,7 +120,7 @@ def test_prefill_rejects_bad_lengths(build) -> None:
 
 
 def test_a_decoding_step_dispatches_far_fewer_operations_than_the_window() -> None:
-    """At one token a step is bound by per-call overhead, not arithmetic (README,
+    """At one token a step is bound by per-call overhead, not arithmetic (docs/performance.md,
     bench_generate), so the number of operator calls is what the cache's speed-up rests on:
     a step of the default model must stay well under a 64-token window's (179 vs 296 when
     written; the decoding path before its [B, D] form took 380, more than the window)."""

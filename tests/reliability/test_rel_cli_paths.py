@@ -84,7 +84,7 @@ def _argv(command: str, root: Path, out: Path | None = None, src: Path | None = 
                           s or str(root / "run"), "--uri",
                           f"sqlite:///{o or root / 'store.db'}"],
         "compare": ["compare", s or str(root / "run"), "--out", o or str(root / "cmp")],
-        "results_doc": ["results-doc", "--results", s or str(root / "results"), "--readme",
+        "results_doc": ["results-doc", "--results", s or str(root / "results"), "--doc",
                         o or str(root / "README.md"), "--docs", str(root / "docs")],
     }
     if command in ("import_hf",) and out is not None:

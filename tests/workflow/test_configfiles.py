@@ -1,4 +1,4 @@
-"""Snakemake's --configfile list, merged by loopline's rules (README's own example)."""
+"""Snakemake's --configfile list, merged by loopline's rules (the example of README.md and docs/configuration.md)."""
 
 from __future__ import annotations
 

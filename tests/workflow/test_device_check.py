@@ -187,7 +187,7 @@ def _readme(tmp_path: Path) -> Path:
 
 
 def test_device_results_write_the_cpu_report_without_gpu_figures(quick, tmp_path) -> None:
-    """`device-results` turns a check's JSON into README's section: a stamp with the commit
+    """`device-results` turns a check's JSON into a page's device section: a stamp with the commit
     and device, every GPU target "not measured" on the CPU, a row per check."""
     _, _, result, work = quick
     readme = _readme(tmp_path)
@@ -240,6 +240,23 @@ def test_device_results_refuse_a_file_that_is_no_report(tmp_path, capsys) -> Non
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "lacks resolved, torch: not a device check report" in err[0]
     assert "\nold\n" in readme.read_text()  # nothing written
+
+
+def test_device_results_name_the_report_by_its_path_in_the_checkout(tmp_path, capsys) -> None:
+    """A page in docs/ (``--doc``, the default target docs/performance.md) gets its section,
+    and the stamp names the JSON by its path from the checkout's top, wherever the page is."""
+    repo = tmp_path / "repo"
+    (repo / "docs" / "device").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    page = _readme(repo / "docs")
+    report = repo / "docs" / "device" / "device_check.json"
+    report.write_text(json.dumps({"resolved": "cpu", "torch": "2.x", "commit": "abc1234",
+                                  "checks": {"kv_cache": {"status": "pass", "speedup": 2.5}}}))
+    assert main(["device-results", "--report", str(report), "--doc", str(page)]) == 0
+    assert capsys.readouterr().out == f"{page}: device section regenerated from {report}\n"
+    section = page.read_text().split("<!-- results:device:begin -->")[1]
+    assert "from `docs/device/device_check.json`: the device check of commit `abc1234`" in section
+    assert "| `kv_cache` | pass |  | speedup 2.5 |  |" in section
 
 
 def test_bf16_fsdp_segment_is_judged_by_the_bf16_tolerance(tmp_path, capsys) -> None:

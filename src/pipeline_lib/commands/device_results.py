@@ -1,4 +1,4 @@
-"""`device-results`: rewrite README's device section from a device check's JSON."""
+"""`device-results`: rewrite a page's device section from a device check's JSON."""
 
 from __future__ import annotations
 
@@ -6,22 +6,24 @@ import argparse
 from pathlib import Path
 
 DEFAULT_REPORT = Path("docs/device/device_check.json")
+DEFAULT_DOC = Path("docs/performance.md")
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("device-results",
-                            help="rewrite README's device section (between the results:device "
-                                 "markers) from a device check's JSON")
+                            help="rewrite the device section (between the results:device "
+                                 f"markers, in {DEFAULT_DOC}) from a device check's JSON")
     parser.add_argument("--report", type=Path, default=DEFAULT_REPORT,
                         help=f"the JSON `device-check --out` wrote (default {DEFAULT_REPORT})")
-    parser.add_argument("--readme", type=Path, default=Path("README.md"),
-                        help="README holding the <!-- results:device:begin/end --> markers")
+    parser.add_argument("--doc", "--readme", dest="doc", type=Path, default=DEFAULT_DOC,
+                        help="page holding the <!-- results:device:begin/end --> markers "
+                             f"(default {DEFAULT_DOC}; --readme is the same option)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from ..workflow.device_check.doc import write_device_doc
 
-    write_device_doc(args.report, args.readme)
-    print(f"{args.readme}: device section regenerated from {args.report}")
+    write_device_doc(args.report, args.doc)
+    print(f"{args.doc}: device section regenerated from {args.report}")
     return 0

@@ -1,4 +1,4 @@
-"""`results-doc`: regenerate the README's results section from a finished run's outputs."""
+"""`results-doc`: regenerate a page's results section from a finished run's outputs."""
 
 from __future__ import annotations
 
@@ -8,24 +8,30 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("results-doc",
-                            help="rewrite README's results section (between the results "
+                            help="rewrite a page's results section (between its results "
                                  "markers) from results/")
     parser.add_argument("--results", type=Path, default=Path("results"),
                         help="results directory of the finished run (with compare/)")
-    parser.add_argument("--readme", type=Path, default=Path("README.md"),
-                        help="README holding the <!-- results:begin/end --> markers")
+    parser.add_argument("--doc", "--readme", dest="doc", type=Path,
+                        default=Path("docs/results.md"),
+                        help="page holding the <!-- results:begin/end --> markers (default "
+                             "docs/results.md; --readme is the same option)")
     parser.add_argument("--docs", type=Path, default=Path("docs/results"),
-                        help="folder the figures are copied into (linked from the README)")
+                        help="folder the figures are copied into (linked relative to the page)")
     parser.add_argument("--section", default="",
                         help="fill the markers <!-- results:SECTION:begin/end --> instead "
                              "(a second results section, e.g. of a longer experiment)")
+    parser.add_argument("--summary", type=Path, default=None,
+                        help="also rewrite this page's <!-- results:summary:begin/end --> "
+                             "(the front page, README.md): a short summary linking the page")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from ..results_doc import write_results_doc
 
-    write_results_doc(args.results, args.readme, args.docs, args.section)
-    print(f"{args.readme}: results section regenerated from {args.results}; figures in "
+    write_results_doc(args.results, args.doc, args.docs, args.section, args.summary)
+    also = f" and {args.summary}'s summary" if args.summary else ""
+    print(f"{args.doc}: results section{also} regenerated from {args.results}; figures in "
           f"{args.docs}")
     return 0

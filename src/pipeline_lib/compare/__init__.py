@@ -7,7 +7,7 @@ interval of H_eff=h against the baseline H_eff (1) excludes zero (:func:`verdict
 depth check (:mod:`.depth`) compares looped variants with shallow and deep ones on the same
 benchmark examples; under adaptive exit, accuracy is set against the mean loops used per
 token (:func:`.markdown.loops_table`, ``accuracy_vs_loops.png``). The MLflow UI shows the same numbers run by run; this is the
-side-by-side view that also lands in ``snakemake --report`` and in the README
+side-by-side view that also lands in ``snakemake --report`` and in the docs' generated results
 (:mod:`pipeline_lib.results_doc`).
 
 Modules: :mod:`.runs` (loading, long table), :mod:`.depth` (cross-variant paired

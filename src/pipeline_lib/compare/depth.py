@@ -203,3 +203,47 @@ def depth_markdown(check: Mapping[str, Any], level: int = 2) -> list[str]:
         for task in sorted({t["task"] for t in targets}):
             lines.append(_target_line(task, [t for t in targets if t["task"] == task]))
     return lines
+
+
+def _against(rec: Mapping[str, Any]) -> str:
+    return (f"its own H_eff={rec['other_h_eff']}" if rec["against"] == OWN
+            else f"{rec['other']} H_eff={rec['other_h_eff']}")
+
+
+def _where(recs: Sequence[Mapping[str, Any]]) -> str:
+    """``task level 4`` / ``task levels 2, 4`` for each task of ``recs``."""
+    by_task: dict[str, list[str]] = {}
+    for rec in recs:
+        levels = by_task.setdefault(rec["task"], [])
+        if str(rec["level"]) not in levels:
+            levels.append(str(rec["level"]))
+    return "; ".join(f"{task} level{'s' if len(lv) > 1 else ''} {', '.join(lv)}"
+                     for task, lv in by_task.items())
+
+
+def depth_summary(check: Mapping[str, Any]) -> list[str]:
+    """A few lines of :func:`depth_check`'s result for a front page: per looped variant, its
+    paired comparisons counted by verdict (where each significant one lies) and, per task,
+    whether the target is met; the check's notes when it compared nothing."""
+    lines: list[str] = []
+    for variant in check.get("runs", []):
+        recs = [c for c in check["comparisons"] if c["variant"] == variant]
+        if not recs:
+            continue
+        against = list(dict.fromkeys(_against(c) for c in recs))
+        counts = []
+        for verdict in ("better", "worse", "no significant difference", "no common examples"):
+            hits = [c for c in recs if c["verdict"] == verdict]
+            if hits:
+                where = f" ({_where(hits)})" if verdict in ("better", "worse") else ""
+                counts.append(f"{len(hits)} {verdict}{where}")
+        lines.append(f"- **{variant}** at H_eff={recs[0]['h_eff']} against "
+                     f"{', '.join(against[:-1])}{' and ' if len(against) > 1 else ''}"
+                     f"{against[-1]}, on the same examples of each level in its training range "
+                     f"({len(recs)} paired comparisons): {', '.join(counts)}.")
+        targets = [t for t in check["targets"] if t["variant"] == variant]
+        for task in sorted({t["task"] for t in targets}):
+            lines.append("  " + _target_line(task, [t for t in targets if t["task"] == task]))
+    if not lines:
+        lines = [f"- {note}" for note in check.get("notes", [])]
+    return lines

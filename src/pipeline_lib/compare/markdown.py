@@ -1,7 +1,7 @@
 """Markdown pieces of the comparison: variants, loss and accuracy tables, findings.
 
 Each piece is a list of lines with its own heading (``level`` = heading depth), so
-``compare/summary.md`` and the README's generated results section (:mod:`pipeline_lib.
+``compare/summary.md`` and the docs' generated results sections (:mod:`pipeline_lib.
 results_doc`) are made of the same tables.
 """
 
@@ -97,6 +97,20 @@ def loss_table(runs: Sequence[RunResults], level: int = 2) -> list[str]:
                                                     for h in hs) + " |")
         lines.append(f"| {r.name} | {r.final_step} | {tokens if tokens is not None else '–'}{docs}"
                      f" | {_fmt(r.final_train_loss)} | "
+                     + " | ".join(_loss_cell(r.loss_scores.get(h)) for h in hs) + " |")
+    return lines
+
+
+def loss_summary_table(runs: Sequence[RunResults]) -> list[str]:
+    """A compact table for a front page: each variant's shape, parameters and final validation
+    loss ± standard error at every H_eff (no heading)."""
+    hs = sorted({h for r in runs for h in r.val_loss})
+    lines = ["| run | core blocks × training loops | parameters | "
+             + " | ".join(f"H_eff={h}" for h in hs) + " |", "|---|---|---|" + "---|" * len(hs)]
+    for r in runs:
+        shape = (f"{r.core_layers or '–'} × {r.train_loops}" if r.train_loops is not None
+                 else "–")
+        lines.append(f"| {r.name} | {shape} | {_count(r.params)} | "
                      + " | ".join(_loss_cell(r.loss_scores.get(h)) for h in hs) + " |")
     return lines
 

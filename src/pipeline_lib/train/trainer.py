@@ -340,7 +340,7 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """``{"val_loss": loss after model.loops loops, "val/loss_h{H}": loss after H loops
         for every H of :attr:`val_h_eff`}``, all from one pass per batch. ``val_loss`` is the
-        one the state, best-snapshot selection and the README read."""
+        one the state, best-snapshot selection and the generated results read."""
         t, loops = self.cfg.train, self.cfg.model.loops
         with self.autocast():
             losses = validation_losses(self.model, self.data, t.eval_rows, t.micro_batch_rows,

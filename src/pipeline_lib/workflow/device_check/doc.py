@@ -1,11 +1,13 @@
-"""README's device section, generated from a device check's JSON (``make device-results``).
+"""The device section of docs/performance.md, generated from a device check's JSON
+(``make device-results``).
 
 Only the text between ``<!-- results:device:begin -->`` and ``<!-- results:device:end -->``
 is rewritten, so no device figure there is typed by hand: a stamp (device, torch, the commit
 checked, date, how many checks passed), issue 14's GPU targets against what the JSON
 measured (``not measured`` off a CUDA device, never a CPU figure in a GPU row), and one row
-per check with its main figures and whatever it skipped. The JSON itself is kept next to the
-README (``docs/device/device_check.json`` by default), so the section can be regenerated.
+per check with its main figures and whatever it skipped. The JSON itself is kept in the
+repository (``docs/device/device_check.json`` by default), so the section can be regenerated;
+the stamp names it by its path in the repository.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import DataError
+from ...provenance import repo_root
 from ...results_doc import replace_between_markers
 
 SECTION = "device"
@@ -28,7 +31,7 @@ GPU_TYPES = ("cuda",)  # where the GPU targets apply (the check's `resolved` dev
 class Target:
     """One GPU target of issue 14: where its figure lies in the JSON, and the bar."""
 
-    figure: str  # as README names it
+    figure: str  # as the section names it
     target: str
     values: Callable[[Mapping[str, Any]], list[float]]  # the figures found in the checks
     met: Callable[[float], bool]
@@ -163,15 +166,16 @@ def device_markdown(doc: Mapping[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
-def write_device_doc(report: Path, readme: Path) -> str:
-    """Rewrite README's device section from the JSON at ``report``; returns the section."""
-    readme = Path(readme)
-    if not readme.is_file():
-        raise DataError(f"README {readme} does not exist; pass --readme PATH")
-    text = readme.read_text()
-    replace_between_markers(text, "", readme, SECTION)  # fail on missing markers first
+def write_device_doc(report: Path, page: Path) -> str:
+    """Rewrite ``page``'s device section from the JSON at ``report``; returns the section."""
+    page = Path(page)
+    if not page.is_file():
+        raise DataError(f"page {page} does not exist; pass --doc PATH (a page holding the "
+                        "results:device markers)")
+    text = page.read_text()
+    replace_between_markers(text, "", page, SECTION)  # fail on missing markers first
     doc = load_report(report)
-    source = Path(os.path.relpath(Path(report).resolve(), readme.resolve().parent)).as_posix()
+    source = Path(os.path.relpath(Path(report).resolve(), repo_root(page))).as_posix()
     body = device_markdown(doc, source)
-    readme.write_text(replace_between_markers(text, body, readme, SECTION))
+    page.write_text(replace_between_markers(text, body, page, SECTION))
     return body
