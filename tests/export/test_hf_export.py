@@ -23,7 +23,7 @@ from support.export_helpers import (
 from pipeline_lib.data.tokenizer import byte_level_tokenizer
 from pipeline_lib.evaluate.generation import Depth, generate_texts
 from pipeline_lib.export import export_snapshot
-from pipeline_lib.export.hf import EXPORT_FILES, MODELING_FILE
+from pipeline_lib.export.hf import EXPORT_FILES, MODELING_FILES
 
 H_EFFS = [1, 4, 8]
 ROPE_KEYS = ("rope_scaling_type", "rope_scaling_factor", "rope_low_freq_factor",
@@ -60,10 +60,11 @@ def test_export_holds_the_hf_files_and_the_loop_count(exports) -> None:
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert tok_config["split_special_tokens"] is True
-    source = Path(__import__("pipeline_lib.export.hf").export.hf.__file__).with_name(MODELING_FILE)
-    assert (out / MODELING_FILE).read_text() == source.read_text()
-    assert "pipeline_lib" not in (out / MODELING_FILE).read_text().replace(
-        "python -m pipeline_lib export", "")
+    here = Path(__import__("pipeline_lib.export.hf").export.hf.__file__)
+    for name in MODELING_FILES:  # copies that know nothing of loopline
+        assert (out / name).read_text() == here.with_name(name).read_text()
+        assert "pipeline_lib" not in (out / name).read_text().replace(
+            "python -m pipeline_lib export", "")
     weights = load_file(str(out / "model.safetensors"))
     assert weights.keys() == model.state_dict().keys()
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())

@@ -25,7 +25,7 @@ WORKER = Path(__file__).with_name("hf_export_worker.py")
 MODEL_CONFIGS = {
     "dense": ModelConfig(vocab_size=258, d_model=32, n_heads=2, loops=2,
                          learn_injection_scale=True, injection_scale=0.7,
-                         exit_gate=True),  # the gate is carried (loaded, not applied)
+                         exit_gate=True),  # the learned exit gate (test_hf_export_gate.py)
     "moe": ModelConfig(vocab_size=258, d_model=32, n_heads=2, loops=3, moe_experts=4,
                        moe_top_k=2, injection="linear", step_embedding=True,
                        state_init="embedding", tie_embeddings=False),

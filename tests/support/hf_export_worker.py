@@ -2,7 +2,8 @@
 imported, and answer with their logits, generations and loading info.
 
 Run as ``python hf_export_worker.py REQUEST.json ANSWER.json``. The request lists exports
-(``{"dir", "ids", "loops", "generate", "cache"}``); any import of ``pipeline_lib`` fails here (a
+(``{"dir", "ids", "loops", "generate", "cache"}``, or ``{"dir", "gate"}`` for the learned
+exit gate: :func:`_gate_answer`); any import of ``pipeline_lib`` fails here (a
 meta-path finder refuses it and src/ directories are dropped from sys.path), and the answer
 records that it never got into ``sys.modules``.
 """
@@ -24,6 +25,9 @@ class _NoLoopline(importlib.abc.MetaPathFinder):
 def _answer(item: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if "gate" in item:
+        return _gate_answer(item["dir"], item["gate"])
 
     model, info = AutoModelForCausalLM.from_pretrained(
         item["dir"], trust_remote_code=True, output_loading_info=True, dtype=torch.float32)
@@ -81,6 +85,60 @@ def _cache_answer(model, tok, ask: dict) -> dict:
     diff = (torch.stack(gen.logits, dim=1) - full[:, start:start + new]).abs().max()
     return {"identical": same, "cache_class": type(gen.cache).__name__,
             "cached_tokens": gen.cache.get_seq_length(), "max_logit_diff": diff.item()}
+
+
+def _gate_answer(export: str, ask: dict) -> dict:
+    """Under ``exit_threshold``: forward's logits and exit loops at each (loops, threshold) of
+    ``ask["forward"]``; and for each of ``ask["generate"]``, greedy generate() on left-padded
+    ``prompts`` (its new tokens), against use_cache=False (greedy, beam search, seeded
+    sampling), the cached steps' logits against one forward pass over the sequences (and the
+    exit loop of every generated token), and generate() without arguments on the model
+    loaded with that threshold as its config default."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def load(**kw):
+        return AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True,
+                                                    dtype=torch.float32, **kw).eval()
+
+    model, tok = load(), AutoTokenizer.from_pretrained(export)
+    ids = torch.tensor(ask["ids"])
+    with torch.no_grad():
+        forward = [model(ids, num_loops=h, exit_threshold=t) for h, t in ask["forward"]]
+    out = {"forward": [{"logits": o.logits.tolist(), "exit_loops": o.exit_loops.tolist()}
+                       for o in forward], "generate": []}
+    tok.padding_side = "left"
+    enc = tok(ask["prompts"], return_tensors="pt", padding=True)
+    new, start = ask["max_new"], enc["input_ids"].shape[1]
+
+    def gen(seed: int = 0, **kw) -> torch.Tensor:
+        torch.manual_seed(seed)
+        return model.generate(**enc, max_new_tokens=new, **kw)
+
+    for h, t in ask["generate"]:
+        depth = {"num_loops": h, "exit_threshold": t}
+        greedy = gen(**depth, do_sample=False)
+        same = {"greedy": torch.equal(greedy, gen(**depth, do_sample=False, use_cache=False)),
+                "beam": torch.equal(gen(**depth, num_beams=3, do_sample=False),
+                                    gen(**depth, num_beams=3, do_sample=False, use_cache=False)),
+                "sample": torch.equal(gen(1, **depth, do_sample=True, top_p=0.9),
+                                      gen(1, **depth, do_sample=True, top_p=0.9, use_cache=False))}
+        run = gen(**depth, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
+                  output_scores=True, output_logits=True)
+        mask = torch.cat([enc["attention_mask"], enc["attention_mask"].new_ones(len(greedy), new)],
+                         dim=1)
+        with torch.no_grad():
+            full = model(run.sequences, attention_mask=mask, **depth)
+        diff = (torch.stack(run.logits, dim=1) - full.logits[:, start - 1:start - 1 + new]).abs()
+        default = load(num_loops=h, exit_threshold=t).generate(**enc, max_new_tokens=new,
+                                                               do_sample=False)
+        out["generate"].append({
+            "texts": tok.batch_decode(greedy[:, start:], skip_special_tokens=True),
+            "identical": same, "scores": len(run.scores), "max_logit_diff": diff.max().item(),
+            "cache": [type(run.cache).__name__, run.cache.num_loops, run.cache.gated],
+            "exit_loops": full.exit_loops[:, start - 1:start - 1 + new].tolist(),
+            "default_is_explicit": torch.equal(default, greedy)})
+    return out
 
 
 def main(request_path: str, answer_path: str) -> None:

@@ -81,14 +81,34 @@ def test_offline_status_changes_are_replayed_in_order(cfg: Config, run_dir: Path
     assert parent.info.status == "FINISHED" and parent.info.end_time >= parent.info.start_time
 
 
-def test_status_bookkeeping_never_masks_the_job(tmp_path: Path,
+def test_status_bookkeeping_never_masks_the_job(cfg: Config, run_dir: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    cfg = make_config("file:///nowhere", "masked")  # resolving the store raises
-    run_dir = tmp_path / "results" / "base"
-    run_dir.mkdir(parents=True)
-    (run_dir / "tracking.json").write_text('{"parent_run_id": "p1", "tracking_uri": "x"}')
+    init_parent_run(cfg, "base", run_dir, "d0")
+    import pipeline_lib.tracking.lifecycle as lifecycle
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("bookkeeping broke")
+
+    monkeypatch.setattr(lifecycle, "parent_for_stage", broken)
     with pytest.raises(KeyError, match="job's own"):
         with pipeline_job(cfg, run_dir):
             raise KeyError("job's own error")
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 2 and all("plain file store" in w for w in warnings)
+    assert len(warnings) == 2 and all("bookkeeping broke" in w for w in warnings)
+
+
+def test_a_store_the_job_cannot_use_is_refused_before_the_job(tmp_path: Path) -> None:
+    """The store is checked before it is touched (a plain file store here; a missing or
+    reset one in tests/reliability and tests/workflow/test_lost_store.py)."""
+    from pipeline_lib.errors import TrackingError
+
+    cfg = make_config("file:///nowhere", "masked")
+    run_dir = tmp_path / "results" / "base"
+    run_dir.mkdir(parents=True)
+    (run_dir / "tracking.json").write_text('{"parent_run_id": "p1", "tracking_uri": "x"}')
+    ran = []
+    with pytest.raises(TrackingError, match="plain file store"):
+        with pipeline_job(cfg, run_dir):
+            ran.append(True)
+    assert not ran

@@ -26,15 +26,15 @@ rule import_init:
 
 rule train_segment:
     input:
-        data=lambda wc: PLAN.data_dir(wc.run),
-        previous=lambda wc: PLAN.previous_snapshot(wc.run, int(wc.step)),
-        init=lambda wc: PLAN.init_snapshot(wc.run, int(wc.step)),
+        unpack(lambda wc: PLAN.segment_inputs(wc.run, int(wc.step))),  # data, previous, init
         tracking=ancient(RUN.tracking_json),
     output:
         snapshot=directory(RUN.snapshot(STEP)),
     params:
-        run="{run}",  # a string, not a function: Snakemake fills in the wildcard cheaply
-        run_dir=lambda wc: PLAN.run_dir(wc.run),
+        # strings, not functions, where a pattern will do: Snakemake fills in wildcards
+        # cheaply, and a long run has thousands of these jobs
+        run="{run}",
+        run_dir=str(RUN.run_dir),
         signature=lambda wc: PLAN.train_signature(wc.run),
     log:
         RUN.log("train_segment", STEP),
@@ -44,7 +44,7 @@ rule train_segment:
     threads: PLAN.threads("train")
     resources:
         **PLAN.cluster_resources("train"),
-        runtime=lambda wc: PLAN.runs[wc.run].config.train.segment_runtime_minutes,
+        runtime=PLAN.segment_runtime(),
         attempt=lambda wc, attempt: attempt,  # a retry (attempt 2) rolls back past a spike
     conda:
         "../../envs/train.yaml"

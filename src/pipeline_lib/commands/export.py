@@ -13,11 +13,13 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "export", help="write a snapshot in the Hugging Face format (transformers, lm-eval hf)",
         description="Write model.safetensors, config.json (auto_map), generation_config.json, "
-                    "the tokenizer files and a self-contained modeling_loopline.py to --out, so "
+                    "the tokenizer files and a self-contained modeling_loopline.py (with its "
+                    "loopline_layers.py) to --out, so "
                     "AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True) loads it "
                     "with no loopline installed (loop count: config num_loops, or the num_loops "
-                    "argument of forward and generate). The snapshot is verified first; --out "
-                    "appears complete or not at all.")
+                    "argument of forward and generate; a model with the learned exit gate "
+                    "honours exit_threshold there, or config exit_threshold). The snapshot is "
+                    "verified first; --out appears complete or not at all.")
     parser.add_argument("--snapshot", type=Path, required=True,
                         help="snapshot directory (unsharded or sharded)")
     parser.add_argument("--out", type=Path, required=True,

@@ -6,6 +6,7 @@
     generation_config.json   EOS/PAD ids, greedy, KV cache on
     model.safetensors        the LoopedLM state dict (EMA weights with use_ema), fp32
     modeling_loopline.py     the model for transformers (torch + transformers only)
+    loopline_layers.py       its building blocks (imported by modeling_loopline.py)
     tokenizer.json  tokenizer_config.json  special_tokens_map.json   (PreTrainedTokenizerFast)
     loopline_config.yaml     the resolved loopline config the snapshot was trained with
 
@@ -31,10 +32,12 @@ from ..output_paths import check_creatable
 log = logging.getLogger(__name__)
 
 MODELING_FILE = "modeling_loopline.py"
+LAYERS_FILE = "loopline_layers.py"  # modeling_loopline.py's relative import
+MODELING_FILES = (MODELING_FILE, LAYERS_FILE)
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_JSON = "config.json"
 LOOPLINE_CONFIG = "loopline_config.yaml"
-EXPORT_FILES = (CONFIG_JSON, "generation_config.json", WEIGHTS_FILE, MODELING_FILE,
+EXPORT_FILES = (CONFIG_JSON, "generation_config.json", WEIGHTS_FILE, *MODELING_FILES,
                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 LOOPLINE_CONFIG)
 MODEL_TYPE = "loopline"
@@ -66,7 +69,8 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any],
         "moe_intermediate_size": resolved_moe_hidden(m) if m.moe_experts else 0,
         "injection": m.injection, "injection_scale": m.injection_scale,
         "step_embedding_rows": step_embedding_rows(m), "state_init": m.state_init,
-        "exit_gate": m.exit_gate,
+        # exit_threshold: the default of forward/generate, fixed depth until a user sets it
+        "exit_gate": m.exit_gate, "exit_threshold": None,
         "tie_embeddings": m.tie_embeddings, "rope_theta": m.rope_theta,
         "rope_scaling_type": m.rope_scaling, "rope_scaling_factor": m.rope_scaling_factor,
         "rope_low_freq_factor": m.rope_low_freq_factor,
@@ -144,7 +148,8 @@ def _write_export(tmp: Path, loaded: Any, provenance: dict[str, Any]) -> None:
                   "pad_token_id": config["pad_token_id"], "do_sample": False,
                   "use_cache": True}
     (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
+    for name in MODELING_FILES:
+        shutil.copyfile(Path(__file__).with_name(name), tmp / name)
     for name, text in tokenizer_files(tok, loaded.seq_len).items():
         (tmp / name).write_text(text)
     shutil.copyfile(loaded.path / "config.yaml", tmp / LOOPLINE_CONFIG)

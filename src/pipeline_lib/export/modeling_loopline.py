@@ -1,19 +1,41 @@
 """A loopline looped transformer as a 🤗 transformers model (remote code: torch + transformers).
 
-``python -m pipeline_lib export`` copies this file, unchanged, next to ``config.json`` and
-``model.safetensors``, so that::
+``python -m pipeline_lib export`` copies this file and ``loopline_layers.py`` (its building
+blocks, imported relatively), unchanged, next to ``config.json`` and ``model.safetensors``,
+so that::
 
     model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
     model(input_ids, num_loops=8).logits          # read out after 8 core loops
     model.generate(input_ids, num_loops=8, max_new_tokens=20)
+    out = model(input_ids, num_loops=8, exit_threshold=0.9)   # learned exit gate
+    out.logits, out.exit_loops                    # each position at its own exit loop
+    model.generate(input_ids, num_loops=8, exit_threshold=0.9, max_new_tokens=20)
 
-works without loopline installed. It must import nothing but torch and transformers.
+works without loopline installed. The two files import nothing but torch and transformers.
 
 The model: embedding → prelude blocks → core blocks applied ``num_loops`` times with input
 injection (state ← core(state + λ·e), or core(W[state; e])) → coda blocks → final RMSNorm →
 head. ``config.num_loops`` is the training loop count and the default; any count ≥ 1 may be
 passed to ``forward`` and ``generate``. Module names equal loopline's ``LoopedLM``, so the
 weights are its state dict as is. Logits equal ``LoopedLM.logits_at`` (fp32, tested).
+
+Learned exit gate (``exit_gate: true`` in config.json; Ouro-style, one ``nn.Linear(d, 1)``
+shared by every loop): after loop t, λ_t = sigmoid(exit_gate(h_t)) with h_t = norm(coda(
+state_t)) the readout hidden state, and the cumulative exit probability is
+1 − ∏_{s≤t} (1 − λ_s). With ``exit_threshold=T`` (a probability in [0, 1]) a position is
+read out at the first loop t < ``num_loops`` whose cumulative exit probability exceeds T
+(strictly), else at ``num_loops``: the semantics and the logits of loopline's
+``adaptive_logits(model, ids, T, num_loops, "gate")`` (fp32, tested), with the exit loop of
+every position in the output's ``exit_loops`` [B, L]. Every position still runs all
+``num_loops`` loops, and the coda after each of them, because later tokens attend to its
+state at every loop: the gate picks the readout, it does not save compute (loopline's
+adaptive evaluation documents the same). T = 1 never exits early and runs the fixed-depth
+path (``exit_loops`` all ``num_loops``); without a threshold ``exit_loops`` is None. The
+loops a generated token took: ``exit_loops`` of a forward pass over ``generate``'s sequences
+with the same arguments (position i's exit loop is the depth that predicted token i + 1).
+``config.exit_threshold`` (null in an export: fixed depth) is the default of both
+``forward`` and ``generate``, e.g. ``from_pretrained(DIR, …, exit_threshold=0.9)``. A
+threshold outside [0, 1], or on a model without the gate, is refused (ValueError).
 
 Grouped-query attention (``num_key_value_heads`` < ``num_attention_heads``, as Llama's):
 query head i reads key/value head i // (heads / kv heads); the fused ``qkv`` projection holds
@@ -27,16 +49,15 @@ positions count real tokens only, so a padded row gives the logits of the unpadd
 
 ``generate`` keeps a KV cache (:class:`LoopKVCache`, ``use_cache``, on by default): the keys
 and values of every attention call — prelude blocks, each core block once per loop (every
-loop sees a different state), coda blocks — so each step runs only the new token. A cache
-is bound to the loop count it was filled with. Greedy, sampling and beam search (the cache
-reorders) work with it; assisted decoding does not; ``use_cache=False`` recomputes the
-window every step. A learned exit gate (``exit_gate`` in config.json) is loaded as
-``exit_gate`` but not applied: forward and generate run a fixed loop count.
+loop sees a different state), coda blocks (once, or once per loop under the gate) — so each
+step runs only the new token. A cache is bound to the loop count and the mode (fixed or
+gated) it was filled with. Greedy, sampling and beam search (the cache reorders) work with
+it; assisted decoding does not; ``use_cache=False`` recomputes the window every step.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -44,9 +65,19 @@ from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .loopline_layers import (
+    Block,
+    LoopKVCache,
+    MoEFFN,
+    RMSNorm,
+    padding_inputs,
+    rope_tables,
+)
+
 
 class LooplineConfig(PretrainedConfig):
-    """Shape of a loopline model; ``num_loops`` is the default core loop count."""
+    """Shape of a loopline model; ``num_loops`` is the default core loop count and
+    ``exit_threshold`` the default exit threshold of a gated model (None: fixed depth)."""
 
     model_type = "loopline"
 
@@ -61,6 +92,7 @@ class LooplineConfig(PretrainedConfig):
                  num_key_value_heads: int | None = None, rope_scaling_type: str = "none",
                  rope_scaling_factor: float = 1.0, rope_low_freq_factor: float = 1.0,
                  rope_high_freq_factor: float = 4.0, rope_original_max_position: int = 8192,
+                 exit_gate: bool = False, exit_threshold: float | None = None,
                  **kwargs) -> None:
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.num_attention_heads = num_attention_heads
@@ -78,189 +110,20 @@ class LooplineConfig(PretrainedConfig):
         self.step_embedding_rows, self.state_init = step_embedding_rows, state_init
         self.tie_embeddings, self.rope_theta = tie_embeddings, rope_theta
         self.rms_norm_eps, self.max_position_embeddings = rms_norm_eps, max_position_embeddings
+        self.exit_gate, self.exit_threshold = exit_gate, exit_threshold
         # The model reads the tied head from tok_emb itself; transformers must not tie.
         kwargs["tie_word_embeddings"] = False
         super().__init__(**kwargs)
 
 
-def rope_inv_freq(config: LooplineConfig, device: torch.device) -> torch.Tensor:
-    """RoPE frequencies [head_dim/2] in fp64: θ^(−2i/head_dim), scaled like transformers'
-    ``linear`` (all / factor) or ``llama3`` (``_compute_llama3_parameters``) rope types."""
-    half = config.hidden_size // config.num_attention_heads // 2
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64,
-                                                         device=device) / half))
-    kind, factor = config.rope_scaling_type, config.rope_scaling_factor
-    if kind == "linear":
-        return inv_freq / factor
-    if kind != "llama3":
-        return inv_freq
-    old, low, high = (config.rope_original_max_position, config.rope_low_freq_factor,
-                      config.rope_high_freq_factor)
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
-    return torch.where(medium, smoothed, scaled)
 
 
-def rope_tables(position_ids: torch.Tensor, config: LooplineConfig
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [B, L, 1, head_dim/2] (fp32, angles computed in fp64)."""
-    inv_freq = rope_inv_freq(config, position_ids.device)
-    angles = position_ids.to(torch.float64)[..., None] * inv_freq  # [B, L, half]
-    return angles.cos().float()[:, :, None], angles.sin().float()[:, :, None]
+@dataclass
+class LooplineCausalLMOutput(CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus ``exit_loops`` [B, L] (int64): the loop each position
+    was read out at under an exit threshold (None without one)."""
 
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x_i, x_{i+half}) of x [B, L, H, head_dim]."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-class LoopKVCache:
-    """Keys and values [B, KV, T, hd] of every attention call of a forward pass, in call order
-    (prelude blocks; core blocks, loop by loop; coda blocks), for one loop count.
-
-    A forward pass calls :meth:`update` once per attention call, in the same order every
-    time: the call's new keys and values are appended and all of them returned.
-    """
-
-    is_compileable = False  # generate() must not try to compile around it
-    is_croppable = False  # assisted decoding, which crops, is not supported
-
-    def __init__(self, num_loops: int) -> None:
-        self.num_loops = num_loops
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self._call = 0
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Tokens cached so far."""
-        return self.keys[0].shape[2] if self.keys else 0
-
-    def begin_pass(self, num_loops: int) -> int:
-        """Start a forward pass at ``num_loops``; returns the tokens already cached."""
-        if num_loops != self.num_loops:
-            raise ValueError(f"this cache holds {self.num_loops} loops; the pass asks for "
-                             f"{num_loops} (start a new cache for another loop count)")
-        self._call = 0
-        return self.get_seq_length()
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this call's k, v [B, H, L, hd]; all keys and values of the call so far."""
-        i, self._call = self._call, self._call + 1
-        if i == len(self.keys):
-            self.keys.append(k)
-            self.values.append(v)
-        else:
-            self.keys[i] = torch.cat([self.keys[i], k], dim=2)
-            self.values[i] = torch.cat([self.values[i], v], dim=2)
-        return self.keys[i], self.values[i]
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Keep the rows ``beam_idx`` (beam search)."""
-        self.keys = [k.index_select(0, beam_idx.to(k.device)) for k in self.keys]
-        self.values = [v.index_select(0, beam_idx.to(v.device)) for v in self.values]
-
-
-class Attention(nn.Module):
-    """Multi-head or grouped-query self-attention with RoPE, fused q/k/v projection (rows:
-    q heads, k heads, v heads), no biases."""
-
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
-        self.qkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=False)
-        self.out = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor, cache: LoopKVCache | None = None) -> torch.Tensor:
-        B, L, D = x.shape
-        H, KV = self.n_heads, self.n_kv_heads
-        q, k, v = self.qkv(x).view(B, L, H + 2 * KV, self.head_dim).split((H, KV, KV), dim=2)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H or KV, L, hd]
-        if cache is not None:  # the cached tokens' keys and values come first
-            k, v = cache.update(k, v)
-        # grouped-query (KV < H): SDPA reads kv head i // (H / KV) for query head i
-        gqa = {"enable_gqa": True} if KV != H else {}
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)
-        return self.out(y.transpose(1, 2).reshape(B, L, D))
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.gate = nn.Linear(dim, hidden, bias=False)
-        self.up = nn.Linear(dim, hidden, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
-class MoEFFN(nn.Module):
-    """Top-k routed SwiGLU experts; ``balance_bias`` shifts the selection only."""
-
-    def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int) -> None:
-        super().__init__()
-        self.n_experts, self.top_k = n_experts, top_k
-        self.router = nn.Linear(dim, n_experts, bias=False)
-        self.w_gate = nn.Parameter(torch.empty(n_experts, dim, hidden))
-        self.w_up = nn.Parameter(torch.empty(n_experts, dim, hidden))
-        self.w_down = nn.Parameter(torch.empty(n_experts, hidden, dim))
-        self.register_buffer("balance_bias", torch.zeros(n_experts))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, L, D = x.shape
-        flat = x.reshape(B * L, D)
-        probs = F.linear(flat.float(), self.router.weight.float()).softmax(dim=-1)  # [N, E]
-        _, top_idx = torch.topk(probs + self.balance_bias, self.top_k, dim=-1)
-        gates = probs.gather(-1, top_idx)  # [N, k]
-        if self.top_k > 1:
-            gates = gates / gates.sum(dim=-1, keepdim=True)
-        ids = top_idx.reshape(-1)  # [N·k]: slot s of token n at n·k + s
-        ys = flat.new_zeros(ids.numel(), D)
-        for e in range(self.n_experts):
-            rows = (ids == e).nonzero().squeeze(1)
-            if rows.numel():
-                xs = flat[rows // self.top_k]
-                h = F.silu(xs @ self.w_gate[e].to(xs.dtype)) * (xs @ self.w_up[e].to(xs.dtype))
-                ys[rows] = h @ self.w_down[e].to(xs.dtype)
-        y = (ys.view(-1, self.top_k, D) * gates[..., None].to(ys.dtype)).sum(dim=1)
-        return y.view(B, L, D)
-
-
-class Block(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + ffn(norm(x))."""
-
-    def __init__(self, config: LooplineConfig) -> None:
-        super().__init__()
-        d = config.hidden_size
-        self.attn_norm = RMSNorm(d, config.rms_norm_eps)
-        self.attn = Attention(d, config.num_attention_heads, config.num_key_value_heads)
-        self.ffn_norm = RMSNorm(d, config.rms_norm_eps)
-        if config.moe_experts:
-            self.ffn = MoEFFN(d, config.moe_intermediate_size, config.moe_experts,
-                              config.moe_top_k)
-        else:
-            self.ffn = SwiGLU(d, config.intermediate_size)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor, cache: LoopKVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, mask, cache)
-        return x + self.ffn(self.ffn_norm(x))
+    exit_loops: torch.LongTensor | None = None
 
 
 class LooplinePreTrainedModel(PreTrainedModel):
@@ -282,31 +145,10 @@ class LooplinePreTrainedModel(PreTrainedModel):
             nn.init.constant_(module.injection_scale, float(module.config.injection_scale))
 
 
-def padding_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                   position_ids: torch.Tensor | None, past: int = 0
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions [B, L], attention mask [B, 1, L, past + L] bool) of a causal, maybe padded
-    batch whose first ``past`` tokens are cached (``attention_mask`` covers all of them).
-
-    A query attends to earlier real tokens; a padding query to itself only (stays finite).
-    """
-    B, L = input_ids.shape
-    T, dev = past + L, input_ids.device
-    mask = torch.ones(L, T, dtype=torch.bool, device=dev).tril(past)[None].expand(B, L, T)
-    if attention_mask is None:
-        positions = torch.arange(past, T, device=dev).expand(B, L)
-    else:
-        real = attention_mask.to(dev).bool()[:, -T:]  # [B, T]
-        positions = (real.long().cumsum(-1) - 1).clamp_min(0)[:, past:]
-        itself = torch.eye(L, T, dtype=torch.bool, device=dev).roll(past, dims=1)
-        mask = (mask & real[:, None, :]) | itself
-    if position_ids is not None:
-        positions = position_ids.to(dev)[:, -L:]
-    return positions, mask[:, None]
-
 
 class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
-    """Looped causal LM: ``forward(input_ids, num_loops=…)`` and ``generate(…, num_loops=…)``."""
+    """Looped causal LM: ``forward(input_ids, num_loops=…, exit_threshold=…)`` and
+    ``generate(…, num_loops=…, exit_threshold=…)`` (see the module docstring)."""
 
     def __init__(self, config: LooplineConfig) -> None:
         super().__init__(config)
@@ -325,6 +167,7 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
         self.step_emb = nn.Embedding(rows, d) if rows else None
         self.exit_gate = nn.Linear(d, 1) if getattr(config, "exit_gate", False) else None
         self.post_init()
+        self._exit_threshold(None)  # a config.json default that cannot apply fails at load
 
     def get_input_embeddings(self) -> nn.Module:
         return self.tok_emb
@@ -347,23 +190,83 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
             x = block(x, rope, mask, cache)
         return x
 
+    def _readout(self, state: torch.Tensor, rope, mask, cache: LoopKVCache | None
+                 ) -> torch.Tensor:
+        """norm(coda(state)) [B, L, D]: what the head reads."""
+        for block in self.coda:
+            state = block(state, rope, mask, cache)
+        return self.norm(state)
+
+    def _exit_threshold(self, exit_threshold: float | None) -> float | None:
+        """The pass's threshold: ``exit_threshold``, else ``config.exit_threshold``; None is
+        fixed depth. Refuses one outside [0, 1] or on a model without the exit gate."""
+        key, value = "exit_threshold", exit_threshold
+        if value is None:
+            key, value = ("config.exit_threshold (config.json)",
+                          getattr(self.config, "exit_threshold", None))
+        if value is None:
+            return None
+        if self.exit_gate is None:
+            raise ValueError(f"{key}={value!r} needs the learned exit gate, which this model "
+                             "lacks (config.json exit_gate: false); leave exit_threshold unset "
+                             "for fixed depth")
+        try:
+            threshold = float(value)
+        except (TypeError, ValueError):
+            threshold = float("nan")
+        if not 0 <= threshold <= 1:  # also nan
+            raise ValueError(f"{key}={value!r} must be a cumulative exit probability in [0, 1] "
+                             "(1 = never exit early), e.g. 0.9")
+        return threshold
+
+    def _gated_readout(self, state: torch.Tensor, e: torch.Tensor, loops: int,
+                       threshold: float, rope, mask, cache: LoopKVCache | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(readout hidden [B, L, D], exit loop [B, L]): every position runs all ``loops``
+        loops (later tokens attend to its state at each), its readout taken at its exit loop,
+        computed as loopline's ``adaptive_logits(…, "gate")`` computes it."""
+        B, L, D = state.shape
+        out = torch.empty_like(state)
+        exit_loops = torch.full((B, L), loops, dtype=torch.long, device=state.device)
+        done = torch.zeros(B, L, dtype=torch.bool, device=state.device)
+        log_survive = None  # Σ_{s≤t} log(1 − λ_s) per position [B·L], fp32
+        for t in range(1, loops + 1):
+            state = self._loop(state, e, t - 1, rope, mask, cache)
+            hidden = self._readout(state, rope, mask, cache)
+            if t == loops:
+                out[~done] = hidden[~done]
+                break
+            z = self.exit_gate(hidden.reshape(-1, D)).squeeze(-1).float()
+            log_stay = F.logsigmoid(-z)  # log(1 − λ_t)
+            log_survive = log_stay if log_survive is None else log_survive + log_stay
+            # cumulative exit probability 1 − exp(Σ log(1 − λ)) > T, i.e. expm1(Σ) < −T
+            new = (torch.expm1(log_survive) < -threshold).view(B, L) & ~done
+            out[new] = hidden[new]
+            exit_loops[new] = t
+            done |= new
+        return out, exit_loops
+
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None,
                 labels: torch.LongTensor | None = None, num_loops: int | None = None,
-                cache: LoopKVCache | None = None, use_cache: bool | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                exit_threshold: float | None = None, cache: LoopKVCache | None = None,
+                use_cache: bool | None = None, **kwargs) -> LooplineCausalLMOutput:
         """Logits [B, L, V] after ``num_loops`` core loops (default ``config.num_loops``);
         with ``labels`` also the mean next-token loss (labels shifted inside, -100 ignored).
 
-        ``cache``: a :class:`LoopKVCache` holding the tokens before ``input_ids`` (whose
-        ``attention_mask`` then covers the cached tokens too); ``use_cache=True`` starts one
-        when none is given. The output's ``cache`` is the cache after this pass."""
+        ``exit_threshold`` (default ``config.exit_threshold``; needs the exit gate): each
+        position read out at its gate exit loop, at most ``num_loops``; ``exit_loops`` [B, L]
+        says which. ``cache``: a :class:`LoopKVCache` holding the tokens before ``input_ids``
+        (whose ``attention_mask`` then covers the cached tokens too); ``use_cache=True``
+        starts one when none is given. The output's ``cache`` is the cache after this pass."""
         loops = int(self.config.num_loops if num_loops is None else num_loops)
         if loops < 1:
             raise ValueError(f"num_loops must be at least 1, got {num_loops}")
+        threshold = self._exit_threshold(exit_threshold)
+        gated = threshold is not None and threshold < 1  # T = 1 never exits: fixed depth
         if cache is None and use_cache:
-            cache = LoopKVCache(loops)
-        past = 0 if cache is None else cache.begin_pass(loops)
+            cache = LoopKVCache(loops, gated)
+        past = 0 if cache is None else cache.begin_pass(loops, gated)
         positions, mask = padding_inputs(input_ids, attention_mask, position_ids, past)
         cfg = self.config
         rope = rope_tables(positions, cfg)
@@ -371,29 +274,45 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
         for block in self.prelude:
             e = block(e, rope, mask, cache)
         state = torch.zeros_like(e) if cfg.state_init == "zeros" else e
-        for t in range(loops):
-            state = self._loop(state, e, t, rope, mask, cache)
-        for block in self.coda:
-            state = block(state, rope, mask, cache)
+        if gated:
+            hidden, exit_loops = self._gated_readout(state, e, loops, threshold, rope, mask,
+                                                     cache)
+        else:
+            for t in range(loops):
+                state = self._loop(state, e, t, rope, mask, cache)
+            hidden = self._readout(state, rope, mask, cache)
+            exit_loops = None if threshold is None else torch.full(
+                input_ids.shape, loops, dtype=torch.long, device=hidden.device)
         head = self.tok_emb.weight if self.head is None else self.head.weight
-        logits = F.linear(self.norm(state), head)
+        logits = F.linear(hidden, head)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
                                    labels[:, 1:].flatten().to(logits.device), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+        return LooplineCausalLMOutput(loss=loss, logits=logits, cache=cache,
+                                      exit_loops=exit_loops)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor,
                                       attention_mask: torch.Tensor | None = None,
                                       num_loops: int | None = None,
+                                      exit_threshold: float | None = None,
                                       cache: LoopKVCache | None = None,
                                       use_cache: bool | None = None, **kwargs) -> dict:
         """The tokens not yet cached (all of them without a cache), the whole mask, the loop
-        count and the cache (``use_cache`` starts one on the first step)."""
+        count, the exit threshold and the cache (``use_cache`` starts one on the first step)."""
         if cache is not None:
             input_ids = input_ids[:, cache.get_seq_length():]
         return {"input_ids": input_ids, "attention_mask": attention_mask, "num_loops": num_loops,
-                "cache": cache, "use_cache": use_cache}
+                "exit_threshold": exit_threshold, "cache": cache, "use_cache": use_cache}
+
+    def adjust_generation_fn(self, *args, **kwargs) -> None:
+        """Load the generation config, without ``num_loops`` or ``exit_threshold``:
+        transformers hands ``from_pretrained``'s keyword arguments to it too, and there they
+        would swallow those of ``generate()`` (the model config keeps them as defaults)."""
+        super().adjust_generation_fn(*args, **kwargs)
+        for key in ("num_loops", "exit_threshold"):
+            if key in self.generation_config.__dict__:
+                delattr(self.generation_config, key)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

@@ -35,6 +35,7 @@ from ..config import Config
 from ..errors import Preempted
 from ..fsio import write_text_atomic
 from ..run_layout import RunLayout
+from .health import check_store
 from .parent import parent_for_stage, read_tracking_info
 from .sink import Sink, get_sink
 from .store import resolve_uri
@@ -67,8 +68,11 @@ def open_parent(sink: Sink, parent_id: str) -> None:
 def pipeline_job(cfg: Config, run_dir: Path) -> Iterator[None]:
     """One Snakemake job of ``run_dir``'s pipeline: the parent RUNNING while it runs, FAILED
     if it raises (KILLED on an interrupt, untouched when preempted). Tracking errors here
-    are warnings: they never mask the job's own outcome."""
+    are warnings: they never mask the job's own outcome. A store that tracking.json relies on
+    and that is missing, reset or corrupt is refused first (:func:`.health.check_store`,
+    one line): touching it would create a fresh store where the old one was moved away."""
     run_dir = Path(run_dir)
+    check_store(cfg, run_dir)
     known = _guarded(lambda: _known_parent(cfg, run_dir))
     if known is not None:
         _guarded(lambda: open_parent(*known))
@@ -107,11 +111,13 @@ def _guarded(fn: Callable[[], T]) -> T | None:
 def finish_parent(cfg: Config, run_dir: Path, status: str) -> str | None:
     """End the parent run of ``run_dir`` with ``status`` (rule ``track_done``, the Snakefile's
     handlers) and remove the marker; return the parent's id (None with tracking off). An
-    unreachable store gets the status through the outbox."""
+    unreachable store gets the status through the outbox; a missing, reset or corrupt one
+    is refused (:func:`.health.check_store`) before it is touched."""
     marker = RunLayout.at(run_dir).parent_open
     if not cfg.tracking.enabled:
         marker.unlink(missing_ok=True)
         return None
+    check_store(cfg, Path(run_dir))
     sink = get_sink(resolve_uri(cfg), Path(run_dir))
     parent = parent_for_stage(cfg, Path(run_dir), sink)
     sink.set_status(parent, status)

@@ -203,6 +203,15 @@ class WorkflowPlan:
         previous = self._previous_end(run, step)
         return [] if previous is None else [self.snapshot_path(run, previous)]
 
+    def segment_inputs(self, run: str, step: int) -> dict[str, Any]:
+        """The inputs of the segment job ending at ``step`` (rule ``train_segment``), from one
+        call: its data pack, the snapshot it resumes from ([] for the first) and the imported
+        one it warm-starts from ([] but for an ``init_from`` run's first segment). One input
+        function per job rather than three: Snakemake inspects every function it calls, and
+        a run has thousands of segment jobs."""
+        return {"data": self.data_dir(run), "previous": self.previous_snapshot(run, step),
+                "init": self.init_snapshot(run, step)}
+
     def has_init(self, run: str) -> bool:
         """Whether ``run`` starts from a pretrained model (``model.init_from.source``)."""
         return bool(self.runs[run].config.model.init_from.source)
@@ -311,6 +320,15 @@ class WorkflowPlan:
     def threads(self, family: str) -> int:
         """Threads of a ``train`` or ``eval`` job (Snakemake caps them at ``--cores``)."""
         return job_threads(self.config, family)
+
+    def segment_runtime(self) -> int | Any:
+        """A segment job's runtime (minutes): one number when every run has the same
+        ``train.segment_runtime_minutes`` (no per-job function call), else a function of the
+        job's wildcards."""
+        minutes = {p.config.train.segment_runtime_minutes for p in self.runs.values()}
+        if len(minutes) == 1:
+            return minutes.pop()
+        return lambda wildcards: self.runs[wildcards.run].config.train.segment_runtime_minutes
 
     def cluster_resources(self, family: str) -> dict[str, Any]:
         """Resources of the ``train`` or ``eval`` rule family (:func:`job_resources`)."""
