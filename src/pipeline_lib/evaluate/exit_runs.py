@@ -16,16 +16,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .adaptive import AdaptiveSpec
 from .exit_criteria import LOGIT_CRITERIA, ExitTracker, exit_threshold, never_exits
 from .exit_readout import KlMemory, LoopHidden, Readout, RowReadout
 
 
 class CriterionExits:
-    """Exit scores of one resolved spec (``AdaptiveSpec``) for the ``n`` scored tokens of
-    a batch: :meth:`start` before loop 1, :meth:`record` after each loop t where
+    """Exit scores of one resolved :class:`~.adaptive.AdaptiveSpec` for the ``n`` scored
+    tokens of a batch: :meth:`start` before loop 1, :meth:`record` after each loop t where
     :meth:`reads` (t), :meth:`result` with the cross-entropies after ``max_loops``."""
 
-    def __init__(self, model: Any, spec: Any, n: int, readout: RowReadout) -> None:
+    def __init__(self, model: Any, spec: AdaptiveSpec, n: int, readout: RowReadout) -> None:
         self.spec, self.n = spec, n
         self.criterion, H = spec.criterion, spec.max_loops
         assert H >= 1, "resolve the spec first (AdaptiveSpec.resolved)"
