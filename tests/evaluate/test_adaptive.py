@@ -13,15 +13,13 @@ from pipeline_lib.config import ModelConfig
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.adaptive import (
     AdaptiveSpec,
-    adaptive_batch,
-    adaptive_documents,
     adaptive_logits,
     adaptive_section,
-    adaptive_sweep,
     parse_adaptive,
 )
 from pipeline_lib.evaluate.adaptive_summary import summarize_adaptive
-from pipeline_lib.evaluate.heff import run_heff, sweep_documents, sweep_losses
+from pipeline_lib.evaluate.heff import run_heff, sweep_losses
+from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
 
 VOCAB, SEQ, H = 40, 24, 6
 HUGE = 1e9
@@ -56,6 +54,11 @@ def batches() -> list[dict[str, torch.Tensor]]:
 
 def spec(*thresholds: float, criterion: str = "kl", max_loops: int = H) -> AdaptiveSpec:
     return AdaptiveSpec(thresholds, criterion, max_loops).resolved([max_loops])
+
+
+def adaptive_sweep(model, batches, spec: AdaptiveSpec, max_tokens: int) -> dict:
+    """The adaptive section of one criterion alone (a pass without fixed H_eff readouts)."""
+    return adaptive_section(sweep_pass(model, batches, [], [spec], max_tokens).adaptive[0])
 
 
 @torch.no_grad()
@@ -148,7 +151,7 @@ def test_mean_loops_fall_as_the_threshold_rises(model, batches, criterion):
 
 
 def test_batch_columns_and_exit_loops(model, batches):
-    losses, exits = adaptive_batch(model, batches[2], spec(0.0, 0.1, HUGE))
+    losses, exits = sweep_batch(model, batches[2], [], [spec(0.0, 0.1, HUGE)]).exits[0]
     n = int((batches[2]["targets"] != -100).sum())
     assert losses.shape == (n, 4) and exits.shape == (n, 3)
     assert torch.equal(losses[:, 1], losses[:, 0])  # threshold 0: the fixed column
@@ -157,9 +160,9 @@ def test_batch_columns_and_exit_loops(model, batches):
 
 
 def test_reference_sweep_supplies_the_fixed_loss(model, batches):
-    docs = sweep_documents(model, batches, [2, H], 10**6)
-    result = adaptive_documents(model, batches, spec(0.0, 0.1), 10**6)
-    section = adaptive_section(result, reference=docs)
+    swept = sweep_pass(model, batches, [2, H], [spec(0.0, 0.1)], 10**6)
+    docs = swept.fixed
+    section = adaptive_section(swept.adaptive[0], reference=docs)
     assert section["points"][0]["loss"] == docs.means()[H] == section["fixed_loss"]
     assert section["documents"] == len(docs.tokens)
     assert section["points"][1]["stderr"] > 0

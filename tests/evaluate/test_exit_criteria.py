@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from pipeline_lib.config import EvalConfig, ModelConfig
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.evaluate.adaptive import AdaptiveSpec, adaptive_batch
+from pipeline_lib.evaluate.adaptive import AdaptiveSpec
 from pipeline_lib.evaluate.exit_criteria import adaptive_logits, parse_adaptive_spec
+from pipeline_lib.evaluate.sweep_pass import sweep_batch
 
 VOCAB, SEQ, H = 30, 16, 5
 CASES = {"latent_diff": (0.0, 0.05, 0.2, 0.6), "cosine": (0.0, 0.001, 0.02, 0.2),
@@ -72,7 +73,7 @@ def _direct(model, batch, criterion: str, threshold: float) -> tuple[torch.Tenso
 def test_criterion_matches_the_direct_computation(model, batch, criterion: str) -> None:
     thresholds = CASES[criterion]
     spec = AdaptiveSpec(thresholds, criterion, H).resolved([H])
-    losses, exits = adaptive_batch(model, batch, spec)
+    losses, exits = sweep_batch(model, batch, [], [spec]).exits[0]
     for k, x in enumerate(spec.thresholds):
         want_loss, want_exit = _direct(model, batch, criterion, x)
         assert exits[:, k].tolist() == want_exit.tolist(), (criterion, x)
@@ -91,7 +92,7 @@ def test_gate_needs_a_gated_snapshot_and_a_probability(batch) -> None:
 
     plain = LoopedLM(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, loops=2)).eval()
     with pytest.raises(ConfigError, match="criterion gate needs a snapshot with the learned"):
-        adaptive_batch(plain, batch, AdaptiveSpec((0.5,), "gate", H).resolved([H]))
+        sweep_batch(plain, batch, [], [AdaptiveSpec((0.5,), "gate", H).resolved([H])])
     with pytest.raises(ConfigError, match=r"cumulative exit probability in \[0, 1\]"):
         AdaptiveSpec((1.5,), "gate", H).resolved([H])
     with pytest.raises(ConfigError, match=r"probability in \[0, 1\].*adaptive:gate:0.9"):

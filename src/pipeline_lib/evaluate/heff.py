@@ -3,7 +3,8 @@
 Loop t never depends on the total loop count, so reading out after loops 1, 2, 4, 8 of a
 single 8-loop pass gives exactly the losses of four separate evaluations (the prototype's
 way) at about the cost of the deepest one. H_eff beyond the training loop count is allowed:
-that is the extrapolation the research question asks about.
+that is the extrapolation the research question asks about. The same run of the loops
+also scores every adaptive-exit criterion (:mod:`.sweep_pass`).
 
 Per-token losses are kept per document (:mod:`.heff_stats`), so every loss carries a
 per-document bootstrap standard error and loss(h) − loss(1) a paired interval.
@@ -20,16 +21,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
-from .adaptive import AdaptiveSpec, adaptive_sweep, cross_entropy_rows, document_keys
+from .adaptive import AdaptiveLosses, AdaptiveSpec, adaptive_section
 from .exit_criteria import check_model_criterion
-from .heff_stats import DocumentAccumulator, DocumentLosses, loss_statistics
+from .heff_stats import DocumentLosses, loss_statistics
+from .sweep_pass import NoTokensScored, sweep_pass
 
 log = logging.getLogger(__name__)
-IGNORE_INDEX = -100
 
 
 def parse_h_eff(text: str | Sequence[int], name: str = "--h-eff") -> list[int]:
@@ -46,46 +46,15 @@ def parse_h_eff(text: str | Sequence[int], name: str = "--h-eff") -> list[int]:
     return values
 
 
-@torch.no_grad()
 def sweep_documents(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
                     max_tokens: int, doc_levels: np.ndarray | None = None) -> DocumentLosses:
     """Summed token losses per document at every H_eff, up to ``max_tokens`` targets.
 
-    Each batch runs its loops once (``forward_loops`` from one H_eff to the next) and is
-    read out after every listed count. ``doc_levels`` (level per global document, -1 =
-    unknown) is used when batches carry ``doc_index``.
+    Each batch runs its loops once and is read out after every listed count
+    (:func:`~.sweep_pass.sweep_pass` without adaptive exit). ``doc_levels`` (level per
+    global document, -1 = unknown) is used when batches carry ``doc_index``.
     """
-    model.eval()
-    hs = sorted({int(h) for h in h_effs})
-    acc = DocumentAccumulator(hs)
-    tokens = rows = 0
-    global_keys = True
-    bar = tqdm(total=max_tokens, desc="H_eff sweep", unit="tok", leave=False)
-    for batch in batches:
-        targets = batch["targets"]
-        valid = targets != IGNORE_INDEX  # [B, L]
-        n = int(valid.sum())
-        if n:
-            global_keys &= "doc_index" in batch
-            keys = document_keys(batch, rows)
-            ctx = model.embed(batch)
-            state, t, per_h = None, 0, []
-            for h in hs:
-                state = model.forward_loops(ctx, t, h, state)
-                hidden = model.readout_hidden(state, ctx)[valid]  # [N, D]: scored tokens only
-                per_h.append(cross_entropy_rows(model, hidden, targets[valid]))
-                t = h
-            acc.add(keys, torch.stack(per_h, dim=1).cpu().double().numpy())
-            tokens += n
-            bar.update(n)
-        rows += targets.shape[0]
-        if tokens >= max_tokens:
-            break
-    bar.close()
-    if tokens == 0:
-        raise NoTokensScored("the H_eff sweep scored no tokens: the validation split is empty "
-                             "or fully padded; raise data.val_fraction and re-pack")
-    return acc.finish(doc_levels if global_keys else None)
+    return sweep_pass(model, batches, h_effs, (), max_tokens, doc_levels).fixed
 
 
 def _check_out(out: Path) -> None:
@@ -108,10 +77,6 @@ def _check_pack(data: Any, data_dir: Path, snapshot: Path, cfg: Any,
     if objective.startswith("answer_") and not data.has_answer_spans:
         raise ConfigError(_no_answers(objective, data_dir, "has no answer spans"))
     return objective
-
-
-class NoTokensScored(ConfigError):
-    """The sweep's batches held no scored target (an empty split, or no answer tokens)."""
 
 
 def _no_answers(objective: str, data_dir: Path, what: str) -> str:
@@ -161,14 +126,12 @@ def _adaptive_specs(adaptive: AdaptiveSpec | Sequence[AdaptiveSpec] | None,
     return specs
 
 
-def _adaptive_sections(model: Any, batches: Any, specs: Sequence[AdaptiveSpec],
-                       max_tokens: int, reference: Any, amp: Any) -> dict[str, Any]:
-    """``adaptive_by_criterion`` (one pass over ``batches()`` per criterion) and ``adaptive``,
-    the first criterion's section (the format before several criteria)."""
-    with amp.autocast():
-        sections = {spec.criterion: adaptive_sweep(model, batches(), spec, max_tokens,
-                                                   reference=reference) for spec in specs}
-    return {"adaptive": sections[specs[0].criterion], "adaptive_by_criterion": sections}
+def _adaptive_sections(results: Sequence[AdaptiveLosses], reference: DocumentLosses
+                       ) -> dict[str, Any]:
+    """``adaptive_by_criterion`` (one section per criterion) and ``adaptive``, the first
+    criterion's section (the format before several criteria)."""
+    sections = {r.spec.criterion: adaptive_section(r, reference=reference) for r in results}
+    return {"adaptive": sections[results[0].spec.criterion], "adaptive_by_criterion": sections}
 
 
 def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *,
@@ -182,9 +145,9 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     ``answer_*`` objective scores the answer tokens (and the EOS after each) alone, the
     tokens such a model was trained on; any other scores every token.
 
-    ``adaptive``: also the per-token adaptive exit (:mod:`.adaptive`) of each criterion (see
-    :func:`_adaptive_sections`). The model and every batch live on ``device``
-    (``experiment.device``), forward passes run in ``precision`` (``experiment.precision``).
+    ``adaptive``: also the adaptive exit (:mod:`.adaptive`) of each criterion, from the same
+    run of the loops (:func:`_adaptive_sections`). The model and every batch live on
+    ``device`` (``experiment.device``), passes run in ``precision`` (``experiment.precision``).
     """
     from ..data.loader import PackedData, answer_targets_only
     from ..device import resolve_device
@@ -208,14 +171,15 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
             yield answer_targets_only(batch) if answer_only else batch
 
     with amp.autocast():
-        try:
-            documents = sweep_documents(loaded.model, batches(), h_effs, max_tokens,
-                                        getattr(data, "doc_levels", None))
+        try:  # one run of the loops per batch: every H_eff and every criterion
+            swept = sweep_pass(loaded.model, batches(), h_effs, specs, max_tokens,
+                               getattr(data, "doc_levels", None))
         except NoTokensScored:
             if not answer_only:
                 raise
             raise ConfigError(_no_answers(objective, data_dir, "has no answer tokens in its "
                                           "validation rows")) from None
+    documents = swept.fixed
     losses, tokens = documents.means(), documents.total_tokens
     if tokens < max_tokens:
         log.info("validation split has only %d scorable tokens (eval.max_tokens = %d)",
@@ -224,8 +188,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     result["scored_tokens"] = "answer" if answer_only else "all"
     result["device"], result["precision"] = dev.type, amp.name
     if specs:
-        result.update(_adaptive_sections(loaded.model, batches, specs, max_tokens, documents,
-                                         amp))
+        result.update(_adaptive_sections(swept.adaptive, documents))
     log.info("H_eff sweep of %s: %s (deeper_better=%s)", snapshot,
              {h: round(v, 4) for h, v in losses.items()}, result["deeper_better"])
     out.parent.mkdir(parents=True, exist_ok=True)

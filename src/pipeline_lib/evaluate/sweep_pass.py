@@ -1,0 +1,155 @@
+"""ONE pass per batch for a snapshot's whole H_eff sweep: the fixed H_eff losses and the
+adaptive exits of every criterion.
+
+Loop t never depends on the total loop count, so each batch runs its loops once, up to the
+largest of the H_eff list and every criterion's max loops. The fixed losses are read out
+at their counts; every criterion scores loops 1..H−1 of the tokens it still reads out
+(:class:`~.exit_runs.CriterionExits`), each with its own set of still-active rows. Criteria
+whose active rows are the same set share one readout (logits, log-softmax, cross-entropy,
+entropy, KL, top token), and a criterion's cross-entropies after its max loops are the
+fixed readout at that count. The numbers equal, bit for bit, one pass for the fixed sweep
+and one per criterion (:mod:`.exit_readout` says why sharing stops at identical sets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from ..errors import ConfigError
+from .adaptive import IGNORE_INDEX, AdaptiveLosses, AdaptiveSpec, document_keys
+from .exit_readout import LoopHidden, RowReadout, cross_entropy_rows
+from .exit_runs import CriterionExits
+from .heff_stats import DocumentAccumulator, DocumentLosses
+
+
+class NoTokensScored(ConfigError):
+    """The sweep's batches held no scored target (an empty split, or no answer tokens)."""
+
+
+@dataclass
+class BatchLosses:
+    """Per scored token of one batch (row-major order of the targets not ignored)."""
+
+    fixed: Tensor | None  # [n, len(h_effs)] fp32 cross-entropy at each H_eff (None: no H_eff)
+    exits: list[tuple[Tensor, Tensor]]  # per spec: losses [n, K+1], exit loops [n, K]
+    # (see CriterionExits.result)
+
+
+@dataclass
+class SweepDocuments:
+    """Per-document sums of one pass: the fixed H_eff losses and each spec's exits."""
+
+    fixed: DocumentLosses
+    adaptive: list[AdaptiveLosses]
+
+
+@torch.no_grad()
+def sweep_batch(model: torch.nn.Module, batch: Any, h_effs: Sequence[int],
+                specs: Sequence[AdaptiveSpec]) -> BatchLosses:
+    """The fixed losses at every H_eff and the exits of every (resolved) spec, from one run
+    of the loops over ``batch``."""
+    hs = sorted({int(h) for h in h_effs})
+    ctx = model.embed(batch)
+    targets = ctx.targets.reshape(-1)
+    rows = (targets != IGNORE_INDEX).nonzero().squeeze(1)  # scored positions [n]
+    scored = targets[rows]
+    readout = RowReadout(model, rows.numel())
+    runs = [CriterionExits(model, spec, rows.numel(), readout) for spec in specs]
+    state = model.init_state(ctx)
+    loop = LoopHidden(model, state, ctx)
+    for run in runs:
+        run.start(loop, rows, scored, readout)
+    stops = {*hs, *(spec.max_loops for spec in specs)}
+    fixed: dict[int, Tensor] = {}  # loop count → cross-entropy of every scored token
+    for t in range(1, max(stops, default=0) + 1):
+        state = model.forward_loops(ctx, t - 1, t, state)
+        loop = LoopHidden(model, state, ctx)
+        if t in stops:
+            fixed[t] = cross_entropy_rows(model, loop.all_rows(rows), scored)
+        _read_exits(loop, rows, scored, [run for run in runs if run.reads(t)], readout, t)
+    return BatchLosses(torch.stack([fixed[h] for h in hs], dim=1) if hs else None,
+                       [run.result(fixed[run.spec.max_loops]) for run in runs])
+
+
+def _read_exits(loop: LoopHidden, rows: Tensor, scored: Tensor,
+                runs: Sequence[CriterionExits], readout: RowReadout, t: int) -> None:
+    """Loop t's readout for the criteria still reading, once per distinct set of rows."""
+    for group in _by_active_rows(runs):
+        active = group[0].active
+        whole = active.numel() == rows.numel()
+        pos = rows if whole else rows[active]
+        hidden = loop.rows(pos)
+        out = readout.read(hidden, scored if whole else scored[active],
+                           entropy=any(run.wants_entropy for run in group),
+                           top=any(run.wants_top for run in group),
+                           kl=next((run.kl for run in group if run.kl is not None), None))
+        states = (loop.state_rows(pos) if any(run.tracker is not None for run in group)
+                  else None)
+        for run in group:
+            run.record(t, out, states, hidden)
+
+
+def _by_active_rows(runs: Sequence[CriterionExits]) -> list[list[CriterionExits]]:
+    """The runs grouped by identical active rows (a group holds at most one kl run: a
+    readout feeds one KL memory)."""
+    groups: list[list[CriterionExits]] = []
+    for run in runs:
+        for group in groups:
+            if torch.equal(group[0].active, run.active) and not (
+                    run.kl is not None and any(other.kl is not None for other in group)):
+                group.append(run)
+                break
+        else:
+            groups.append([run])
+    return groups
+
+
+@torch.no_grad()
+def sweep_pass(model: torch.nn.Module, batches: Iterable[Any], h_effs: Sequence[int],
+               specs: Sequence[AdaptiveSpec], max_tokens: int,
+               doc_levels: np.ndarray | None = None) -> SweepDocuments:
+    """Summed token losses per document at every H_eff and under every threshold of every
+    (resolved) spec, up to ``max_tokens`` targets; one run of the loops per batch.
+
+    ``doc_levels`` (level per global document, -1 = unknown) labels the fixed sweep's
+    documents when batches carry ``doc_index``.
+    """
+    model.eval()
+    hs = sorted({int(h) for h in h_effs})
+    fixed = DocumentAccumulator(hs)
+    exits = [DocumentAccumulator(range(len(spec.thresholds) + 1)) for spec in specs]
+    loops = [np.zeros(len(spec.thresholds), dtype=np.int64) for spec in specs]
+    tokens = rows = 0
+    global_keys = True
+    bar = tqdm(total=max_tokens, desc="H_eff sweep" + (" + adaptive exit" if specs else ""),
+               unit="tok", leave=False)
+    for batch in batches:
+        n = int((batch["targets"] != IGNORE_INDEX).sum())
+        if n:
+            global_keys &= "doc_index" in batch
+            keys = document_keys(batch, rows)
+            out = sweep_batch(model, batch, hs, specs)
+            if out.fixed is not None:
+                fixed.add(keys, out.fixed.cpu().double().numpy())
+            for acc, used, (losses, exit_loops) in zip(exits, loops, out.exits, strict=True):
+                acc.add(keys, losses.cpu().double().numpy())
+                used += exit_loops.sum(dim=0).cpu().numpy()
+            tokens += n
+            bar.update(n)
+        rows += batch["targets"].shape[0]
+        if tokens >= max_tokens:
+            break
+    bar.close()
+    if tokens == 0:
+        raise NoTokensScored("the H_eff sweep scored no tokens: the validation split is empty "
+                             "or fully padded; raise data.val_fraction and re-pack")
+    return SweepDocuments(fixed.finish(doc_levels if global_keys else None),
+                          [AdaptiveLosses(spec, acc.finish(), [int(x) for x in used])
+                           for spec, acc, used in zip(specs, exits, loops, strict=True)])
