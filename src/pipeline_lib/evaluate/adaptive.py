@@ -114,7 +114,7 @@ class AdaptiveLosses:
 
 def adaptive_section(result: AdaptiveLosses, reference: DocumentLosses | None = None
                      ) -> dict[str, Any]:
-    """The ``adaptive`` section of a sweep JSON (README § Evaluation).
+    """The ``adaptive`` section of a sweep JSON (docs/evaluation.md).
 
     Per threshold: loss, its per-document bootstrap ``stderr``, ``mean_loops`` used and the
     paired difference to the fixed loss at H (``vs_fixed``: diff and 95% interval). The loss

@@ -99,7 +99,7 @@ def sweep_losses(model: torch.nn.Module, batches: Any, h_effs: Sequence[int],
 
 def sweep_result(step: int | None, losses: dict[int, float], tokens: int,
                  documents: DocumentLosses | None = None) -> dict[str, Any]:
-    """The JSON document of one snapshot's sweep (see README § Evaluation); with
+    """The JSON document of one snapshot's sweep (see docs/evaluation.md); with
     ``documents``, also ``stderr``, ``documents``, ``paired`` and ``losses_by_level``."""
     hs = sorted(losses)
     ordered = [losses[h] for h in hs]
