@@ -33,16 +33,33 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+def _shared_groups(item: pytest.Item) -> set[str]:
+    """The groups of the shared session fixtures ``item`` uses (by the fixture it gets, not
+    by name alone: another directory may define a fixture of the same name)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs if info is not None else {}
+    return {SHARED_FIXTURE_GROUPS[name] for name, found in defs.items()
+            if name in SHARED_FIXTURE_GROUPS and found and found[-1].scope == "session"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """An ``xdist_group`` per test (see :data:`SHARED_FIXTURE_GROUPS`); without xdist the
-    marker does nothing."""
+    """An ``xdist_group`` per test (see :data:`SHARED_FIXTURE_GROUPS`), and the groups that
+    hold a slow test first, so the longest work starts first on a worker rather than last
+    (the order of the others, and within every group, is kept). Without xdist the marker does
+    nothing."""
+    groups: dict[str, str] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        used = getattr(item, "fixturenames", ())
-        shared = sorted({g for f, g in SHARED_FIXTURE_GROUPS.items() if f in used})
-        group = shared[0] if shared else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        marker = item.get_closest_marker("xdist_group")
+        if marker is None:
+            shared = sorted(_shared_groups(item))
+            decorator = pytest.mark.xdist_group(shared[0] if shared else
+                                                item.nodeid.split("::")[0])
+            item.add_marker(decorator)
+            marker = decorator.mark
+        groups[item.nodeid] = str(marker.args[0] if marker.args else marker.kwargs["name"])
+    slow = {groups[i.nodeid] for i in items if i.get_closest_marker("slow")}
+    items.sort(key=lambda i: groups[i.nodeid] not in slow)
 
 
 @pytest.fixture

@@ -204,11 +204,9 @@ class WorkflowPlan:
         return [] if previous is None else [self.snapshot_path(run, previous)]
 
     def segment_inputs(self, run: str, step: int) -> dict[str, Any]:
-        """The inputs of the segment job ending at ``step`` (rule ``train_segment``), from one
-        call: its data pack, the snapshot it resumes from ([] for the first) and the imported
-        one it warm-starts from ([] but for an ``init_from`` run's first segment). One input
-        function per job rather than three: Snakemake inspects every function it calls, and
-        a run has thousands of segment jobs."""
+        """Rule ``train_segment``'s inputs, from one call (Snakemake inspects every function
+        it calls, and a run has thousands of segment jobs): data pack, the snapshot resumed
+        ([] for the first) and the imported one warm-started from (init_from, first only)."""
         return {"data": self.data_dir(run), "previous": self.previous_snapshot(run, step),
                 "init": self.init_snapshot(run, step)}
 
@@ -323,8 +321,7 @@ class WorkflowPlan:
 
     def segment_runtime(self) -> int | Any:
         """A segment job's runtime (minutes): one number when every run has the same
-        ``train.segment_runtime_minutes`` (no per-job function call), else a function of the
-        job's wildcards."""
+        ``train.segment_runtime_minutes`` (no call per job), else a function of the wildcards."""
         minutes = {p.config.train.segment_runtime_minutes for p in self.runs.values()}
         if len(minutes) == 1:
             return minutes.pop()
