@@ -31,10 +31,8 @@ rule train_segment:
     output:
         snapshot=directory(RUN.snapshot(STEP)),
     params:
-        # strings, not functions, where a pattern will do: Snakemake fills in wildcards
-        # cheaply, and a long run has thousands of these jobs
-        run="{run}",
-        run_dir=str(RUN.run_dir),
+        run="{run}",  # a string, not a function: Snakemake fills in the wildcard cheaply
+        run_dir=lambda wc: PLAN.run_dir(wc.run),  # (snakemake --lint wants no path prefix)
         signature=lambda wc: PLAN.train_signature(wc.run),
     log:
         RUN.log("train_segment", STEP),
