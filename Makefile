@@ -68,14 +68,14 @@ device-wheels: $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --platform manylinux_2_28_x86_64 -d .whl omegaconf==2.4.0
 
-# Two pytest-xdist workers (one per core): the tests run on one torch thread each; tests that
-# share an expensive session fixture stay on one worker (tests/conftest.py).
+# Two pytest-xdist workers (one per core): the tests run on one torch thread each; a file's
+# tests stay on one worker (its fixtures are built once), slow files first (tests/conftest.py).
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks workflow/scripts

@@ -1,6 +1,7 @@
 """Shared test set-up: one torch thread (2-core machines, determinism), project paths, and
-the grouping of tests for parallel workers (``make test`` runs ``pytest -n 2 --dist
-loadgroup``: pytest-xdist)."""
+the order of test files for parallel workers (``make test`` runs ``pytest -n 2 --dist
+loadfile``: pytest-xdist; ``loadgroup`` does not group under pytest 9, whose node ids no
+longer take xdist's group suffix)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
-# Session fixtures worth building once: every test that uses one of a group runs on the same
-# worker. Any other test stays with the rest of its file (module fixtures are built once too).
-SHARED_FIXTURE_GROUPS = {
-    "tiny_pipeline": "tiny_pipeline",  # the whole tiny Snakemake pipeline (tests/workflow)
-    "bench_report": "bench_model", "snapshot_dir": "bench_model",  # tests/bench: a trained
-    "trained_model": "bench_model",  # tiny model, its snapshot and a benchmark run of it
-}
+# Where the slow files are whole Snakemake pipelines (minutes each): these start first.
+WHOLE_PIPELINE_DIRS = ("tests/workflow/", "tests/reliability/")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,33 +29,24 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
-def _shared_groups(item: pytest.Item) -> set[str]:
-    """The groups of the shared session fixtures ``item`` uses (by the fixture it gets, not
-    by name alone: another directory may define a fixture of the same name)."""
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs if info is not None else {}
-    return {SHARED_FIXTURE_GROUPS[name] for name, found in defs.items()
-            if name in SHARED_FIXTURE_GROUPS and found and found[-1].scope == "session"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """An ``xdist_group`` per test (see :data:`SHARED_FIXTURE_GROUPS`), and the groups that
-    hold a slow test first, so the longest work starts first on a worker rather than last
-    (the order of the others, and within every group, is kept). Without xdist the marker does
-    nothing."""
-    groups: dict[str, str] = {}
-    for item in items:
-        marker = item.get_closest_marker("xdist_group")
-        if marker is None:
-            shared = sorted(_shared_groups(item))
-            decorator = pytest.mark.xdist_group(shared[0] if shared else
-                                                item.nodeid.split("::")[0])
-            item.add_marker(decorator)
-            marker = decorator.mark
-        groups[item.nodeid] = str(marker.args[0] if marker.args else marker.kwargs["name"])
-    slow = {groups[i.nodeid] for i in items if i.get_closest_marker("slow")}
-    items.sort(key=lambda i: groups[i.nodeid] not in slow)
+    """Files that hold a slow test first, those of whole Snakemake pipelines before the others,
+    so that under ``--dist loadfile`` (a file's tests on one worker: its module and session
+    fixtures built once) the longest work starts first rather than last. Files stay whole
+    and in order otherwise."""
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow = {file_of(i) for i in items if i.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        path = file_of(item)
+        where = next((k for k, d in enumerate(WHOLE_PIPELINE_DIRS) if path.startswith(d)),
+                     len(WHOLE_PIPELINE_DIRS))
+        return path not in slow, where
+
+    items.sort(key=rank)
 
 
 @pytest.fixture

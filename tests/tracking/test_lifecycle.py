@@ -100,7 +100,7 @@ def test_status_bookkeeping_never_masks_the_job(cfg: Config, run_dir: Path,
 
 def test_a_store_the_job_cannot_use_is_refused_before_the_job(tmp_path: Path) -> None:
     """The store is checked before it is touched (a plain file store here; a missing or
-    reset one in tests/reliability and tests/workflow/test_lost_store.py)."""
+    reset one in tests/reliability and tests/workflow/test_tiny_pipeline.py)."""
     from pipeline_lib.errors import TrackingError
 
     cfg = make_config("file:///nowhere", "masked")
