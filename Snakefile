@@ -2,7 +2,9 @@
 # run downstream benchmarks, track everything in MLflow. All logic lives in src/pipeline_lib.
 from snakemake.utils import min_version
 
+from pipeline_lib.workflow.cluster_job import enter_cluster_job
 from pipeline_lib.workflow.plan import plan_for_snakemake
+from pipeline_lib.workflow.slurm_status import check_status_command
 from pipeline_lib.workflow.stages import close_open_parents
 
 min_version("9.0")
@@ -28,10 +30,22 @@ include: "workflow/rules/export.smk"
 include: "workflow/rules/report.smk"
 
 
+# Inside a cluster job: no retries there (a retry is a new job), SIGUSR1 left to the stage, a
+# stopped segment exits 75 (pipeline_lib.workflow.cluster_job).
+if workflow.remote_exec:
+    enter_cluster_job(workflow, PLAN)
+
+
 rule all:
     input:
         PLAN.all_targets(),
     default_target: True
+
+
+# Under the SLURM executor: a cluster whose sacct cannot report jobs (no accounting storage)
+# ends here in one line naming the fix, before any job is submitted.
+onstart:
+    check_status_command(workflow)
 
 
 # MLflow parent runs a stage opened and no track_done closed (only some targets asked for, a

@@ -695,6 +695,10 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError(f"train.stop_margin_minutes = {t.stop_margin_minutes} leaves no time "
                           f"of train.segment_runtime_minutes = {t.segment_runtime_minutes}; "
                           "lower the margin (0 stops only on SIGTERM/SIGUSR1) or raise the runtime")
+    if 0 < t.stop_margin_minutes * 60 < 1:
+        raise ConfigError(f"train.stop_margin_minutes = {t.stop_margin_minutes} is under a second "
+                          "(it is also the SIGUSR1 lead SLURM is asked for); use 0 or at least "
+                          "0.02")
     check_optimizer_and_freeze(t, cfg.model)
     check_activation_checkpointing(t)
     ls = t.loop_sampling

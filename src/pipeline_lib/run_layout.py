@@ -175,6 +175,12 @@ class RunLayout:
         the job's declared outputs: only a retry of that job reads it)."""
         return self.train_dir / "resume" / step_dir_name(step)
 
+    @property
+    def lease(self) -> Path:
+        """Who is training this run now (a SLURM job or a process): checked before a segment
+        trains, so a run is never trained by two jobs at once (pipeline_lib.train.lease)."""
+        return self.train_dir / "lease.json"
+
     def launch_config(self, step: int | str) -> Path:
         """The resolved config the workers of a multi-process segment job ending at ``step``
         read: in the run directory, which every node of a multi-node job sees (a node-local
@@ -208,6 +214,15 @@ class RunLayout:
     @property
     def tracking_files(self) -> Path:
         return self.run_dir / TRACKING_FILES_DIR
+
+    @property
+    def tracking_ready(self) -> Path:
+        """Written last by rule ``track_init`` (parent run and pack child logged): what the
+        stages wait for. Its job's only output, and it appears whole (atomic rename) at the
+        job's end, so an interrupted ``track_init`` leaves no output that Snakemake could
+        take as incomplete (an incomplete output read through ``ancient()`` cuts the rest of
+        the pipeline out of the next run's job graph, Snakemake 9)."""
+        return self.tracking_files / "tracking_ready.json"
 
     @property
     def parent_config(self) -> Path:

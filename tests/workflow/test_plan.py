@@ -172,9 +172,23 @@ def test_token_budget_of_a_file_tokenizer_reads_its_vocabulary(tmp_path):
 def test_cluster_resources_only_name_what_is_set():
     plan = _plan("resources.slurm_partition=gpu", "resources.train_gpus=2")
     assert plan.cluster_resources("train") == {"cpus_per_task": 1, "mem_mb": 4000, "gpu": 2,
-                                               "slurm_partition": "gpu"}
+                                               "runtime": 60, "slurm_partition": "gpu"}
     assert "gpu" not in plan.cluster_resources("eval")
     assert plan.cluster_resources("eval")["runtime"] == 60
+
+
+def test_segments_of_variants_with_other_timing_get_theirs():
+    from types import SimpleNamespace
+
+    plan = _plan("runs.quick.train.stop_margin_minutes=0",
+                 "runs.quick.train.segment_runtime_minutes=30")
+    time = plan.segment_time()
+    other = next(r for r in plan.run_names if r != "quick")
+    assert time["runtime"](SimpleNamespace(run="quick")) == 30
+    assert time["slurm_extra"](SimpleNamespace(run="quick")) == ""  # no early signal
+    assert time["runtime"](SimpleNamespace(run=other)) == 60
+    assert time["slurm_extra"](SimpleNamespace(run=other)) == "--signal=USR1@300"
+    assert _plan().segment_time() == {"runtime": 60, "slurm_extra": "--signal=USR1@300"}
 
 
 def _sbatch(resources: dict, threads: int = 1) -> str:

@@ -4,7 +4,7 @@
 rule bench_downstream:
     input:
         snapshot=lambda wc: PLAN.snapshot_path(wc.run, int(wc.step)),
-        tracking=ancient(RUN.tracking_json),
+        tracking=ancient(RUN.tracking_ready),
         user_tasks=lambda wc: PLAN.bench_task_files(wc.run),
     output:
         result=RUN.bench_result(STEP),
@@ -19,7 +19,7 @@ rule bench_downstream:
         RUN.benchmark("bench_downstream", STEP)
     threads: PLAN.threads("eval")
     resources:
-        **PLAN.cluster_resources("eval"),
+        **JOB_RESOURCES,
     conda:
         "../../envs/bench.yaml"
     script:
@@ -42,6 +42,8 @@ rule summarize_bench:
         run_dir=lambda wc: PLAN.run_dir(wc.run),
     log:
         RUN.log("summarize_bench"),
+    resources:
+        **JOB_RESOURCES,
     conda:
         "../../envs/bench.yaml"
     script:

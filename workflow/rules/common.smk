@@ -8,6 +8,15 @@ RUN = PLAN.run_layout("{run}")
 STEP = "{step}"
 
 
+# SLURM resources of every submitted rule, from the config's resources: and train: sections
+# (pipeline_lib.workflow.cluster_resources decides); override one rule with Snakemake's own
+# set-resources (profile or command line). Local rules (track.smk, segment_anchor) are not
+# submitted.
+TRAIN_RESOURCES = PLAN.cluster_resources("train")  # import_init
+SEGMENT_RESOURCES = {**TRAIN_RESOURCES, **PLAN.segment_time()}  # + the early SIGUSR1
+JOB_RESOURCES = PLAN.cluster_resources("eval")  # every other submitted rule
+
+
 wildcard_constraints:
     data_id="[0-9a-f]{12}",
     run="|".join(PLAN.run_names),

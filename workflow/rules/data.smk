@@ -10,6 +10,8 @@ rule pack_data:
         job_log("pack_data", "{data_id}"),
     benchmark:
         job_benchmark("pack_data", "{data_id}")
+    resources:
+        **JOB_RESOURCES,
     conda:
         "../../envs/data.yaml"
     script:

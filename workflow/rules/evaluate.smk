@@ -6,7 +6,7 @@ rule eval_heff:
     input:
         snapshot=lambda wc: PLAN.snapshot_path(wc.run, int(wc.step)),
         data=lambda wc: PLAN.data_dir(wc.run),
-        tracking=ancient(RUN.tracking_json),
+        tracking=ancient(RUN.tracking_ready),
     output:
         result=RUN.heff_result(STEP),
     params:
@@ -19,7 +19,7 @@ rule eval_heff:
         RUN.benchmark("eval_heff", STEP)
     threads: PLAN.threads("eval")
     resources:
-        **PLAN.cluster_resources("eval"),
+        **JOB_RESOURCES,
     conda:
         "../../envs/evaluate.yaml"
     script:
@@ -49,6 +49,8 @@ rule summarize_heff:
         run_dir=lambda wc: PLAN.run_dir(wc.run),
     log:
         RUN.log("summarize_heff"),
+    resources:
+        **JOB_RESOURCES,
     conda:
         "../../envs/evaluate.yaml"
     script:

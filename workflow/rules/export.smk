@@ -6,7 +6,7 @@ rule export:
     input:
         snapshot=lambda wc: PLAN.final_snapshot(wc.run),
         data=lambda wc: PLAN.data_dir(wc.run),
-        tracking=ancient(RUN.tracking_json),
+        tracking=ancient(RUN.tracking_ready),
     output:
         export=directory(RUN.export_dir),
     params:
@@ -15,6 +15,8 @@ rule export:
         use_ema=lambda wc: PLAN.runs[wc.run].config.eval.use_ema,
     log:
         RUN.log("export"),
+    resources:
+        **JOB_RESOURCES,
     conda:
         "../../envs/evaluate.yaml"
     script:

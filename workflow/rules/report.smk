@@ -23,6 +23,8 @@ rule compare_runs:
         metrics=PLAN.metrics_files(),
     log:
         job_log("compare_runs"),
+    resources:
+        **JOB_RESOURCES,
     conda:
         "../../envs/evaluate.yaml"
     script:

@@ -29,7 +29,7 @@ rule track_init:
         store=ancient(rules.tracking_store.output.marker),
         data=lambda wc: PLAN.data_dir(wc.run),
     output:
-        tracking=RUN.tracking_json,
+        ready=RUN.tracking_ready,  # written last: tracking.json is written before it
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
@@ -48,7 +48,7 @@ rule track_init:
 # retrain.
 rule track_config:
     input:
-        tracking=RUN.tracking_json,
+        tracking=RUN.tracking_ready,
     output:
         parent=RUN.parent_config,
     params:

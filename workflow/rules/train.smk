@@ -7,7 +7,7 @@
 rule import_init:
     input:
         source=lambda wc: PLAN.init_source(wc.run),
-        tracking=ancient(RUN.tracking_json),
+        tracking=ancient(RUN.tracking_ready),
     output:
         snapshot=directory(RUN.init_dir),
     params:
@@ -17,7 +17,7 @@ rule import_init:
     log:
         RUN.log("import_init"),
     resources:
-        mem_mb=lambda wc: PLAN.runs[wc.run].config.resources.train_mem_mb,
+        **TRAIN_RESOURCES,
     conda:
         "../../envs/train.yaml"
     script:
@@ -27,7 +27,7 @@ rule import_init:
 rule train_segment:
     input:
         unpack(lambda wc: PLAN.segment_inputs(wc.run, int(wc.step))),  # data, previous, init
-        tracking=ancient(RUN.tracking_json),
+        tracking=ancient(RUN.tracking_ready),
     output:
         snapshot=directory(RUN.snapshot(STEP)),
     params:
@@ -41,9 +41,7 @@ rule train_segment:
     retries: 2  # a stop (resume point) or a spike abort (rollback) is retried
     threads: PLAN.threads("train")
     resources:
-        **PLAN.cluster_resources("train"),
-        runtime=PLAN.segment_runtime(),
-        attempt=lambda wc, attempt: attempt,  # a retry (attempt 2) rolls back past a spike
+        **SEGMENT_RESOURCES,
     conda:
         "../../envs/train.yaml"
     script:
@@ -87,6 +85,8 @@ rule snapshot_index:
         index=RUN.index,
     log:
         RUN.log("snapshot_index"),
+    resources:
+        **JOB_RESOURCES,
     conda:
         "../../envs/train.yaml"
     script:

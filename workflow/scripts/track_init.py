@@ -9,4 +9,4 @@ snakemake = globals()["snakemake"]
 
 with run_job(snakemake) as cfg:
     init_tracking(cfg, snakemake.params.run, Path(snakemake.params.run_dir),
-                  Path(snakemake.input.data))
+                  Path(snakemake.input.data), Path(snakemake.output.ready))

@@ -2,10 +2,15 @@
 or warm-started from the imported init/ snapshot), in this process or as a torchrun job of
 train.nproc processes."""
 
-from pathlib import Path
+from pipeline_lib.train.preempt import latch_stop_signals
 
-from pipeline_lib.train.launch import run_training_job
-from pipeline_lib.workflow.io import run_job
+latch_stop_signals()  # before torch loads: a SIGUSR1/SIGTERM from now on stops with a resume point
+
+from pathlib import Path  # noqa: E402
+
+from pipeline_lib.train.launch import run_training_job  # noqa: E402
+from pipeline_lib.workflow.attempt_log import current_attempt  # noqa: E402
+from pipeline_lib.workflow.io import run_job  # noqa: E402
 
 snakemake = globals()["snakemake"]
 
@@ -20,6 +25,6 @@ with run_job(snakemake, snakemake.threads) as cfg:
         until_step=int(snakemake.wildcards.step),
         out=out,
         run_dir=Path(snakemake.params.run_dir),
-        attempt=int(snakemake.resources.attempt),
+        attempt=current_attempt(snakemake.log[0]),  # > 1: a retry (rolls back past a spike)
         warm_start=Path(init[0]) if init else None,
     )

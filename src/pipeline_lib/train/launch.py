@@ -118,12 +118,24 @@ def failure_line(lines: Iterable[str]) -> str | None:
 def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                      out: Path, run_dir: Path | None = None, attempt: int = 1, *,
                      warm_start: Path | None = None) -> Path:
-    """Train one segment with ``train.nproc`` × ``train.nnodes`` processes; returns ``out``."""
-    from .job import check_segment_outputs, train_segment
+    """Train one segment with ``train.nproc`` × ``train.nnodes`` processes; returns ``out``.
+    The run's training lease (:mod:`.lease`) is held throughout: a second job training the
+    same run at once is refused in one line."""
+    from .job import check_segment_outputs
+    from .lease import run_lease
 
     check_segment_outputs(out, run_dir)  # before torchrun starts (or anything is built)
-    if cfg.train.nproc == 1 and cfg.train.nnodes == 1:
+    with run_lease(Path(run_dir or run_dir_of(Path(out))), until_step):
+        return _train_job(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
+                          warm_start=warm_start)
 
+
+def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
+               out: Path, run_dir: Path | None, attempt: int, *,
+               warm_start: Path | None) -> Path:
+    from .job import train_segment
+
+    if cfg.train.nproc == 1 and cfg.train.nnodes == 1:
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
                              warm_start=warm_start)
     if cfg.tracking.enabled:
@@ -165,12 +177,15 @@ def _stopped_with_resume_point(run_dir: Path, resume_from: Path | None, until_st
 def _forward_stops(proc: subprocess.Popen) -> dict[int, Any]:
     """Pass SIGTERM/SIGUSR1 on to the workers (they stop after a step, with a resume point)
     instead of ending this launcher before them; returns the previous handlers."""
-    from .preempt import STOP_SIGNALS
+    from .preempt import STOP_SIGNALS, latched_signal
 
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
-            for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+                for sig in STOP_SIGNALS}
+    if latched_signal() is not None:  # it came before the workers existed
+        proc.send_signal(latched_signal())
+    return previous
 
 
 def _stream(cmd: list[str], keep: int = 400) -> tuple[int, list[str]]:

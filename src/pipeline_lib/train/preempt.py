@@ -30,12 +30,38 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
+# A stop signal that arrived before the step loop (see latch_stop_signals)
+_latched: dict[str, str | None] = {"reason": None}
+
+
+def _latch(signum: int, frame: FrameType | None) -> None:
+    if _latched["reason"] is None:
+        _latched["reason"] = signal.Signals(signum).name
+        log.warning("%s received before the step loop: the segment will stop at its first "
+                    "step with a resume point", _latched["reason"])
+
+
+def latched_signal() -> int | None:
+    """The stop signal remembered before the step loop, if any (its number)."""
+    reason = _latched["reason"]
+    return None if reason is None else int(signal.Signals[reason])
+
+
+def latch_stop_signals() -> None:
+    """From now until the step loop, a stop signal is remembered rather than fatal: the
+    segment job calls this first thing (a SIGUSR1 or SIGTERM while it imports torch, loads
+    the data or restores the snapshot would otherwise kill it before it could write a
+    resume point); :class:`StopRequest` takes the remembered signal over."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _latch)
+
 
 class StopRequest:
     """While entered: the stop signals set a flag instead of ending the process."""
 
     def __init__(self, train: TrainConfig, *, started: float | None = None) -> None:
-        self.reason: str | None = None
+        self.reason: str | None = _latched["reason"]
         budget = (train.segment_runtime_minutes - train.stop_margin_minutes) * 60.0
         start = time.monotonic() if started is None else started
         self.deadline = start + budget if train.stop_margin_minutes > 0 else None
@@ -67,4 +93,4 @@ class StopRequest:
         return self.reason
 
 
-__all__ = ["STOP_SIGNALS", "StopRequest"]
+__all__ = ["STOP_SIGNALS", "StopRequest", "latch_stop_signals", "latched_signal"]

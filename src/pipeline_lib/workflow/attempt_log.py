@@ -36,6 +36,18 @@ def _claim(log_path: Path) -> tuple[int, int]:
             number += 1
 
 
+def current_attempt(log_path: str | Path) -> int:
+    """This job's attempt number: that of the newest numbered log (the one
+    :func:`open_attempt_log` claimed). Kept on disk, it goes on counting through Snakemake's
+    resubmissions and a SLURM requeue alike (Snakemake's own ``attempt`` restarts at 1 when
+    SLURM requeues a job)."""
+    log_path = Path(log_path)
+    number = 1
+    while attempt_path(log_path, number + 1).exists():
+        number += 1
+    return number
+
+
 def open_attempt_log(log_path: str | Path) -> TextIO:
     """Open this attempt's log (line-buffered, append) under its numbered name and the
     declared ``log_path``; a header line says which attempt it is."""

@@ -1,7 +1,13 @@
-"""Cluster resources of the rule families: what a segment or evaluation job asks SLURM for.
+"""Cluster resources of the rule families: what each submitted job asks SLURM for.
 
-Names are the SLURM executor plugin's (it turns them into ``sbatch`` options); local runs
-use only threads, ``mem_mb`` and ``runtime``. Torch-free: the Snakefile's plan calls this.
+Two families: ``train`` (segments and the pretrained import: ``resources.train_*``) and
+``eval`` (every other submitted job: sweeps, benchmarks, export, packing, the index, the
+summaries and the comparison: ``resources.eval_*``). ``slurm_partition`` and
+``slurm_account`` reach every one of them. The rules take these dicts from
+``workflow/rules/common.smk``; one rule's values are overridden with Snakemake's own
+``set-resources`` (profile or command line). Names are the SLURM executor plugin's (it turns
+them into ``sbatch`` options); local runs use only threads, ``mem_mb`` and ``runtime``.
+Torch-free: the Snakefile's plan calls this.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ def job_threads(cfg: Config, family: str) -> int:
 
 def job_resources(cfg: Config, family: str) -> dict[str, Any]:
     """Resources of the ``train`` or ``eval`` rule family; partition and account only when
-    set, so the cluster defaults apply otherwise."""
+    set, so the cluster defaults apply otherwise. A segment's runtime and early signal come
+    from :func:`segment_time` (they may differ between variants)."""
     r = cfg.resources
     res: dict[str, Any] = {
         "cpus_per_task": job_threads(cfg, family),
@@ -32,10 +39,30 @@ def job_resources(cfg: Config, family: str) -> dict[str, Any]:
         res["gpu"] = gpus
     if family != "train":
         res["runtime"] = r.eval_runtime_minutes
+    else:
+        res["runtime"] = cfg.train.segment_runtime_minutes
     if r.slurm_partition:
         res["slurm_partition"] = r.slurm_partition
     if r.slurm_account:
         res["slurm_account"] = r.slurm_account
+    return res
+
+
+def usr1_lead_seconds(cfg: Config) -> int:
+    """Seconds before its time limit at which SLURM sends a segment job SIGUSR1: the
+    segment's own stop margin (``train.stop_margin_minutes``), so that the trainer's clock
+    and the scheduler's ask for the same stop; 0 (no early signal) when the margin is 0."""
+    return round(cfg.train.stop_margin_minutes * 60)
+
+
+def segment_time(cfg: Config) -> dict[str, Any]:
+    """A segment job's ``runtime`` (minutes) and, with a stop margin, ``slurm_extra``
+    asking SLURM for SIGUSR1 that long before the limit (``--signal=USR1@seconds``: to the
+    job's steps, where the trainer runs; Snakemake inside the job ignores it)."""
+    res: dict[str, Any] = {"runtime": cfg.train.segment_runtime_minutes}
+    lead = usr1_lead_seconds(cfg)
+    if lead:
+        res["slurm_extra"] = f"--signal=USR1@{lead}"
     return res
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import PipelineError
+from ..errors import PREEMPTED_EXIT, PipelineError, Preempted
 from .attempt_log import open_attempt_log
 
 
@@ -31,7 +31,9 @@ def script_logging(log_path: str | Path, threads: int | None = None,
     start a thread per core.
 
     A :class:`PipelineError` is logged as one line and re-raised as ``SystemExit`` with that
-    line, so the Snakemake error report shows the fix rather than a traceback.
+    line, so the Snakemake error report shows the fix rather than a traceback. A stopped
+    segment (:class:`Preempted`: a resume point was written) prints ``stopped: …`` and exits
+    75 (:data:`PREEMPTED_EXIT`), as the ``train`` command does.
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,6 +50,10 @@ def script_logging(log_path: str | Path, threads: int | None = None,
         sys.stderr = stream
         try:
             yield logging.getLogger("pipeline_lib.script")
+        except Preempted as exc:
+            logging.getLogger("pipeline_lib.script").warning("stopped: %s", exc)
+            print(f"stopped: {exc} (log: {log_path})", file=old_stderr)
+            raise SystemExit(PREEMPTED_EXIT) from None
         except PipelineError as exc:
             logging.getLogger("pipeline_lib.script").error("%s", exc)
             raise SystemExit(f"error: {exc} (log: {log_path})") from None

@@ -33,7 +33,7 @@ from ..errors import ConfigError, PipelineError
 from ..export.hf_import import fingerprint_id, resolve_init_from, source_files
 from ..run_layout import ResultsLayout, RunLayout
 from ..task_catalog import check_bench_tasks, user_task_inputs
-from .cluster_resources import job_resources, job_threads
+from .cluster_resources import job_resources, job_threads, segment_time
 from .signatures import (
     JOB_TIME_KEYS,
     LATER_TRAIN_DEFAULTS,
@@ -319,16 +319,16 @@ class WorkflowPlan:
         """Threads of a ``train`` or ``eval`` job (Snakemake caps them at ``--cores``)."""
         return job_threads(self.config, family)
 
-    def segment_runtime(self) -> int | Any:
-        """A segment job's runtime (minutes): one number when every run has the same
-        ``train.segment_runtime_minutes`` (no call per job), else a function of the wildcards."""
-        minutes = {p.config.train.segment_runtime_minutes for p in self.runs.values()}
-        if len(minutes) == 1:
-            return minutes.pop()
-        return lambda wildcards: self.runs[wildcards.run].config.train.segment_runtime_minutes
+    def segment_time(self) -> dict[str, Any]:
+        """A segment job's ``runtime`` and early SIGUSR1 (:func:`segment_time`): values when
+        the runs agree (no call per job), else functions of the wildcards."""
+        per_run = {name: segment_time(p.config) for name, p in self.runs.items()}
+        if len({tuple(sorted(t.items())) for t in per_run.values()}) == 1:
+            return next(iter(per_run.values()))
+        return {k: (lambda wildcards, k=k: per_run[wildcards.run].get(k, ""))
+                for k in {k for t in per_run.values() for k in t}}
 
-    def cluster_resources(self, family: str) -> dict[str, Any]:
-        """Resources of the ``train`` or ``eval`` rule family (:func:`job_resources`)."""
+    def cluster_resources(self, family: str) -> dict[str, Any]:  # see job_resources
         return job_resources(self.config, family)
 
     # ------------------------------------------------------------------ params

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
+from ..fsio import write_text_atomic
 from ..run_layout import RunLayout, job_benchmarks
 from .final_results import bench_values, heff_values, is_final
 
@@ -61,13 +62,15 @@ def prepare_tracking_store(cfg: Config, marker: Path) -> None:
             log.warning("tracking store unavailable (%s); stages will log to their outboxes", exc)
             info["unavailable"] = str(exc)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(info, indent=2) + "\n")
+    write_text_atomic(marker, json.dumps(info, indent=2) + "\n")
 
 
-def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[str, Any]:
+def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path,
+                  ready: Path | None = None) -> dict[str, Any]:
     """Find or create the run's parent run; log the data pack as a ``pack`` child run.
 
-    Writes ``{run_dir}/tracking.json``. The pack is shared by every variant with the same
+    Writes ``{run_dir}/tracking.json``, and ``ready`` last (atomically: the rule's output,
+    :attr:`~pipeline_lib.run_layout.RunLayout.tracking_ready`). The pack is shared by every variant with the same
     data config, so each variant gets its own ``pack`` child with the pack's metadata; the
     pack is a dataset input (``mlflow.data``) of that child and of the parent.
     """
@@ -100,6 +103,10 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path) -> dict[
         stage.log_artifact(meta_path, "data")
         for tsv in job_benchmarks("pack_data", Path(data_dir).name):
             stage.log_artifact(tsv, "benchmarks")
+    if ready is not None:  # last and whole: see RunLayout.tracking_ready
+        ready.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(ready, json.dumps({"parent_run_id": info.get("parent_run_id"),
+                                             "data_id": meta.get("data_id")}, indent=2) + "\n")
     return info
 
 
@@ -108,7 +115,6 @@ def update_parent(cfg: Config, run: str, run_dir: Path, data_id: str, out: Path)
     config artifact: :func:`pipeline_lib.tracking.init_parent_run`); record in ``out`` the
     config hash it now carries."""
     from ..config import config_hash
-    from ..fsio import write_text_atomic
     from ..tracking import init_parent_run
 
     check_stage_outputs(cfg, run_dir, [out])
@@ -309,7 +315,6 @@ def finish_run(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
     ``out`` records when and which parent."""
     import time
 
-    from ..fsio import write_text_atomic
     from ..tracking import finish_parent
 
     check_stage_outputs(cfg, run_dir, [out])

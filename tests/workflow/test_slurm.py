@@ -1,0 +1,295 @@
+"""The pipeline under a real SLURM cluster (scripts/slurm_local.sh: slurmctld, slurmd,
+slurmdbd + mariadb on this machine, two partitions, an account), as a cluster user runs it:
+``snakemake --profile profiles/slurm``.
+
+One module, one workdir, the steps in order (each a defect a real scheduler showed):
+Ctrl-C during the first local rules, then a run whose segments are signalled (SIGUSR1,
+SIGTERM to the whole job as at its time limit, ``scontrol requeue``, SIGTERM to the steps as
+a preemption), then ``kill -9`` of Snakemake while a segment runs and an immediate rerun,
+then the run that finishes. The end: weights, H_eff results and depth_check.json identical
+to the same config run locally, every MLflow step exactly once, every job in the configured
+partition and account with the configured resources. And a cluster without accounting
+fails in one line naming the fix.
+
+Where the cluster cannot be brought up (not root, no apt), the module is skipped with the
+script's reason; ``make test`` prints it (``-ra``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.slurm_cluster import (
+    CANNOT,
+    cluster,
+    job_state,
+    jobs_named,
+    running_job,
+    sacct,
+    wait_gone,
+    was_up,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+TINY = ROOT / "config" / "experiments" / "tiny.yaml"
+RUN = "loops2"
+SEGMENT, STEPS = 8, 32
+PREFIX = f"lltest{os.getpid()}"
+CONFIG = f"""
+experiment: {{name: loopline-slurm}}
+data:
+  sources:
+    - {{type: reasoning, num_docs: 300, max_difficulty: 2}}
+train:
+  total_steps: {STEPS}
+  steps_per_segment: {SEGMENT}  # four segments, each signalled differently
+  micro_batch_rows: 1  # eight passes per step: a segment lasts long enough to be signalled
+  eval_interval: {SEGMENT}
+  eval_rows: 16
+snapshots: {{keep_last: 2}}
+eval: {{h_eff: [1, 2], max_tokens: 512}}
+bench: {{tasks: [loopline_khop], h_eff: [1, 2], examples_per_level: 2, max_difficulty: 2}}
+resources: {{slurm_partition: train, slurm_account: loopline, train_mem_mb: 3500,
+             eval_mem_mb: 3000, eval_runtime_minutes: 20}}
+runs:
+  {RUN}: {{model: {{loops: 2}}}}
+"""
+
+
+def _env(workdir: Path) -> dict[str, str]:
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_HOME": str(workdir / ".hf"), "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def _command(workdir: Path, *extra: str, slurm: bool = True) -> list[str]:
+    cmd = [str(SNAKEMAKE), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(TINY), str(workdir / "slurm.yaml")]
+    if slurm:  # the profile as users give it; only the first status check comes sooner
+        cmd += ["--profile", str(ROOT / "profiles" / "slurm"), "--slurm-jobname-prefix",
+                PREFIX, "--slurm-init-seconds-before-status-checks", "2"]
+    else:
+        cmd += ["--cores", "2"]
+    return cmd + list(extra)
+
+
+def _start(workdir: Path, *extra: str) -> subprocess.Popen:
+    log = open(workdir / f"snakemake.{time.monotonic_ns()}.log", "w")  # noqa: SIM115
+    return subprocess.Popen(_command(workdir, *extra), stdout=log, stderr=subprocess.STDOUT,
+                            env=_env(workdir), cwd=workdir, start_new_session=True)
+
+
+def _finish(workdir: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(_command(workdir, *extra), capture_output=True, text=True,
+                          env=_env(workdir), cwd=workdir, timeout=timeout)
+
+
+def _workdir(tmp: Path, name: str) -> Path:
+    workdir = tmp / name
+    workdir.mkdir()
+    (workdir / "slurm.yaml").write_text(CONFIG)
+    return workdir
+
+
+def _steps_logged(workdir: Path) -> int:
+    metrics = workdir / "results" / RUN / "train" / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def _wait(what: str, ok, proc: subprocess.Popen | None = None, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert proc is None or proc.poll() is None, f"snakemake ended while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    """The cluster, without accounting first (the one-line failure), then with it."""
+    started = not was_up()
+    up = cluster("up", "--no-accounting")
+    if up.returncode == CANNOT:
+        pytest.skip(f"no SLURM cluster here: {up.stderr.strip().splitlines()[-1]}")
+    assert up.returncode == 0, up.stderr[-3000:]
+    workdir = _workdir(tmp_path_factory.mktemp("slurm"), "noacct")
+    no_accounting = _finish(workdir, timeout=300)
+    up = cluster("up")
+    assert up.returncode == 0, up.stderr[-3000:]
+    yield no_accounting
+    if started:
+        cluster("down")
+
+
+def test_without_accounting_snakemake_fails_in_one_line(slurm) -> None:
+    out = slurm.stdout + slurm.stderr
+    assert slurm.returncode != 0
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, out[-4000:]
+    assert "--slurm-status-command squeue" in errors[0] and "sacct" in errors[0]
+    assert "Traceback" not in out
+    assert "submitted with SLURM" not in out  # it stopped before the first job
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same config run locally (--cores 2): what the cluster run must reproduce."""
+    workdir = _workdir(tmp_path_factory.mktemp("slurm_local"), "local")
+    done = subprocess.run(_command(workdir, slurm=False), capture_output=True, text=True,
+                          env=_env(workdir), cwd=workdir, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    return workdir
+
+
+def _signal_segment(workdir: Path, index: int, action: list[str], *,
+                    requeued: bool = True) -> str:
+    """When segment ``index`` (1-based) has done its first step: ``action + [job id]``; then,
+    once SLURM has put the job back in the queue (``RequeueExit=75`` or ``scontrol
+    requeue``), start it at once rather than after SLURM's 120-s delay for requeued jobs."""
+    first_step = (index - 1) * SEGMENT + 1
+    _wait(f"step {first_step}", lambda: _steps_logged(workdir) >= first_step)
+    job = running_job(f"_{RUN}_{index * SEGMENT:07d}")
+    assert job is not None, f"no running job for segment {index}"
+    subprocess.run([*action, job], check=True, timeout=60)
+    if requeued:
+        _wait(f"job {job} requeued", lambda: job_state(job) == "PENDING", timeout=300)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True,
+                       timeout=60)
+    return job
+
+
+@pytest.fixture(scope="module")
+def cluster_run(slurm, local: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    workdir = _workdir(tmp_path_factory.mktemp("slurm_run"), "wd")
+    seen: dict = {}
+    # 1. Ctrl-C while the local rule track_init runs (after it wrote tracking.json)
+    proc = _start(workdir)
+    _wait("track_init", (workdir / "results" / RUN / "tracking.json").exists, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=300)
+    # 2. a run whose segments are signalled one way each
+    proc = _start(workdir)
+    seen["usr1"] = _signal_segment(workdir, 1, ["scancel", "--signal=USR1"])
+    seen["wall_time"] = _signal_segment(workdir, 2, ["scancel", "--full", "--signal=TERM"])
+    seen["requeue"] = _signal_segment(workdir, 3, ["scontrol", "requeue"])
+    # 3. the last segment's job held, Snakemake killed (a lost login session), a rerun at once
+    seen["orphan"] = _signal_segment(workdir, 4, ["scontrol", "suspend"], requeued=False)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    unlocked = _finish(workdir, "--unlock")  # what a killed Snakemake leaves: its lock
+    assert unlocked.returncode == 0, unlocked.stderr[-3000:]
+    seen["rerun"] = _finish(workdir, timeout=600)
+    subprocess.run(["scontrol", "resume", seen["orphan"]], check=True, timeout=60)
+    wait_gone(seen["orphan"])
+    # 4. the run that finishes
+    seen["final"] = _finish(workdir)
+    seen["workdir"] = workdir
+    return seen
+
+
+def test_the_interrupted_run_finishes(cluster_run: dict) -> None:
+    final = cluster_run["final"]
+    assert final.returncode == 0, final.stdout[-5000:] + final.stderr[-3000:]
+
+
+def test_a_rerun_beside_a_live_orphan_job_refuses_in_one_line(cluster_run: dict) -> None:
+    rerun = cluster_run["rerun"]
+    out = rerun.stdout + rerun.stderr
+    assert rerun.returncode != 0
+    lease = [line for line in out.splitlines() if "is being trained by SLURM job" in line]
+    assert lease, out[-5000:]
+    assert f"scancel {cluster_run['orphan']}" in lease[0]
+
+
+def _bytes(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def test_results_identical_to_the_local_run(cluster_run: dict, local: Path) -> None:
+    wd = cluster_run["workdir"]
+    final = Path("results") / RUN / "snapshots" / f"step_{STEPS:07d}"
+    assert _bytes(wd / final / "model.safetensors") == _bytes(local / final / "model.safetensors")
+    heff = Path("results") / RUN / "eval" / "heff" / f"step_{STEPS:07d}.json"
+    assert json.loads(_bytes(wd / heff))["losses"] == json.loads(_bytes(local / heff))["losses"]
+    depth = Path("results") / "compare" / "depth_check.json"
+    assert _bytes(wd / depth) == _bytes(local / depth)
+
+
+def test_every_step_once_in_the_logs_and_in_mlflow(cluster_run: dict) -> None:
+    wd = cluster_run["workdir"]
+    metrics = wd / "results" / RUN / "train" / "metrics.jsonl"
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == \
+        list(range(1, STEPS + 1))
+    state = json.loads((wd / "results" / RUN / "snapshots" / f"step_{STEPS:07d}"
+                        / "trainer_state.json").read_text())
+    reasons = [p["reason"] for p in state["preemptions"]]
+    assert "SIGUSR1" in reasons and "SIGTERM" in reasons, reasons
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{wd / 'results' / 'mlflow.db'}")
+    history = client.get_metric_history(state["tracking_run_id"], "train/loss")
+    assert sorted(m.step for m in history) == list(range(1, STEPS + 1))
+
+
+def test_every_job_in_the_configured_partition_and_account(cluster_run: dict) -> None:
+    jobs = jobs_named(PREFIX)
+    assert len({j.id for j in jobs}) >= 12, jobs  # pack, segments, index, sweeps, bench, …
+    assert {(j.partition, j.account) for j in jobs} == {("train", "loopline")}, jobs
+    # segments: train.segment_runtime_minutes and resources.train_*; the rest: eval_*
+    expected = {"01:00:00": "3500M", "00:20:00": "3000M"}
+    assert {(j.timelimit, j.req_mem, j.cpus) for j in jobs} == \
+        {(limit, mem, 1) for limit, mem in expected.items()}, jobs
+    assert {cluster_run[k] for k in ("usr1", "wall_time", "requeue", "orphan")} <= \
+        {j.id for j in jobs if j.timelimit == "01:00:00"}
+
+
+def test_a_stopped_segment_exits_75_and_nothing_retries_inside_a_job(cluster_run: dict) -> None:
+    usr1 = sacct("-D", "-j", cluster_run["usr1"])
+    # SIGUSR1 reaches the job's steps only: the whole job exits 75, RequeueExit=75 requeues it
+    assert any(j.id == cluster_run["usr1"] and j.state == "REQUEUED" and j.exit_code == "75:0"
+               for j in usr1), usr1
+    # SIGTERM to the whole job, as at its time limit: the batch shell dies of it (0:15), the
+    # step stops with a resume point within KillWait and exits 75; Snakemake retries the job
+    wall = sacct("-D", "-j", cluster_run["wall_time"])
+    assert any(j.id == f"{cluster_run['wall_time']}.0" and j.exit_code == "75:0"
+               for j in wall), wall
+    for instances in (usr1, wall):
+        # one Snakemake step per allocation: no retry in the minutes the allocation had left
+        steps = [j.id for j in instances if "." in j.id and not j.id.endswith(("batch", "extern"))]
+        assert steps and all(s.endswith(".0") for s in steps), instances
+
+
+def test_snakemake_inside_the_job_survives_sigusr1(cluster_run: dict) -> None:
+    wd = cluster_run["workdir"]
+    logs = list((wd / "logs" / "slurm").rglob(f"{cluster_run['usr1']}.log"))
+    assert logs, "the SLURM log of the signalled job is kept"
+    assert "User defined signal 1" not in logs[0].read_text()
+    first = wd / "logs" / "train_segment" / RUN / "transient" / f"step_{SEGMENT:07d}.attempt1.log"
+    assert "stopped: segment" in first.read_text()
+
+
+def test_cluster_settings_are_the_cluster_profiles(cluster_run: dict) -> None:
+    wd = cluster_run["workdir"]
+    logs = list((wd / "logs" / "slurm").rglob("*.log"))
+    assert logs, "successful jobs keep their SLURM logs"
+    command = next(line for line in logs[0].read_text().splitlines() if "--latency-wait" in line)
+    assert "--latency-wait 60" in command
+
+
+def test_ctrl_c_during_the_local_rules_leaves_a_run_that_builds_everything(
+        cluster_run: dict) -> None:
+    wd = cluster_run["workdir"]
+    second = sorted(wd.glob("snakemake.*.log"))[1].read_text()
+    assert "1 of 1 steps (100%) done" not in second
+    assert "rule train_segment" in second
