@@ -10,6 +10,13 @@ from pathlib import Path
 import pytest
 from support.workflow_runs import ROOT, snakemake
 
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.errors import ConfigError
+from pipeline_lib.run_layout import RunLayout
+from pipeline_lib.workflow.attempt_log import current_attempt, open_attempt_log
+from pipeline_lib.workflow.cluster_job import stopped_since, target_segment
+from pipeline_lib.workflow.cluster_resources import segment_time
+
 
 def local_rules() -> set[str]:
     """The rules the .smk files declare under ``localrules:`` (run by Snakemake itself)."""
@@ -24,12 +31,6 @@ def local_rules() -> set[str]:
                 inside = False
     return names
 
-from pipeline_lib.config import config_from_dict
-from pipeline_lib.errors import ConfigError
-from pipeline_lib.run_layout import RunLayout
-from pipeline_lib.workflow.attempt_log import current_attempt, open_attempt_log
-from pipeline_lib.workflow.cluster_job import stopped_since, target_segment
-from pipeline_lib.workflow.cluster_resources import segment_time
 
 
 def test_the_segment_a_job_runs_is_read_from_its_command_line() -> None:
