@@ -1,8 +1,8 @@
 """Preemption-safe segments: stop cleanly on SIGTERM/SIGUSR1 or near the job's time limit.
 
 A cluster ends a job with SIGTERM (SLURM: at the time limit or a preemption, some seconds
-before SIGKILL) and can be asked for SIGUSR1 minutes earlier (``--signal=USR1@300``, as the
-SLURM profile requests). :class:`StopRequest` turns either signal, or the segment's own wall
+before SIGKILL) and can be asked for SIGUSR1 minutes earlier (``--signal=USR1@<margin>``, as every
+segment job asks: :func:`pipeline_lib.workflow.cluster_resources.segment_time`). :class:`StopRequest` turns either signal, or the segment's own wall
 clock passing ``train.segment_runtime_minutes − train.stop_margin_minutes``, into a request
 that the step loop honours after the step it is in: the trainer then writes a *resume
 point* (a complete snapshot under ``{run}/train/resume/step_{until}``, outside the job's
