@@ -7,7 +7,8 @@
 #   scripts/slurm_local.sh env                    the line to source: export SLURM_CONF=…
 #
 # The cluster: node $(hostname -s) with all its cores, partitions `main` (default) and `train`,
-# accounts `root` (everyone's default) and `loopline` (named by `resources.slurm_account`).
+# accounts `root` (everyone's default) and `loopline` (named by `resources.slurm_account`),
+# SLURM's defaults otherwise (no RequeueExit: Snakemake resubmits a stopped segment).
 # With accounting (the default), mariadb + slurmdbd keep job records, so `sacct` works;
 # `--no-accounting` runs slurmctld and slurmd alone, as many small clusters do.
 # Everything lives under $LOOPLINE_SLURM_DIR (default /tmp/loopline-slurm): its config, state,
@@ -81,7 +82,6 @@ write_configs() {
     echo "KillWait=20"         # SIGTERM at the time limit, SIGKILL 20 s later
     echo "OverTimeLimit=0"
     echo "JobRequeue=1"
-    echo "RequeueExit=75"      # a stopped segment (exit 75) goes back to the queue
     echo "SchedulerParameters=sched_interval=5"
     if [[ $accounting == yes ]]; then
       echo "AccountingStorageType=accounting_storage/slurmdbd"

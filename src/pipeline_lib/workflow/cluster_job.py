@@ -15,9 +15,9 @@ rule's script); both read the Snakefile, which calls :func:`enter_cluster_job`. 
   (a Python handler, which a child's ``exec`` resets: the script gets its own).
   SIGTERM is already Snakemake's graceful stop: it waits for the running script.
 - **A stopped segment exits 75** (:data:`~pipeline_lib.errors.PREEMPTED_EXIT`, EX_TEMPFAIL) at
-  every level, as the stage command does, rather than Snakemake's 1: a site's
-  ``RequeueExit=75`` requeues it, and ``sacct`` tells a stop from a failure. Stopped means:
-  the job's segment snapshot is missing and this attempt wrote its resume point.
+  every level, as the stage command does, rather than Snakemake's 1: ``sacct`` tells a stop
+  from a failure (Snakemake's retry continues it). Stopped means: the job's segment snapshot
+  is missing and this attempt wrote its resume point.
 """
 
 from __future__ import annotations
