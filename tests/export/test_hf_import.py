@@ -16,7 +16,8 @@ from pipeline_lib.config import Config
 from pipeline_lib.errors import ConfigError, DataError, UsageError
 from pipeline_lib.evaluate.loading import load_for_eval
 from pipeline_lib.export.hf_import import import_checkpoint, unpermute_rows
-from pipeline_lib.export.hf_layout import layer_choice, source_arch
+from pipeline_lib.export.hf_layout import layer_choice
+from pipeline_lib.export.pretrained_source import source_arch
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +289,11 @@ def test_gguf_tensor_names_are_read_from_the_header_alone(llama, tmp_path):
 
     _, hf = llama
     path = write_tiny_gguf(hf, tmp_path / "tiny.gguf")
-    fields, names = read_gguf_header(path, tensor_names=True)
-    assert names == [t.name for t in gguf.GGUFReader(str(path)).tensors]
-    assert "output.weight" in names and fields["llama.block_count"] == 4
+    header = read_gguf_header(path, tensors=True)
+    theirs = gguf.GGUFReader(str(path)).tensors
+    assert [t.name for t in header.tensors] == [t.name for t in theirs]
+    assert [t.dims for t in header.tensors] == [tuple(map(int, t.shape)) for t in theirs]
+    assert [header.data_start + t.offset for t in header.tensors] == [
+        int(t.data_offset) for t in theirs]
+    assert "output.weight" in {t.name for t in header.tensors}
+    assert header.fields["llama.block_count"] == 4

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..errors import ConfigError
     from ..export.hf_import import import_checkpoint
-    from ..export.hf_layout import layer_choice, source_arch
+    from ..export.hf_layout import layer_choice
+    from ..export.pretrained_source import source_arch
 
     if args.loops < 1:
         raise ConfigError(f"--loops {args.loops} must be at least 1")

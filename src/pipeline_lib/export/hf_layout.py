@@ -1,8 +1,8 @@
 """What loopline knows of Hugging Face Llama-family checkpoints, in one table (import side).
 
-Torch-free and cheap: the Snakefile reads a source's architecture through this module on
-every call (a ``model.init_from`` run derives its model section from it). The weights
-themselves are read by :mod:`.hf_import`.
+Torch-free and cheap: the Snakefile plans a ``model.init_from`` run from these tables on
+every call. A source is read and checked by :mod:`.pretrained_source` (its config by
+:mod:`.source_config`); the weights themselves are loaded by :mod:`.hf_import`.
 
 Sources: a Hugging Face model directory (``config.json`` + safetensors, sharded or not) or a
 GGUF file (metadata read by the ``gguf`` package). Supported: ``LlamaForCausalLM``
@@ -25,14 +25,13 @@ Conventions, and where each is handled:
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
@@ -89,141 +88,36 @@ class SourceArch:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict[str, Any]  # {} or HF's rope_scaling / rope_parameters (llama3, linear)
-    tie_embeddings: bool
+    tie_embeddings: bool  # no separate output head: the embedding is the head
     max_positions: int
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # Mistral: attention reaches this many tokens back
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.heads
 
 
-def source_arch(source: str | Path) -> SourceArch:
-    """The architecture of ``source`` (an HF model directory or a GGUF file), read cheaply.
-
-    Raises :class:`DataError` for a missing source, an unsupported architecture (naming the
-    supported ones) or a config loopline cannot express.
-    """
-    source = Path(source).expanduser()
-    if not source.exists():
-        raise DataError(f"model source {source} does not exist; pass a Hugging Face model "
-                        "directory (config.json + *.safetensors) or a .gguf file")
-    if is_gguf(source):
-        arch = _gguf_arch(source)
-    elif source.is_dir():
-        arch = _hf_arch(source)
-    else:
-        raise DataError(f"model source {source} is neither a directory nor a .gguf file; pass "
-                        "a Hugging Face model directory or a GGUF file")
-    _check_expressible(arch, source)
-    return arch
-
-
-def _hf_arch(directory: Path) -> SourceArch:
-    path = directory / CONFIG_JSON
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"model source {directory} has no {CONFIG_JSON}; pass a Hugging Face "
-                        "model directory (save_pretrained writes one)") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path} is not readable JSON ({exc}); re-download the model") from None
-    archs = config.get("architectures") or [config.get("model_type", "?")]
-    arch = str(archs[0])
-    _check_architecture(arch, path)
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = rope.pop("rope_theta", None) or config.get("rope_theta") or 10000.0
-    heads = int(config["num_attention_heads"])
-    hidden = int(config["hidden_size"])
-    _check_hf_options(config, path, hidden // heads)
-    return SourceArch(
-        architecture=arch, vocab_size=int(config["vocab_size"]), hidden_size=hidden,
-        layers=int(config["num_hidden_layers"]), heads=heads,
-        kv_heads=int(config.get("num_key_value_heads") or heads),
-        intermediate_size=int(config["intermediate_size"]),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
-        rope_scaling=_rope_scaling(rope, path), tie_embeddings=bool(
-            config.get("tie_word_embeddings", False)),
-        max_positions=int(config.get("max_position_embeddings", 2048)),
-        sliding_window=config.get("sliding_window"))
-
-
-def _check_hf_options(config: Mapping[str, Any], path: Path, head_dim: int) -> None:
-    """Options of the HF config that loopline's blocks cannot express."""
-    if config.get("hidden_act", "silu") != "silu":
-        raise DataError(f"{path}: hidden_act = {config['hidden_act']!r}; loopline's FFN is "
-                        "SwiGLU (silu) only")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise DataError(f"{path}: {key} = true; loopline's projections have no biases")
-    if config.get("head_dim") not in (None, head_dim):
-        raise DataError(f"{path}: head_dim = {config['head_dim']} differs from hidden_size / "
-                        f"num_attention_heads = {head_dim}; loopline derives it, so such "
-                        "models are not supported")
-
-
-def _rope_scaling(rope: Mapping[str, Any], path: Path) -> dict[str, Any]:
-    kind = rope.get("rope_type") or rope.get("type") or "default"
-    if kind == "default":
-        return {}
-    if kind not in ("llama3", "linear"):
-        raise DataError(f"{path}: RoPE scaling {kind!r} is not supported; loopline reads "
-                        "'llama3' and 'linear'")
-    return {"rope_type": kind, **{k: v for k, v in rope.items() if k not in ("rope_type", "type")}}
-
-
-def _check_architecture(arch: str, where: Any) -> None:
-    if arch in SUPPORTED_ARCHITECTURES:
-        return
-    why = f" ({REFUSED[arch]})" if arch in REFUSED else ""
-    raise DataError(f"{where}: architecture {arch!r} is not supported{why}; loopline imports "
-                    f"{', '.join(SUPPORTED_ARCHITECTURES)}")
-
-
-def _gguf_arch(path: Path) -> SourceArch:
-    from ..data.gguf_metadata import read_gguf_header
-
-    fields, tensor_names = read_gguf_header(path, tensor_names=True)
-    name = str(fields.get("general.architecture", "?"))
-    if name not in GGUF_ARCHITECTURES:
-        raise DataError(f"{path}: GGUF architecture {name!r} is not supported; loopline imports "
-                        f"{', '.join(sorted(GGUF_ARCHITECTURES))} GGUF files")
-    arch = GGUF_ARCHITECTURES[name]
-
-    def key(k: str, default: Any = None) -> Any:
-        value = fields.get(f"{name}.{k}", default)
-        if value is None:
-            raise DataError(f"{path}: GGUF metadata lacks {name}.{k}; the file is incomplete")
-        return value
-
-    heads = int(key("attention.head_count"))
-    hidden = int(key("embedding_length"))
-    tokens = fields.get("tokenizer.ggml.tokens")
-    vocab = fields.get(f"{name}.vocab_size") or getattr(tokens, "length", 0)
-    rope: dict[str, Any] = {}
-    if fields.get(f"{name}.rope.scaling.type") == "linear":
-        rope = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
-    if int(fields.get(f"{name}.rope.dimension_count", hidden // heads)) != hidden // heads:
-        raise DataError(f"{path}: rope.dimension_count differs from the head width; partial "
-                        "rotary embeddings are not supported")
-    return SourceArch(
-        architecture=arch, vocab_size=int(vocab), hidden_size=hidden,
-        layers=int(key("block_count")), heads=heads,
-        kv_heads=int(fields.get(f"{name}.attention.head_count_kv") or heads),
-        intermediate_size=int(key("feed_forward_length")),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(fields.get(f"{name}.rope.freq_base", 10000.0)), rope_scaling=rope,
-        tie_embeddings="output.weight" not in tensor_names,
-        max_positions=int(fields.get(f"{name}.context_length", 2048)))
-
-
-def _check_expressible(arch: SourceArch, source: Path) -> None:
-    if arch.heads % arch.kv_heads:
-        raise DataError(f"{source}: {arch.heads} attention heads are not a multiple of "
-                        f"{arch.kv_heads} key/value heads; the checkpoint is malformed")
-    if arch.hidden_size % arch.heads or arch.head_dim % 2:
-        raise DataError(f"{source}: hidden size {arch.hidden_size} / {arch.heads} heads is not "
-                        "an even integer head width; loopline's RoPE needs one")
+def source_tensor_shapes(arch: SourceArch, gguf: bool) -> dict[str, tuple[int, ...]]:
+    """Every tensor a source of ``arch`` must hold (its names in the source, HF or GGUF)
+    with the shape its config implies, in torch order ([out, in]; GGUF dims reversed)."""
+    d, hd, ffn = arch.hidden_size, arch.head_dim, arch.intermediate_size
+    q, kv = arch.heads * hd, arch.kv_heads * hd
+    block = {"input_layernorm.weight": (d,), "self_attn.q_proj.weight": (q, d),
+             "self_attn.k_proj.weight": (kv, d), "self_attn.v_proj.weight": (kv, d),
+             "self_attn.o_proj.weight": (d, q), "post_attention_layernorm.weight": (d,),
+             "mlp.gate_proj.weight": (ffn, d), "mlp.up_proj.weight": (ffn, d),
+             "mlp.down_proj.weight": (d, ffn)}
+    top = {"model.embed_tokens.weight": (arch.vocab_size, d), "model.norm.weight": (d,),
+           "lm_head.weight": (arch.vocab_size, d)}
+    pick = 1 if gguf else 0
+    out = {names[pick]: top[names[0]] for ours, names in TOP_TENSORS.items()
+           if not (ours == "head.weight" and arch.tie_embeddings)}
+    prefix = gguf_block_prefix if gguf else hf_block_prefix
+    for hf_names, gguf_names in BLOCK_TENSORS.values():
+        for hf_name, gguf_name in zip(hf_names, gguf_names, strict=True):
+            for layer in range(arch.layers):
+                out[prefix(layer) + (gguf_name if gguf else hf_name)] = block[hf_name]
+    return out
 
 
 # --------------------------------------------------------------------------- layer choice
@@ -314,11 +208,10 @@ def model_fields(arch: SourceArch, choice: LayerChoice) -> dict[str, Any]:
         "tie_embeddings": arch.tie_embeddings, **choice.counts(),
         "rope_scaling": rope.get("rope_type", "none"),
     }
-    if rope:
-        fields["rope_scaling_factor"] = float(rope.get("factor", 1.0))
+    if rope:  # every key checked present by .source_config (as transformers requires)
+        fields["rope_scaling_factor"] = rope["factor"]
     if rope.get("rope_type") == "llama3":
-        fields.update(rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-                      rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-                      rope_original_max_position=int(rope.get(
-                          "original_max_position_embeddings", 8192)))
+        fields.update(rope_low_freq_factor=rope["low_freq_factor"],
+                      rope_high_freq_factor=rope["high_freq_factor"],
+                      rope_original_max_position=rope["original_max_position_embeddings"])
     return fields

@@ -1,0 +1,229 @@
+"""The config of a pretrained source as a typed view, each key read and checked once.
+
+An HF directory's ``config.json`` or a GGUF file's metadata becomes a
+:class:`~.hf_layout.SourceArch`. Every value loopline uses passes one checked accessor of
+:class:`SourceKeys`, so a missing key or a value of the wrong type or range is one
+:class:`~pipeline_lib.errors.DataError` naming the file and its key
+(``…/config.json: num_attention_heads = 0 must be an integer >= 1; …``): never a bare
+``KeyError`` or ``ZeroDivisionError``, and never an error under loopline's ``model.*`` keys,
+which the user did not set. Options whose meaning transformers gives and loopline's blocks
+cannot reproduce are refused here too (see docs/pretrained.md). Torch-free: the planner
+reads a source through this on every Snakemake call. The tensors are checked by
+:mod:`.pretrained_source`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ..errors import DataError
+from .hf_layout import (
+    CONFIG_JSON,
+    GGUF_ARCHITECTURES,
+    REFUSED,
+    SUPPORTED_ARCHITECTURES,
+    SourceArch,
+)
+
+_REQUIRED = object()
+DAMAGED = "the file is damaged or not a Llama or Mistral config; download the model again"
+MISTRAL_WINDOW = 4096  # transformers' MistralConfig.sliding_window when config.json has none
+
+
+class SourceKeys:
+    """Checked reads of a source's config: ``where`` is the file, ``prefix`` the keys' own
+    prefix (``llama.`` for GGUF metadata, ``rope_parameters.`` for a nested object)."""
+
+    def __init__(self, values: Mapping[str, Any], where: Path | str, prefix: str = ""):
+        self.values, self.where, self.prefix = values, where, prefix
+
+    def fail(self, key: str, value: Any, problem: str, fix: str = DAMAGED) -> NoReturn:
+        raise DataError(f"{self.where}: {self.prefix}{key} = {value!r} {problem}; {fix}")
+
+    def raw(self, key: str, default: Any = _REQUIRED) -> Any:
+        """The value (``None`` = absent); ``default`` when absent, missing without one."""
+        value = self.values.get(self.prefix + key)
+        if value is None:
+            if default is _REQUIRED:
+                raise DataError(f"{self.where}: {self.prefix}{key} is missing; {DAMAGED}")
+            return default
+        return value
+
+    def _checked(self, key: str, default: Any, ok: Any, problem: str) -> Any:
+        """The value if ``ok(value)``, the default (trusted, unchecked) when absent."""
+        if self.values.get(self.prefix + key) is None:
+            return self.raw(key, default)
+        value = self.values[self.prefix + key]
+        if not ok(value):
+            self.fail(key, value, problem)
+        return value
+
+    def integer(self, key: str, default: Any = _REQUIRED, *, minimum: int = 1) -> Any:
+        return self._checked(key, default, lambda v: isinstance(v, int) and not isinstance(
+            v, bool) and v >= minimum, f"must be an integer >= {minimum}")
+
+    def number(self, key: str, default: Any = _REQUIRED) -> Any:
+        """A finite number > 0 (as a float)."""
+        value = self._checked(key, default, lambda v: isinstance(v, int | float) and not
+                              isinstance(v, bool) and math.isfinite(v) and v > 0,
+                              "must be a finite number > 0")
+        return None if value is None else float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        return self._checked(key, default, lambda v: isinstance(v, bool), "must be true or false")
+
+    def text(self, key: str, default: Any = _REQUIRED) -> Any:
+        return self._checked(key, default, lambda v: isinstance(v, str), "must be a string")
+
+
+# --------------------------------------------------------------------------- config.json
+
+
+def read_config_json(directory: Path) -> dict[str, Any]:
+    path = directory / CONFIG_JSON
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"model source {directory} has no {CONFIG_JSON}; pass a Hugging Face "
+                        "model directory (save_pretrained writes one)") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} is not readable JSON ({str(exc).splitlines()[0]}); download "
+                        "the model again") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{path} holds a JSON {type(config).__name__}, not an object; "
+                        f"{DAMAGED}")
+    return config
+
+
+def hf_arch(directory: Path) -> SourceArch:
+    """The architecture in ``directory/config.json``, every key checked (transformers'
+    defaults where it has them: Mistral's 4096-token sliding window, RoPE θ 10 000)."""
+    config = read_config_json(directory)
+    keys = SourceKeys(config, directory / CONFIG_JSON)
+    archs = config.get("architectures") or [config.get("model_type", "?")]
+    arch = str(archs[0]) if isinstance(archs, list) else "?"
+    check_architecture(arch, keys.where)
+    hidden, heads = keys.integer("hidden_size"), keys.integer("num_attention_heads")
+    kv_heads = keys.integer("num_key_value_heads", heads)
+    check_heads(keys, ("hidden_size", "num_attention_heads", "num_key_value_heads"),
+                hidden, heads, kv_heads)
+    _check_hf_options(keys, hidden // heads)
+    theta, rope = _hf_rope(keys)
+    window = None
+    if arch == "MistralForCausalLM":
+        window = keys.integer("sliding_window", None) if "sliding_window" in config else (
+            MISTRAL_WINDOW)
+    return SourceArch(
+        architecture=arch, vocab_size=keys.integer("vocab_size"), hidden_size=hidden,
+        layers=keys.integer("num_hidden_layers"), heads=heads, kv_heads=kv_heads,
+        intermediate_size=keys.integer("intermediate_size"),
+        rms_norm_eps=keys.number("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=rope,
+        tie_embeddings=keys.flag("tie_word_embeddings", False),
+        max_positions=keys.integer("max_position_embeddings", 2048), sliding_window=window)
+
+
+def _check_hf_options(keys: SourceKeys, head_dim: int) -> None:
+    """Options of the HF config that loopline's blocks cannot express."""
+    act = keys.text("hidden_act", "silu")
+    if act != "silu":
+        keys.fail("hidden_act", act, "is not supported", "loopline's FFN is SwiGLU (silu) only")
+    for key in ("attention_bias", "mlp_bias"):
+        if keys.flag(key, False):
+            keys.fail(key, True, "is not supported", "loopline's projections have no biases")
+    if keys.raw("head_dim", head_dim) != head_dim:
+        keys.fail("head_dim", keys.raw("head_dim"), "differs from hidden_size / "
+                  f"num_attention_heads = {head_dim}", "loopline derives the head width, so "
+                  "such models are not supported")
+
+
+def _hf_rope(keys: SourceKeys) -> tuple[float, dict[str, Any]]:
+    """(θ, scaling) from ``rope_parameters`` (transformers 5) or ``rope_scaling``; a scaling
+    lacking a key transformers requires is refused as transformers refuses it."""
+    name = "rope_parameters" if keys.values.get("rope_parameters") else "rope_scaling"
+    rope = keys.raw(name, {})
+    if not isinstance(rope, dict):
+        keys.fail(name, rope, "must be an object")
+    nested = SourceKeys(rope, keys.where, f"{name}.")
+    theta = nested.number("rope_theta", None) or keys.number("rope_theta", 10000.0)
+    for where in (keys, nested):
+        if where.raw("partial_rotary_factor", 1.0) != 1.0:
+            where.fail("partial_rotary_factor", where.raw("partial_rotary_factor"),
+                       "is not supported", "loopline rotates the whole head")
+    kind = nested.text("rope_type", None) or nested.text("type", "default")
+    if kind == "default":
+        return theta, {}
+    if kind not in ("llama3", "linear"):
+        nested.fail("rope_type", kind, "is not supported", "loopline reads RoPE scaling "
+                    "'llama3' and 'linear'")
+    out: dict[str, Any] = {"rope_type": kind, "factor": nested.number("factor")}
+    if kind == "llama3":
+        out.update(low_freq_factor=nested.number("low_freq_factor"),
+                   high_freq_factor=nested.number("high_freq_factor"),
+                   original_max_position_embeddings=nested.integer(
+                       "original_max_position_embeddings"))
+        if out["high_freq_factor"] <= out["low_freq_factor"]:
+            nested.fail("high_freq_factor", out["high_freq_factor"], "must exceed "
+                        f"low_freq_factor = {out['low_freq_factor']} (llama3 scaling)")
+    return theta, out
+
+
+def check_architecture(arch: str, where: Any) -> None:
+    if arch in SUPPORTED_ARCHITECTURES:
+        return
+    why = f" ({REFUSED[arch]})" if arch in REFUSED else ""
+    raise DataError(f"{where}: architecture {arch!r} is not supported{why}; loopline imports "
+                    f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+
+
+def check_heads(keys: SourceKeys, names: tuple[str, str, str], hidden: int, heads: int,
+                kv_heads: int) -> None:
+    """Heads a multiple of the key/value heads, an even integer head width (loopline's RoPE);
+    ``names``: the source's keys of hidden size, heads and key/value heads."""
+    if heads % kv_heads:
+        keys.fail(names[1], heads, f"is not a multiple of {keys.prefix}{names[2]} = {kv_heads}")
+    if hidden % heads or (hidden // heads) % 2:
+        keys.fail(names[0], hidden, f"/ {keys.prefix}{names[1]} = {heads} is not an even "
+                  "integer head width", "loopline's RoPE needs one; such models are not "
+                  "supported")
+
+
+# --------------------------------------------------------------------------- GGUF metadata
+
+
+def gguf_arch(path: Path, fields: Mapping[str, Any], tensor_names: set[str]) -> SourceArch:
+    """The architecture in a GGUF file's metadata (``fields``), every key checked."""
+    name = fields.get("general.architecture", "?")
+    if name not in GGUF_ARCHITECTURES:
+        raise DataError(f"{path}: GGUF architecture {name!r} is not supported; loopline imports "
+                        f"{', '.join(sorted(GGUF_ARCHITECTURES))} GGUF files")
+    keys = SourceKeys(fields, path, f"{name}.")
+    hidden, heads = keys.integer("embedding_length"), keys.integer("attention.head_count")
+    kv_heads = keys.integer("attention.head_count_kv", heads)
+    check_heads(keys, ("embedding_length", "attention.head_count", "attention.head_count_kv"),
+                hidden, heads, kv_heads)
+    if keys.integer("rope.dimension_count", hidden // heads) != hidden // heads:
+        keys.fail("rope.dimension_count", keys.raw("rope.dimension_count"), "differs from the "
+                  f"head width {hidden // heads}", "partial rotary embeddings are not supported")
+    rope: dict[str, Any] = {}
+    kind = keys.text("rope.scaling.type", "none")
+    if kind == "linear":
+        rope = {"rope_type": "linear", "factor": keys.number("rope.scaling.factor")}
+    elif kind != "none":
+        keys.fail("rope.scaling.type", kind, "is not supported", "loopline reads linear "
+                  "RoPE scaling from GGUF; import the Hugging Face directory instead")
+    tokens = fields.get("tokenizer.ggml.tokens")
+    vocab = keys.integer("vocab_size", getattr(tokens, "length", None))
+    if vocab is None:
+        keys.raw("vocab_size")  # neither the key nor a token list: missing
+    return SourceArch(
+        architecture=GGUF_ARCHITECTURES[name], vocab_size=vocab, hidden_size=hidden,
+        layers=keys.integer("block_count"), heads=heads, kv_heads=kv_heads,
+        intermediate_size=keys.integer("feed_forward_length"),
+        rms_norm_eps=keys.number("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=keys.number("rope.freq_base", 10000.0), rope_scaling=rope,
+        tie_embeddings="output.weight" not in tensor_names,
+        max_positions=keys.integer("context_length", 2048))
