@@ -274,7 +274,8 @@ def test_init_from_refuses_rows_longer_than_a_mistral_window(llama, tmp_path):
     config = json.loads((source / "config.json").read_text())
     config.update(architectures=["MistralForCausalLM"], sliding_window=64)
     (mistral / "config.json").write_text(json.dumps(config))
-    (mistral / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+    for name in ("tokenizer.json", "model.safetensors"):
+        (mistral / name).write_bytes((source / name).read_bytes())
     cfg = _init_config(mistral, {"type": "file", "path": str(mistral)})
     with pytest.raises(ConfigError, match="sliding window"):
         resolve_init_from(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seq_len=128)))

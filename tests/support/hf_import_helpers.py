@@ -63,10 +63,12 @@ def _permute_like_llama_cpp(weight: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "") -> Path:
+def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "",
+                    extra: dict[str, np.ndarray] | None = None) -> Path:
     """``model`` (a transformers Llama) as a GGUF file: llama.cpp's names, permuted q/k rows,
     F32 (or F16) tensors and the tokenizer metadata of the byte-level tokenizer; the tensor
-    named ``q8_1`` is stored as Q8_1 blocks (zeros), which the gguf package cannot dequantize."""
+    named ``q8_1`` is stored as Q8_1 blocks (zeros), which the gguf package cannot dequantize;
+    ``extra``: more tensors, by GGUF name."""
     import gguf
 
     cfg = model.config
@@ -116,6 +118,8 @@ def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "") -> 
             writer.add_tensor(gguf_name, raw, raw_dtype=gguf.GGMLQuantizationType.Q8_1)
             continue
         writer.add_tensor(gguf_name, np.ascontiguousarray(array))
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -31,6 +31,7 @@ from .hf_layout import (
 
 _REQUIRED = object()
 DAMAGED = "the file is damaged or not a Llama or Mistral config; download the model again"
+LLAMA3_KEYS = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 MISTRAL_WINDOW = 4096  # transformers' MistralConfig.sliding_window when config.json has none
 
 
@@ -147,7 +148,7 @@ def _hf_rope(keys: SourceKeys) -> tuple[float, dict[str, Any]]:
     rope = keys.raw(name, {})
     if not isinstance(rope, dict):
         keys.fail(name, rope, "must be an object")
-    nested = SourceKeys(rope, keys.where, f"{name}.")
+    nested = SourceKeys({f"{name}.{k}": v for k, v in rope.items()}, keys.where, f"{name}.")
     theta = nested.number("rope_theta", None) or keys.number("rope_theta", 10000.0)
     for where in (keys, nested):
         if where.raw("partial_rotary_factor", 1.0) != 1.0:
@@ -159,6 +160,12 @@ def _hf_rope(keys: SourceKeys) -> tuple[float, dict[str, Any]]:
     if kind not in ("llama3", "linear"):
         nested.fail("rope_type", kind, "is not supported", "loopline reads RoPE scaling "
                     "'llama3' and 'linear'")
+    required = ("factor",) + (LLAMA3_KEYS if kind == "llama3" else ())
+    for key in required:  # transformers refuses a scaling without these; so does loopline
+        if rope.get(key) is None:
+            raise DataError(f"{keys.where}: {name}.{key} is missing for RoPE scaling {kind!r}, "
+                            "which transformers refuses too; add it (the model card gives the "
+                            "value) or use a complete config.json")
     out: dict[str, Any] = {"rope_type": kind, "factor": nested.number("factor")}
     if kind == "llama3":
         out.update(low_freq_factor=nested.number("low_freq_factor"),

@@ -1,0 +1,206 @@
+"""A damaged or odd pretrained source is one line, before any work (issue 29, classes 1–2).
+
+``import-hf`` and the planner read a source through one validated reader
+(:mod:`pipeline_lib.export.pretrained_source`): each case damages a tiny Llama saved by
+transformers (or the SmolLM2 GGUF) the way a failed download or a hand edit would, runs
+the real command and expects exit 2, exactly one ``error:`` line naming the file and the key
+or tensor, no traceback, and nothing written. Values that fail validation are named under
+the source's file and key, never under loopline's ``model.*`` keys. A Snakemake dry run with
+``model.init_from`` at a damaged source fails the same way, at planning time. Configs that
+transformers reads differently from loopline, or refuses, are refused in one line too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support.hf_import_helpers import save_tiny_llama
+from support.rel_messages import TINY, assert_one_line_error, entries, run_snakemake, write_yaml
+
+from pipeline_lib.cli import main
+from pipeline_lib.data.tokenizer_files import smollm2_gguf_path
+from pipeline_lib.export.pretrained_source import source_arch
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """A tiny Llama in one safetensors file (``llama``) and in seven shards (``sharded``)."""
+    root = tmp_path_factory.mktemp("sources")
+    save_tiny_llama(root / "llama")
+    save_tiny_llama(root / "sharded", max_shard_size="100KB")
+    return root
+
+
+def _source(pristine: Path, tmp_path: Path, kind: str = "llama", **config: object) -> Path:
+    """A copy of a pristine source with ``config.json`` keys set (``None``: removed)."""
+    source = tmp_path / "source"
+    shutil.copytree(pristine / kind, source)
+    data = json.loads((source / "config.json").read_text())
+    for key, value in config.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    (source / "config.json").write_text(json.dumps(data))
+    return source
+
+
+def _truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(size)
+
+
+def _overwrite(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+
+
+def _import_fails(tmp_path: Path, capsys, source: Path, *fragments: str, extra=()) -> str:
+    """``import-hf`` of ``source`` exits 2 with one ``error:`` line holding ``fragments``
+    and writes nothing (no ``--out``, no hidden sibling, the source unchanged)."""
+    before = {p: p.stat().st_mtime_ns for p in source.rglob("*")} if source.is_dir() else {}
+    code = main(["import-hf", "--source", str(source), "--out", str(tmp_path / "snap"),
+                 *extra])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert not re.search(r"\bmodel\.\w+ =", lines[0]), lines[0]  # never loopline's keys
+    assert entries(tmp_path) == sorted(p.name for p in tmp_path.iterdir()
+                                       if p.name in ("source", "source.gguf"))
+    assert before == ({p: p.stat().st_mtime_ns for p in source.rglob("*")}
+                      if source.is_dir() else {})
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- class 1: damaged
+
+
+DAMAGE: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
+    "truncated safetensors": ("llama", lambda s: _truncate(s / "model.safetensors", 300_000),
+                              ("model.safetensors is truncated", "tensor model.layers.")),
+    "empty safetensors": ("llama", lambda s: _truncate(s / "model.safetensors", 0),
+                          ("model.safetensors is empty",)),
+    "header not JSON": ("llama", lambda s: _overwrite(s / "model.safetensors", 8, b"#" * 12),
+                        ("model.safetensors: its header is not valid JSON",)),
+    "shard the index names is missing": (
+        "sharded", lambda s: (s / "model-00003-of-00007.safetensors").unlink(),
+        ("model.safetensors.index.json: weight_map puts", "model-00003-of-00007.safetensors",
+         "missing")),
+    "weights of another shape": (
+        "llama", lambda s: _set(s, intermediate_size=128),
+        ("model.safetensors: tensor model.layers.0.mlp.gate_proj.weight has shape [96, 64]",
+         "config.json implies [128, 64]")),
+}
+
+
+def _set(source: Path, **config: object) -> None:
+    data = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**data, **config}))
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_damaged_weight_file_is_one_line_naming_it(pristine, tmp_path, capsys, case):
+    kind, damage, fragments = DAMAGE[case]
+    source = _source(pristine, tmp_path, kind)
+    damage(source)
+    _import_fails(tmp_path, capsys, source, *fragments)
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ({"num_attention_heads": None}, "config.json: num_attention_heads is missing"),
+    ({"num_attention_heads": 0}, "config.json: num_attention_heads = 0 must be an integer"),
+    ({"num_key_value_heads": -2}, "config.json: num_key_value_heads = -2 must be an integer"),
+    ({"num_key_value_heads": 3}, "config.json: num_attention_heads = 4 is not a multiple of "
+                                 "num_key_value_heads = 3"),
+    ({"num_hidden_layers": 0}, "config.json: num_hidden_layers = 0 must be an integer"),
+    ({"hidden_size": "64"}, "config.json: hidden_size = '64' must be an integer"),
+    ({"rms_norm_eps": -1e-5}, "config.json: rms_norm_eps = -1e-05 must be a finite number"),
+    ({"tie_word_embeddings": "yes"}, "config.json: tie_word_embeddings = 'yes' must be true"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+     "config.json: rope_parameters.rope_theta = 0 must be a finite number"),
+])
+def test_a_bad_config_value_is_named_under_the_source_file_and_key(pristine, tmp_path, capsys,
+                                                                   config, fragment):
+    _import_fails(tmp_path, capsys, _source(pristine, tmp_path, **config), fragment)
+
+
+def test_a_gguf_truncated_inside_its_tensor_data_is_one_line(tmp_path, capsys):
+    gguf = tmp_path / "source.gguf"
+    with open(smollm2_gguf_path(), "rb") as src, open(gguf, "wb") as dst:
+        dst.write(src.read(60_000_000))  # of 98 MB: the header is whole, the data is not
+    _import_fails(tmp_path, capsys, gguf, "source.gguf is truncated: tensor blk.")
+
+
+@pytest.mark.slow
+def test_snakemake_dry_run_refuses_a_damaged_init_source(pristine, tmp_path):
+    """The planner reads the source with the same reader: the dry run fails with the line
+    (it passed, and the import_init job died with a SafetensorError traceback)."""
+    source = _source(pristine, tmp_path)
+    _truncate(source / "model.safetensors", 300_000)
+    work = tmp_path / "work"
+    work.mkdir()
+    extra = write_yaml(tmp_path / "init.yaml", {
+        "data": {"tokenizer": {"type": "file", "path": str(source)}, "seq_len": 32},
+        "model": {"init_from": {"source": str(source)}}})
+    result = run_snakemake(work, "--configfile", TINY, extra)
+    assert_one_line_error(result, f"{source}/model.safetensors is truncated")
+    assert entries(work) in ([], [".snakemake"])
+
+
+# --------------------------------------------------------------------------- class 2: odd
+
+
+def test_linear_rope_without_its_factor_is_refused_as_transformers_refuses_it(
+        pristine, tmp_path, capsys):
+    source = _source(pristine, tmp_path, rope_parameters={"rope_type": "linear",
+                                                          "rope_theta": 10000.0})
+    _import_fails(tmp_path, capsys, source, "config.json: rope_parameters.factor is missing",
+                  "'linear'")
+
+
+def test_llama3_rope_without_its_frequency_factors_is_refused(pristine, tmp_path, capsys):
+    source = _source(pristine, tmp_path, rope_scaling={"type": "llama3", "factor": 8.0},
+                     rope_parameters=None)
+    _import_fails(tmp_path, capsys, source, "config.json: rope_scaling.low_freq_factor is "
+                  "missing")
+
+
+def test_import_hf_refuses_rows_longer_than_a_mistral_window(pristine, tmp_path, capsys):
+    """The default data.seq_len (128) over a 64-token window: refused by import-hf as by the
+    planner (it imported, and logits diverged past position 64); within it, imported."""
+    source = _source(pristine, tmp_path, architectures=["MistralForCausalLM"],
+                     model_type="mistral", sliding_window=64)
+    _import_fails(tmp_path, capsys, source, "data.seq_len = 128 exceeds the sliding window",
+                  "sliding_window = 64")
+    assert main(["import-hf", "--source", str(source), "--out", str(tmp_path / "snap"),
+                 "data.seq_len=64"]) == 0
+
+
+def test_a_mistral_without_sliding_window_has_transformers_default_window(pristine, tmp_path):
+    source = _source(pristine, tmp_path, architectures=["MistralForCausalLM"],
+                     model_type="mistral", sliding_window=None)
+    assert source_arch(source).sliding_window == 4096  # MistralConfig's default
+    explicit_none = _source(pristine, tmp_path / "b", architectures=["MistralForCausalLM"])
+    _set(explicit_none, sliding_window=None)
+    assert source_arch(explicit_none).sliding_window is None
+
+
+def test_a_gguf_with_llama31_frequency_factors_is_refused(pristine, tmp_path, capsys):
+    """llama.cpp stores Llama 3.1's RoPE scaling as a rope_freqs tensor, which the import
+    would silently ignore."""
+    import numpy as np
+    from support.hf_import_helpers import write_tiny_gguf
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(pristine / "llama")
+    path = write_tiny_gguf(model, tmp_path / "source.gguf",
+                           extra={"rope_freqs.weight": np.ones(8, dtype=np.float32)})
+    _import_fails(tmp_path, capsys, path, "source.gguf: tensor rope_freqs.weight")
