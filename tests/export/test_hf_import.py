@@ -70,7 +70,31 @@ def sharded_mistral(tmp_path_factory):
     return root, model
 
 
-@pytest.mark.parametrize("fixture", ["llama", "tied_llama3", "sharded_mistral"])
+@pytest.fixture(scope="module")
+def tied_config_with_head(tmp_path_factory):
+    """config.json says tie_word_embeddings, yet the weights hold a trained lm_head:
+    transformers keeps that head (it ties only equal ones), and is the reference as loaded."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("tied_with_head")
+    save_tiny_llama(root, seed=3)
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    hf = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32).eval()
+    assert not torch.equal(hf.lm_head.weight, hf.model.embed_tokens.weight)
+    return root, hf
+
+
+@pytest.fixture(scope="module")
+def linear_rope(tmp_path_factory):
+    """RoPE with linear scaling (factor 2)."""
+    root = tmp_path_factory.mktemp("linear_rope")
+    rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    return root, save_tiny_llama(root, seed=4, rope_parameters=rope)
+
+
+@pytest.mark.parametrize("fixture", ["llama", "tied_llama3", "sharded_mistral",
+                                     "tied_config_with_head", "linear_rope"])
 def test_whole_model_at_one_loop_gives_the_hf_logits(request, tmp_path, fixture):
     source, hf = request.getfixturevalue(fixture)
     _, model = _import(source, tmp_path / "snap")
@@ -78,6 +102,19 @@ def test_whole_model_at_one_loop_gives_the_hf_logits(request, tmp_path, fixture)
     with torch.no_grad():
         theirs = hf(IDS).logits
     assert _scale_close(ours, theirs) <= 1e-4
+
+
+def test_a_mistral_within_its_sliding_window_gives_the_hf_logits(tmp_path):
+    """Rows no longer than the window (data.seq_len = 16, the window's size): exact."""
+    hf = save_tiny_llama(tmp_path / "src", seed=5, mistral=True, sliding_window=16)
+    arch = source_arch(tmp_path / "src")
+    assert arch.sliding_window == 16
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seq_len=16))
+    import_checkpoint(tmp_path / "src", tmp_path / "snap", cfg, layer_choice(arch.layers))
+    model = load_for_eval(tmp_path / "snap").model
+    with torch.no_grad():
+        assert _scale_close(model.logits_at(IDS, 1), hf(IDS).logits) <= 1e-4
 
 
 def test_packed_rows_give_each_documents_own_hf_logits(llama, tmp_path):
