@@ -14,8 +14,10 @@ embedding are new and start from the seeded init. With every layer in order and 
 additive injection with λ = 1 and a zero initial state, the snapshot IS the source model
 (the exactness tests compare logits against transformers).
 
-Everything is checked before anything is written; the snapshot is built in a hidden sibling
-and renamed (see :func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`).
+Everything is checked before anything is written: the source by the one validated reader
+(:func:`~.pretrained_source.read_source`: config keys, every tensor header and size, the
+shapes the config implies), which the planner runs too; the snapshot is built in a hidden
+sibling and renamed (see :func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`).
 """
 
 from __future__ import annotations
