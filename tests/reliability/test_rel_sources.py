@@ -193,14 +193,21 @@ def test_a_mistral_without_sliding_window_has_transformers_default_window(pristi
     assert source_arch(explicit_none).sliding_window is None
 
 
-def test_a_gguf_with_llama31_frequency_factors_is_refused(pristine, tmp_path, capsys):
-    """llama.cpp stores Llama 3.1's RoPE scaling as a rope_freqs tensor, which the import
-    would silently ignore."""
+@pytest.mark.parametrize("extra, fragment", [
+    ({"tensors": {"rope_freqs.weight": "ones"}}, "source.gguf: tensor rope_freqs.weight"),
+    ({"strings": {"llama.rope.scaling.type": "yarn"}},
+     "source.gguf: llama.rope.scaling.type = 'yarn' is not supported"),
+])
+def test_a_gguf_rope_scaling_the_import_would_ignore_is_refused(pristine, tmp_path, capsys,
+                                                                extra, fragment):
+    """llama.cpp stores Llama 3.1's RoPE scaling as a rope_freqs tensor, and others as
+    rope.scaling.type: the import read neither (it imported an unscaled model)."""
     import numpy as np
     from support.hf_import_helpers import write_tiny_gguf
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(pristine / "llama")
-    path = write_tiny_gguf(model, tmp_path / "source.gguf",
-                           extra={"rope_freqs.weight": np.ones(8, dtype=np.float32)})
-    _import_fails(tmp_path, capsys, path, "source.gguf: tensor rope_freqs.weight")
+    tensors = {k: np.ones(8, dtype=np.float32) for k in extra.get("tensors", {})}
+    path = write_tiny_gguf(model, tmp_path / "source.gguf", extra=tensors,
+                           strings=extra.get("strings"))
+    _import_fails(tmp_path, capsys, path, fragment)

@@ -64,11 +64,12 @@ def _permute_like_llama_cpp(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "",
-                    extra: dict[str, np.ndarray] | None = None) -> Path:
+                    extra: dict[str, np.ndarray] | None = None,
+                    strings: dict[str, str] | None = None) -> Path:
     """``model`` (a transformers Llama) as a GGUF file: llama.cpp's names, permuted q/k rows,
     F32 (or F16) tensors and the tokenizer metadata of the byte-level tokenizer; the tensor
     named ``q8_1`` is stored as Q8_1 blocks (zeros), which the gguf package cannot dequantize;
-    ``extra``: more tensors, by GGUF name."""
+    ``extra``: more tensors, by GGUF name; ``strings``: more string metadata."""
     import gguf
 
     cfg = model.config
@@ -93,6 +94,8 @@ def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "",
     writer.add_eos_token_id(256)
     writer.add_pad_token_id(257)
     writer.add_add_bos_token(False)
+    for key, value in (strings or {}).items():
+        writer.add_string(key, value)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
              "output_norm.weight", "lm_head.weight": "output.weight"}
     block = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",

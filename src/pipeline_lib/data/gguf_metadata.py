@@ -128,7 +128,7 @@ def read_gguf_header(path: Path, *, tensors: bool = False) -> GGUFHeader:
                           int(vt.ARRAY))
             if cur.unpack("I") != magic:
                 raise DataError(f"{path} is not a GGUF file (its first bytes are not the GGUF "
-                                "magic); point data.tokenizer.path at a .gguf model file")
+                                "magic); download it again, or point at a real .gguf model file")
             version = cur.unpack("I")
             if version not in (2, 3):
                 raise DataError(f"GGUF file {path} has version {version}; only versions 2 and 3 "

@@ -98,7 +98,7 @@ def _check_tensors(path: Path, arch: SourceArch, tensors: dict[str, TensorInfo])
             raise DataError(f"model source {path} lacks tensor {name}; the checkpoint is "
                             f"incomplete or not a Llama-family model ({AGAIN})")
         if info.shape != shape:
-            config = path if gguf else path / "config.json"
+            config = "its metadata" if gguf else path / "config.json"
             raise DataError(f"{info.file}: tensor {name} has shape {list(info.shape)}, but "
                             f"{config} implies {list(shape)}; the config does not describe "
                             "these weights")

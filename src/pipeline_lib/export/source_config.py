@@ -43,7 +43,8 @@ class SourceKeys:
         self.values, self.where, self.prefix = values, where, prefix
 
     def fail(self, key: str, value: Any, problem: str, fix: str = DAMAGED) -> NoReturn:
-        raise DataError(f"{self.where}: {self.prefix}{key} = {value!r} {problem}; {fix}")
+        shown = f"[{value.length} values]" if hasattr(value, "length") else repr(value)
+        raise DataError(f"{self.where}: {self.prefix}{key} = {shown} {problem}; {fix}")
 
     def raw(self, key: str, default: Any = _REQUIRED) -> Any:
         """The value (``None`` = absent); ``default`` when absent, missing without one."""
@@ -105,8 +106,11 @@ def hf_arch(directory: Path) -> SourceArch:
     defaults where it has them: Mistral's 4096-token sliding window, RoPE θ 10 000)."""
     config = read_config_json(directory)
     keys = SourceKeys(config, directory / CONFIG_JSON)
-    archs = config.get("architectures") or [config.get("model_type", "?")]
-    arch = str(archs[0]) if isinstance(archs, list) else "?"
+    archs = keys.raw("architectures", None) or [keys.text("model_type", "?")]
+    if not (isinstance(archs, list) and isinstance(archs[0], str)):
+        keys.fail("architectures", archs, "must be a list of model class names (e.g. "
+                  '["LlamaForCausalLM"])')
+    arch = archs[0]
     check_architecture(arch, keys.where)
     hidden, heads = keys.integer("hidden_size"), keys.integer("num_attention_heads")
     kv_heads = keys.integer("num_key_value_heads", heads)
@@ -212,9 +216,15 @@ def gguf_arch(path: Path, fields: Mapping[str, Any], tensor_names: set[str]) -> 
     kv_heads = keys.integer("attention.head_count_kv", heads)
     check_heads(keys, ("embedding_length", "attention.head_count", "attention.head_count_kv"),
                 hidden, heads, kv_heads)
-    if keys.integer("rope.dimension_count", hidden // heads) != hidden // heads:
-        keys.fail("rope.dimension_count", keys.raw("rope.dimension_count"), "differs from the "
-                  f"head width {hidden // heads}", "partial rotary embeddings are not supported")
+    for key, why in (("rope.dimension_count", "partial rotary embeddings are not supported"),
+                     ("attention.key_length", "loopline derives the head width"),
+                     ("attention.value_length", "loopline derives the head width")):
+        if keys.integer(key, hidden // heads) != hidden // heads:
+            keys.fail(key, keys.raw(key), f"differs from the head width {hidden // heads}",
+                      f"{why}, so such models are not supported")
+    if keys.integer("expert_count", 0, minimum=0):
+        keys.fail("expert_count", keys.raw("expert_count"), "is not supported",
+                  "mixture-of-experts models (Mixtral) are not imported")
     rope: dict[str, Any] = {}
     kind = keys.text("rope.scaling.type", "none")
     if kind == "linear":
