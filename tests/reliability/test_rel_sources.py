@@ -94,11 +94,22 @@ DAMAGE: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
         "sharded", lambda s: (s / "model-00003-of-00007.safetensors").unlink(),
         ("model.safetensors.index.json: weight_map puts", "model-00003-of-00007.safetensors",
          "missing")),
+    "untied config without a head": (
+        "llama", lambda s: _drop_tensor(s / "model.safetensors", "lm_head.weight"),
+        ("has no lm_head.weight", "tie_word_embeddings = false")),
     "weights of another shape": (
         "llama", lambda s: _set(s, intermediate_size=128),
         ("model.safetensors: tensor model.layers.0.mlp.gate_proj.weight has shape [96, 64]",
          "config.json implies [128, 64]")),
 }
+
+
+def _drop_tensor(path: Path, name: str) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path))
+    del tensors[name]
+    save_file(tensors, str(path))
 
 
 def _set(source: Path, **config: object) -> None:

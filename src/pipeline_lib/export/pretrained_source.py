@@ -94,6 +94,11 @@ def _check_tensors(path: Path, arch: SourceArch, tensors: dict[str, TensorInfo])
     gguf = is_gguf(path)
     for name, shape in source_tensor_shapes(arch, gguf).items():
         info = tensors.get(name)
+        if info is None and name == "lm_head.weight":
+            raise DataError(f"model source {path} has no lm_head.weight, and its config.json "
+                            "says tie_word_embeddings = false (transformers would start that "
+                            "head from random weights); if the embedding is the head, set "
+                            "tie_word_embeddings: true there")
         if info is None:
             raise DataError(f"model source {path} lacks tensor {name}; the checkpoint is "
                             f"incomplete or not a Llama-family model ({AGAIN})")
