@@ -32,7 +32,8 @@ from .hf_layout import (
 _REQUIRED = object()
 DAMAGED = "the file is damaged or not a Llama or Mistral config; download the model again"
 LLAMA3_KEYS = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-MISTRAL_WINDOW = 4096  # transformers' MistralConfig.sliding_window when config.json has none
+# transformers' MistralConfig when config.json lacks the key (null: no window / = heads)
+MISTRAL_WINDOW, MISTRAL_KV_HEADS = 4096, 8
 
 
 class SourceKeys:
@@ -103,7 +104,8 @@ def read_config_json(directory: Path) -> dict[str, Any]:
 
 def hf_arch(directory: Path) -> SourceArch:
     """The architecture in ``directory/config.json``, every key checked (transformers'
-    defaults where it has them: Mistral's 4096-token sliding window, RoPE θ 10 000)."""
+    defaults where it has them: Mistral's 4096-token sliding window and 8 key/value heads,
+    RoPE θ 10 000)."""
     config = read_config_json(directory)
     keys = SourceKeys(config, directory / CONFIG_JSON)
     archs = keys.raw("architectures", None) or [keys.text("model_type", "?")]
@@ -113,13 +115,15 @@ def hf_arch(directory: Path) -> SourceArch:
     arch = archs[0]
     check_architecture(arch, keys.where)
     hidden, heads = keys.integer("hidden_size"), keys.integer("num_attention_heads")
-    kv_heads = keys.integer("num_key_value_heads", heads)
+    mistral = arch == "MistralForCausalLM"
+    absent = MISTRAL_KV_HEADS if mistral and "num_key_value_heads" not in config else heads
+    kv_heads = keys.integer("num_key_value_heads", absent)
     check_heads(keys, ("hidden_size", "num_attention_heads", "num_key_value_heads"),
                 hidden, heads, kv_heads)
     _check_hf_options(keys, hidden // heads)
     theta, rope = _hf_rope(keys)
     window = None
-    if arch == "MistralForCausalLM":
+    if mistral:
         window = keys.integer("sliding_window", None) if "sliding_window" in config else (
             MISTRAL_WINDOW)
     return SourceArch(
