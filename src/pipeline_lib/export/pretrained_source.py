@@ -108,11 +108,11 @@ def _check_tensors(path: Path, arch: SourceArch, tensors: dict[str, TensorInfo])
                             f"{config} implies {list(shape)}; the config does not describe "
                             "these weights")
         if not (_dequantizable(info.dtype) if gguf else info.dtype in FLOAT_DTYPES):
-            kinds = ("F32, F16, BF16, Q8_0 or Q4_0/Q4_1/Q5_x/Qk_K" if gguf
-                     else ", ".join(FLOAT_DTYPES))
+            why, kinds = (("the gguf package cannot dequantize",
+                           "F32, F16, BF16, Q8_0 or Q4_0/Q4_1/Q5_x/Qk_K") if gguf else
+                          ("is not floating point", ", ".join(FLOAT_DTYPES)))
             raise DataError(f"{info.file}: tensor {name} is stored as {info.dtype}, which "
-                            f"loopline cannot read as floating point; use a file stored as "
-                            f"{kinds}")
+                            f"{why}; use a file stored as {kinds}")
     for name, what in GGUF_UNREAD.items() if gguf else ():
         if name in tensors:
             raise DataError(f"{path}: tensor {name} ({what}) is not read by loopline's GGUF "
