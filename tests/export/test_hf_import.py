@@ -168,14 +168,15 @@ def test_snapshot_is_verified_and_records_its_source(llama, tmp_path):
 
 def test_unsupported_architecture_names_the_supported_ones(llama, tmp_path):
     source, _ = llama
-    bad = tmp_path / "qwen"
+    bad = tmp_path / "gemma"
     bad.mkdir()
     config = json.loads((source / "config.json").read_text())
-    config["architectures"] = ["Qwen2ForCausalLM"]
+    config["architectures"] = ["GemmaForCausalLM"]
     (bad / "config.json").write_text(json.dumps(config))
-    with pytest.raises(DataError, match="LlamaForCausalLM, MistralForCausalLM") as err:
+    with pytest.raises(DataError, match="LlamaForCausalLM, MistralForCausalLM, "
+                       "Qwen2ForCausalLM, Qwen3ForCausalLM, Olmo2ForCausalLM") as err:
         source_arch(bad)
-    assert "biases" in str(err.value) and "\n" not in str(err.value)
+    assert "GeGLU" in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("ranges, match", [

@@ -1,4 +1,4 @@
-"""Import a Hugging Face Llama-family checkpoint as a loopline snapshot (``import-hf``).
+"""Import a Hugging Face checkpoint (Llama, Mistral, Qwen2, Qwen3, OLMo-2) as a loopline snapshot (``import-hf``).
 
 ``import_checkpoint(source, out, cfg, choice)`` reads the pretrained weights (safetensors of
 an HF directory, sharded or not, or a GGUF file dequantized to fp32 by the ``gguf``
@@ -33,11 +33,11 @@ from ..config import Config, config_yaml
 from ..errors import CheckpointError, ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
 from .hf_layout import (
-    BLOCK_TENSORS,
     GGUF_PERMUTED,
     TOP_TENSORS,
     LayerChoice,
     SourceArch,
+    block_tensor_names,
     gguf_block_prefix,
     hf_block_prefix,
     is_gguf,
@@ -218,7 +218,7 @@ def mapped_state(reader: Any, arch: SourceArch, choice: LayerChoice, source: Pat
         missing = [n for n in names if n not in available]
         if missing:
             raise DataError(f"model source {source} lacks tensor {missing[0]} ({where}); the "
-                            "checkpoint is incomplete or not a Llama-family model")
+                            f"checkpoint is incomplete or not a {arch.architecture}")
         parts = [reader.get(n) for n in names]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
@@ -226,11 +226,12 @@ def mapped_state(reader: Any, arch: SourceArch, choice: LayerChoice, source: Pat
         if ours == "head.weight" and arch.tie_embeddings:
             continue
         out[ours] = read((gguf_name if gguf else hf_name,), ours)
+    table = block_tensor_names(arch.architecture, gguf)
     for part in ("prelude", "core", "coda"):
         for j, layer in enumerate(choice.layers(part)):
             prefix = gguf_block_prefix(layer) if gguf else hf_block_prefix(layer)
-            for ours, (hf_names, gguf_names) in BLOCK_TENSORS.items():
-                names = tuple(prefix + n for n in (gguf_names if gguf else hf_names))
+            for ours, names in table.items():
+                names = tuple(prefix + n for n in names)
                 out[f"{part}.{j}.{ours}"] = read(names, f"layer {layer}, {part}.{j}")
     return out
 

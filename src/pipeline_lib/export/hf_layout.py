@@ -6,9 +6,10 @@ themselves are read by :mod:`.hf_import`.
 
 Sources: a Hugging Face model directory (``config.json`` + safetensors, sharded or not) or a
 GGUF file (metadata read by the ``gguf`` package). Supported: ``LlamaForCausalLM``
-(SmolLM/SmolLM2, TinyLlama, Llama 2, Llama 3 with its RoPE scaling) and
-``MistralForCausalLM``. ``Qwen2ForCausalLM`` is refused: its q/k/v projections carry
-biases, which loopline's attention does not have.
+(SmolLM/SmolLM2, TinyLlama, Llama 2, Llama 3 with its RoPE scaling), ``MistralForCausalLM``,
+``Qwen2ForCausalLM`` (q/k/v biases), ``Qwen3ForCausalLM`` (per-head QK-norm, its own
+``head_dim``) and ``Olmo2ForCausalLM`` (QK-norm over all heads, post-norm blocks); what each
+family changes is in :mod:`.hf_archs`. GGUF files: Llama and Mistral.
 
 Conventions, and where each is handled:
 
@@ -21,6 +22,7 @@ Conventions, and where each is handled:
   permuted back by :func:`unpermute_rows` (the exactness tests catch a wrong inverse).
 - GQA: ``num_key_value_heads`` → ``model.n_kv_heads``; query head i reads kv head
   i // (heads / kv_heads), in HF and in loopline.
+- ``head_dim`` in config.json other than hidden_size / heads → ``model.head_dim`` (else 0).
 """
 
 from __future__ import annotations
@@ -33,15 +35,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DataError
+from .hf_archs import FAMILIES, family
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
-REFUSED = {"Qwen2ForCausalLM": "its q/k/v projections have biases, which loopline's "
-                               "attention does not have"}
+# architecture → why it is refused (named in the error)
+REFUSED = {"GemmaForCausalLM": "its norms scale by 1 + weight, its embeddings by "
+                               "sqrt(hidden_size) and its FFN is GeGLU, none of which loopline's "
+                               "blocks do"}
 CONFIG_JSON = "config.json"
 
 # loopline block tensor → (HF tensor names under model.layers.{i}., GGUF names under blk.{i}.);
-# several names are concatenated row-wise (dim 0) in the order given.
+# several names are concatenated row-wise (dim 0) in the order given. Llama's; the other
+# families' differences: block_tensor_names.
 BLOCK_TENSORS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "attn_norm.weight": (("input_layernorm.weight",), ("attn_norm.weight",)),
     "attn.qkv.weight": (("self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -58,6 +64,15 @@ TOP_TENSORS = {"tok_emb.weight": ("model.embed_tokens.weight", "token_embd.weigh
                "norm.weight": ("model.norm.weight", "output_norm.weight"),
                "head.weight": ("lm_head.weight", "output.weight")}
 GGUF_PERMUTED = {"attn_q.weight": "heads", "attn_k.weight": "kv_heads"}  # llama.cpp's RoPE rows
+
+
+def block_tensor_names(architecture: str, gguf: bool) -> dict[str, tuple[str, ...]]:
+    """loopline block tensor → the source's names (under the layer prefix) that make it:
+    :data:`BLOCK_TENSORS` with the family's differences (:mod:`.hf_archs`)."""
+    if gguf:
+        return {ours: names for ours, (_, names) in BLOCK_TENSORS.items()}
+    return {**{ours: names for ours, (names, _) in BLOCK_TENSORS.items()},
+            **family(architecture).block_tensors}
 
 
 def hf_block_prefix(layer: int) -> str:
@@ -92,10 +107,11 @@ class SourceArch:
     tie_embeddings: bool
     max_positions: int
     sliding_window: int | None = None
+    explicit_head_dim: int = 0  # config.json's head_dim where it is not hidden / heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.heads
+        return self.explicit_head_dim or self.hidden_size // self.heads
 
 
 def source_arch(source: str | Path) -> SourceArch:
@@ -135,7 +151,10 @@ def _hf_arch(directory: Path) -> SourceArch:
     theta = rope.pop("rope_theta", None) or config.get("rope_theta") or 10000.0
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
-    _check_hf_options(config, path, hidden // heads)
+    _check_hf_options(config, path)
+    head_dim = int(config.get("head_dim") or 0)
+    # Qwen's config.json names a window it does not use unless use_sliding_window is set
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
     return SourceArch(
         architecture=arch, vocab_size=int(config["vocab_size"]), hidden_size=hidden,
         layers=int(config["num_hidden_layers"]), heads=heads,
@@ -145,21 +164,18 @@ def _hf_arch(directory: Path) -> SourceArch:
         rope_scaling=_rope_scaling(rope, path), tie_embeddings=bool(
             config.get("tie_word_embeddings", False)),
         max_positions=int(config.get("max_position_embeddings", 2048)),
-        sliding_window=config.get("sliding_window"))
+        sliding_window=window, explicit_head_dim=0 if head_dim * heads == hidden else head_dim)
 
 
-def _check_hf_options(config: Mapping[str, Any], path: Path, head_dim: int) -> None:
+def _check_hf_options(config: Mapping[str, Any], path: Path) -> None:
     """Options of the HF config that loopline's blocks cannot express."""
     if config.get("hidden_act", "silu") != "silu":
         raise DataError(f"{path}: hidden_act = {config['hidden_act']!r}; loopline's FFN is "
                         "SwiGLU (silu) only")
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key):
-            raise DataError(f"{path}: {key} = true; loopline's projections have no biases")
-    if config.get("head_dim") not in (None, head_dim):
-        raise DataError(f"{path}: head_dim = {config['head_dim']} differs from hidden_size / "
-                        f"num_attention_heads = {head_dim}; loopline derives it, so such "
-                        "models are not supported")
+            raise DataError(f"{path}: {key} = true; loopline's output and FFN projections "
+                            "have no biases (only Qwen2's q/k/v biases are read)")
 
 
 def _rope_scaling(rope: Mapping[str, Any], path: Path) -> dict[str, Any]:
@@ -221,9 +237,10 @@ def _check_expressible(arch: SourceArch, source: Path) -> None:
     if arch.heads % arch.kv_heads:
         raise DataError(f"{source}: {arch.heads} attention heads are not a multiple of "
                         f"{arch.kv_heads} key/value heads; the checkpoint is malformed")
-    if arch.hidden_size % arch.heads or arch.head_dim % 2:
-        raise DataError(f"{source}: hidden size {arch.hidden_size} / {arch.heads} heads is not "
-                        "an even integer head width; loopline's RoPE needs one")
+    if (not arch.explicit_head_dim and arch.hidden_size % arch.heads) or arch.head_dim % 2:
+        raise DataError(f"{source}: the head width (head_dim, or hidden size "
+                        f"{arch.hidden_size} / {arch.heads} heads) is not an even integer; "
+                        "loopline's RoPE needs one")
 
 
 # --------------------------------------------------------------------------- layer choice
@@ -312,7 +329,9 @@ def model_fields(arch: SourceArch, choice: LayerChoice) -> dict[str, Any]:
         "ffn_hidden": arch.intermediate_size, "moe_experts": 0,
         "norm_eps": arch.rms_norm_eps, "rope_theta": arch.rope_theta,
         "tie_embeddings": arch.tie_embeddings, **choice.counts(),
-        "rope_scaling": rope.get("rope_type", "none"),
+        "rope_scaling": rope.get("rope_type", "none"), "head_dim": arch.explicit_head_dim,
+        "qkv_bias": False, "qk_norm": "none", "norm_placement": "pre",
+        **family(arch.architecture).model_keys,
     }
     if rope:
         fields["rope_scaling_factor"] = float(rope.get("factor", 1.0))
