@@ -292,3 +292,23 @@ def test_gguf_tensor_names_are_read_from_the_header_alone(llama, tmp_path):
     fields, names = read_gguf_header(path, tensor_names=True)
     assert names == [t.name for t in gguf.GGUFReader(str(path)).tensors]
     assert "output.weight" in names and fields["llama.block_count"] == 4
+
+
+def test_repeated_config_files_merge_in_order(llama, tmp_path):
+    """``import-hf --config A --config B`` merges A then B over config/config.yaml, as the
+    other commands do (it used to keep only B)."""
+    import yaml
+
+    from pipeline_lib.cli import main
+    from pipeline_lib.config import load_config
+
+    source, _ = llama
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump({"train": {"lr": 0.0005, "warmup_steps": 3},
+                                 "model": {"injection_scale": 0.5}}))
+    b.write_text(yaml.safe_dump({"train": {"lr": 0.0007}}))
+    assert main(["import-hf", "--source", str(source), "--out", str(tmp_path / "snap"),
+                 "--config", str(a), "--config", str(b), "experiment.seed=5"]) == 0
+    cfg = load_config(tmp_path / "snap" / "config.yaml", base=None)
+    assert (cfg.train.lr, cfg.train.warmup_steps, cfg.model.injection_scale) == (0.0007, 3, 0.5)
+    assert cfg.experiment.seed == 5
