@@ -174,7 +174,8 @@ class DataConfig:
 
 @dataclass
 class InitFromConfig:
-    """Start from a pretrained Hugging Face Llama-family model (``import-hf``): its chosen
+    """Start from a pretrained Hugging Face model (``import-hf``: Llama, Mistral, Qwen2, Qwen3,
+    OLMo-2): its chosen
     layers become prelude, core and coda; the architecture keys of ``model`` come from it."""
 
     source: str = _f("", "Hugging Face model directory (config.json + *.safetensors) or a "
@@ -196,7 +197,8 @@ class ModelConfig:
 
     vocab_size: int = _f(0, "Vocabulary size; 0 = taken from the packed data's tokenizer.", minimum=0)
     d_model: int = _f(128, "Residual stream width.", minimum=8)
-    n_heads: int = _f(4, "Attention heads; must divide d_model.", minimum=1)
+    n_heads: int = _f(4, "Attention heads; must divide d_model (unless head_dim is set).",
+                      minimum=1)
     n_kv_heads: int = _f(0, "Key/value heads (grouped-query attention); 0 = n_heads; must "
                          "divide n_heads.", minimum=0)
     head_dim: int = _f(0, "Width of one attention head; 0 = d_model / n_heads (set by "
@@ -258,8 +260,9 @@ class ModelConfig:
                          "train.objective = expected_exit; eval criterion gate).")
     init_from: InitFromConfig = _f(InitFromConfig(), "Pretrained start (empty source = random "
                                    "init); the source fixes vocab_size, d_model, n_heads, "
-                                   "n_kv_heads, ffn_hidden, norm_eps, rope_*, tie_embeddings "
-                                   "and the layer counts.")
+                                   "n_kv_heads, head_dim, qkv_bias, qk_norm, norm_placement, "
+                                   "ffn_hidden, norm_eps, rope_*, tie_embeddings and the layer "
+                                   "counts.")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What loopline knows of Hugging Face Llama-family checkpoints, in one table (import side).
+"""What loopline knows of Hugging Face checkpoints, in one table (import side).
 
 Torch-free and cheap: the Snakefile reads a source's architecture through this module on
 every call (a ``model.init_from`` run derives its model section from it). The weights
