@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 from support.export_helpers import run_hf_worker
 from support.hf_import_helpers import FAMILIES, save_tiny_llama
 
-from pipeline_lib.config import Config
+from pipeline_lib.config import Config, config_from_dict
 from pipeline_lib.errors import DataError
 from pipeline_lib.evaluate.loading import load_for_eval
 from pipeline_lib.export import export_snapshot
-from pipeline_lib.export.hf_import import import_checkpoint
+from pipeline_lib.export.hf_import import import_checkpoint, resolve_init_from
 from pipeline_lib.export.hf_layout import layer_choice, model_fields, source_arch
 
 IDS = torch.tensor([[72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 10, 65, 66],
@@ -66,11 +66,18 @@ def _scale_close(ours: torch.Tensor, theirs: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("name", list(SOURCES))
 def test_the_import_sets_the_family_s_model_keys(sources, name):
-    source = sources[name][0]
+    """In the snapshot's config and in a ``model.init_from`` run's model section, whatever
+    the config said for them."""
+    source, want = sources[name][0], SOURCES[name][2]
     fields = model_fields(source_arch(source), layer_choice(4))
-    assert {k: fields[k] for k in SOURCES[name][2]} == SOURCES[name][2]
+    assert {k: fields[k] for k in want} == want
     model = load_for_eval(sources[name][2]).model
-    assert {k: getattr(model.cfg, k) for k in SOURCES[name][2]} == SOURCES[name][2]
+    assert {k: getattr(model.cfg, k) for k in want} == want
+    cfg = resolve_init_from(config_from_dict({
+        "data": {"tokenizer": {"type": "file", "path": str(source)}},
+        "model": {"init_from": {"source": str(source)}, "head_dim": 32, "qkv_bias": True,
+                  "qk_norm": "all_heads", "norm_placement": "post"}}))
+    assert {k: getattr(cfg.model, k) for k in want} == want
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
