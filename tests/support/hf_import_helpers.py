@@ -1,6 +1,7 @@
 """Tiny pretrained-model sources for the import tests: a random Llama (or Mistral, Qwen2,
-Qwen3, OLMo-2) saved by transformers' ``save_pretrained`` (with a byte-level tokenizer) and the same weights written as a GGUF file
-the way llama.cpp's converter writes them (q/k rows permuted for its RoPE layout)."""
+Qwen3, OLMo-2) saved by transformers' ``save_pretrained`` (with a byte-level tokenizer) and
+the same weights written as a GGUF file the way llama.cpp's converter writes them (q/k rows
+permuted for its RoPE layout)."""
 
 from __future__ import annotations
 

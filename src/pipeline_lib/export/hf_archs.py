@@ -2,8 +2,9 @@
 
 Every family shares Llama's skeleton (token embedding, RMSNorm, RoPE with rotate_half,
 grouped-query attention, SwiGLU, final norm, head), which :data:`.hf_layout.BLOCK_TENSORS`
-maps (:func:`.hf_layout.block_tensor_names`). What a family adds or places differently is a few model keys and a few entries of
-that table, written here next to what transformers 5.24's modelling code does:
+maps (:func:`.hf_layout.block_tensor_names`). What a family adds or places differently is a
+few model keys and a few entries of that table, written here next to what transformers
+5.24's modelling code does:
 
 - ``Qwen2ForCausalLM``: q/k/v projections with biases (``o_proj`` has none) →
   ``model.qkv_bias``; the three biases are concatenated like the weights.

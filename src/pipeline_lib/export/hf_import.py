@@ -1,4 +1,5 @@
-"""Import a Hugging Face checkpoint (Llama, Mistral, Qwen2, Qwen3, OLMo-2) as a loopline snapshot (``import-hf``).
+"""Import a Hugging Face checkpoint (Llama, Mistral, Qwen2, Qwen3, OLMo-2) as a loopline
+snapshot (``import-hf``).
 
 ``import_checkpoint(source, out, cfg, choice)`` reads the pretrained weights (safetensors of
 an HF directory, sharded or not, or a GGUF file dequantized to fp32 by the ``gguf``
