@@ -206,14 +206,15 @@ def test_snapshot_is_verified_and_records_its_source(llama, tmp_path):
 
 def test_unsupported_architecture_names_the_supported_ones(llama, tmp_path):
     source, _ = llama
-    bad = tmp_path / "qwen"
+    bad = tmp_path / "gemma"
     bad.mkdir()
     config = json.loads((source / "config.json").read_text())
-    config["architectures"] = ["Qwen2ForCausalLM"]
+    config["architectures"] = ["GemmaForCausalLM"]
     (bad / "config.json").write_text(json.dumps(config))
-    with pytest.raises(DataError, match="LlamaForCausalLM, MistralForCausalLM") as err:
+    with pytest.raises(DataError, match="LlamaForCausalLM, MistralForCausalLM, "
+                       "Qwen2ForCausalLM, Qwen3ForCausalLM, Olmo2ForCausalLM") as err:
         source_arch(bad)
-    assert "biases" in str(err.value) and "\n" not in str(err.value)
+    assert "GeGLU" in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("ranges, match", [
@@ -335,3 +336,23 @@ def test_gguf_tensor_names_are_read_from_the_header_alone(llama, tmp_path):
         int(t.data_offset) for t in theirs]
     assert "output.weight" in {t.name for t in header.tensors}
     assert header.fields["llama.block_count"] == 4
+
+
+def test_repeated_config_files_merge_in_order(llama, tmp_path):
+    """``import-hf --config A --config B`` merges A then B over config/config.yaml, as the
+    other commands do (it used to keep only B)."""
+    import yaml
+
+    from pipeline_lib.cli import main
+    from pipeline_lib.config import load_config
+
+    source, _ = llama
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump({"train": {"lr": 0.0005, "warmup_steps": 3},
+                                 "model": {"injection_scale": 0.5}}))
+    b.write_text(yaml.safe_dump({"train": {"lr": 0.0007}}))
+    assert main(["import-hf", "--source", str(source), "--out", str(tmp_path / "snap"),
+                 "--config", str(a), "--config", str(b), "experiment.seed=5"]) == 0
+    cfg = load_config(tmp_path / "snap" / "config.yaml", base=None)
+    assert (cfg.train.lr, cfg.train.warmup_steps, cfg.model.injection_scale) == (0.0007, 3, 0.5)
+    assert cfg.experiment.seed == 5

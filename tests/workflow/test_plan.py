@@ -272,3 +272,29 @@ def test_train_signature_ignores_keys_that_leave_the_weights_alone():
     assert signature(muon_momentum=0.95, freeze=[]) == plain  # the later keys' defaults
     assert signature(freeze=["embeddings"]) != plain
     assert signature(optimizer="muon") != plain
+
+
+def test_attention_options_at_their_defaults_keep_every_train_signature():
+    """head_dim, qkv_bias, qk_norm and norm_placement (added for imported Qwen and OLMo-2
+    models) at their defaults leave the signatures of runs made before they existed as they
+    were: the model section hashes to what it hashed to before (values computed with the code
+    of f6e4e89, which did not have the keys); away from the defaults a run retrains."""
+    import yaml
+
+    from pipeline_lib.config import ModelConfig, config_hash, merge_config_dicts
+    from pipeline_lib.workflow.signatures import model_signature
+
+    assert config_hash(model_signature(ModelConfig())) == "683ddd19999a"
+    smollm2_shape = ModelConfig(vocab_size=49152, d_model=576, n_heads=9, n_kv_heads=3)
+    assert config_hash(model_signature(smollm2_shape)) == "ef4fafbf50b6"
+    base = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "config.yaml")
+                          .read_text())
+
+    def signature(**model):
+        return WorkflowPlan(merge_config_dicts(base, {"model": model})).train_signature("loop4")
+
+    plain = signature()
+    assert signature(head_dim=0, qkv_bias=False, qk_norm="none", norm_placement="pre") == plain
+    for change in ({"head_dim": 32}, {"qkv_bias": True}, {"qk_norm": "head"},
+                   {"norm_placement": "post"}):
+        assert signature(**change) != plain, change

@@ -1,4 +1,5 @@
-"""Import a Hugging Face Llama-family checkpoint as a loopline snapshot (``import-hf``).
+"""Import a Hugging Face checkpoint (Llama, Mistral, Qwen2, Qwen3, OLMo-2) as a loopline
+snapshot (``import-hf``).
 
 ``import_checkpoint(source, out, cfg, choice)`` reads the pretrained weights (safetensors of
 an HF directory, sharded or not, or a GGUF file dequantized to fp32 by the ``gguf``
@@ -35,11 +36,11 @@ from ..config import Config, config_yaml
 from ..errors import CheckpointError, ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
 from .hf_layout import (
-    BLOCK_TENSORS,
     CONFIG_JSON,
     GGUF_PERMUTED,
     TOP_TENSORS,
     LayerChoice,
+    block_tensor_names,
     gguf_block_prefix,
     hf_block_prefix,
     layer_choice,
@@ -196,11 +197,12 @@ def mapped_state(source: PretrainedSource, choice: LayerChoice) -> dict[str, Any
     for ours, names in TOP_TENSORS.items():
         if not (ours == "head.weight" and source.arch.tie_embeddings):
             out[ours] = read((names[pick],))
+    table = block_tensor_names(source.arch.architecture, source.gguf)
     for part in ("prelude", "core", "coda"):
         for j, layer in enumerate(choice.layers(part)):
             prefix = gguf_block_prefix(layer) if source.gguf else hf_block_prefix(layer)
-            for ours, both in BLOCK_TENSORS.items():
-                out[f"{part}.{j}.{ours}"] = read(tuple(prefix + n for n in both[pick]))
+            for ours, names in table.items():
+                out[f"{part}.{j}.{ours}"] = read(tuple(prefix + n for n in names))
     return out
 
 

@@ -1,4 +1,4 @@
-"""What loopline knows of Hugging Face Llama-family checkpoints, in one table (import side).
+"""What loopline knows of Hugging Face checkpoints, in one table (import side).
 
 Torch-free and cheap: the Snakefile plans a ``model.init_from`` run from these tables on
 every call. A source is read and checked by :mod:`.pretrained_source` (its config by
@@ -6,9 +6,10 @@ every call. A source is read and checked by :mod:`.pretrained_source` (its confi
 
 Sources: a Hugging Face model directory (``config.json`` + safetensors, sharded or not) or a
 GGUF file (metadata read by the ``gguf`` package). Supported: ``LlamaForCausalLM``
-(SmolLM/SmolLM2, TinyLlama, Llama 2, Llama 3 with its RoPE scaling) and
-``MistralForCausalLM``. ``Qwen2ForCausalLM`` is refused: its q/k/v projections carry
-biases, which loopline's attention does not have.
+(SmolLM/SmolLM2, TinyLlama, Llama 2, Llama 3 with its RoPE scaling), ``MistralForCausalLM``,
+``Qwen2ForCausalLM`` (q/k/v biases), ``Qwen3ForCausalLM`` (per-head QK-norm, its own
+``head_dim``) and ``Olmo2ForCausalLM`` (QK-norm over all heads, post-norm blocks); what each
+family changes is in :mod:`.hf_archs`. GGUF files: Llama and Mistral.
 
 Conventions, and where each is handled:
 
@@ -21,6 +22,7 @@ Conventions, and where each is handled:
   permuted back by :func:`unpermute_rows` (the exactness tests catch a wrong inverse).
 - GQA: ``num_key_value_heads`` → ``model.n_kv_heads``; query head i reads kv head
   i // (heads / kv_heads), in HF and in loopline.
+- ``head_dim`` in config.json other than hidden_size / heads → ``model.head_dim`` (else 0).
 """
 
 from __future__ import annotations
@@ -32,15 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .hf_archs import FAMILIES, family
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
-REFUSED = {"Qwen2ForCausalLM": "its q/k/v projections have biases, which loopline's "
-                               "attention does not have"}
+# architecture → why it is refused (named in the error)
+REFUSED = {"GemmaForCausalLM": "its norms scale by 1 + weight, its embeddings by "
+                               "sqrt(hidden_size) and its FFN is GeGLU, none of which loopline's "
+                               "blocks do"}
 CONFIG_JSON = "config.json"
 
 # loopline block tensor → (HF tensor names under model.layers.{i}., GGUF names under blk.{i}.);
-# several names are concatenated row-wise (dim 0) in the order given.
+# several names are concatenated row-wise (dim 0) in the order given. Llama's; the other
+# families' differences: block_tensor_names.
 BLOCK_TENSORS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "attn_norm.weight": (("input_layernorm.weight",), ("attn_norm.weight",)),
     "attn.qkv.weight": (("self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -57,6 +63,15 @@ TOP_TENSORS = {"tok_emb.weight": ("model.embed_tokens.weight", "token_embd.weigh
                "norm.weight": ("model.norm.weight", "output_norm.weight"),
                "head.weight": ("lm_head.weight", "output.weight")}
 GGUF_PERMUTED = {"attn_q.weight": "heads", "attn_k.weight": "kv_heads"}  # llama.cpp's RoPE rows
+
+
+def block_tensor_names(architecture: str, gguf: bool) -> dict[str, tuple[str, ...]]:
+    """loopline block tensor → the source's names (under the layer prefix) that make it:
+    :data:`BLOCK_TENSORS` with the family's differences (:mod:`.hf_archs`)."""
+    if gguf:
+        return {ours: names for ours, (_, names) in BLOCK_TENSORS.items()}
+    return {**{ours: names for ours, (names, _) in BLOCK_TENSORS.items()},
+            **family(architecture).block_tensors}
 
 
 def hf_block_prefix(layer: int) -> str:
@@ -90,33 +105,43 @@ class SourceArch:
     rope_scaling: dict[str, Any]  # {} or HF's rope_scaling / rope_parameters (llama3, linear)
     tie_embeddings: bool  # no separate output head: the embedding is the head
     max_positions: int
-    sliding_window: int | None = None  # Mistral: attention reaches this many tokens back
+    sliding_window: int | None = None  # Mistral, Qwen: attention reaches this many tokens back
+    explicit_head_dim: int = 0  # config.json's head_dim where it is not hidden / heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.heads
+        return self.explicit_head_dim or self.hidden_size // self.heads
 
 
 def source_tensor_shapes(arch: SourceArch, gguf: bool) -> dict[str, tuple[int, ...]]:
     """Every tensor a source of ``arch`` must hold (its names in the source, HF or GGUF)
-    with the shape its config implies, in torch order ([out, in]; GGUF dims reversed)."""
+    with the shape its config implies, in torch order ([out, in]; GGUF dims reversed): the
+    family's block tensors (:func:`block_tensor_names`: Qwen2's q/k/v biases, the QK-norm
+    gains of Qwen3 and OLMo-2, OLMo-2's post-norms) included."""
     d, hd, ffn = arch.hidden_size, arch.head_dim, arch.intermediate_size
     q, kv = arch.heads * hd, arch.kv_heads * hd
+    per_head = family(arch.architecture).model_keys.get("qk_norm") == "head"
     block = {"input_layernorm.weight": (d,), "self_attn.q_proj.weight": (q, d),
              "self_attn.k_proj.weight": (kv, d), "self_attn.v_proj.weight": (kv, d),
              "self_attn.o_proj.weight": (d, q), "post_attention_layernorm.weight": (d,),
              "mlp.gate_proj.weight": (ffn, d), "mlp.up_proj.weight": (ffn, d),
-             "mlp.down_proj.weight": (d, ffn)}
+             "mlp.down_proj.weight": (d, ffn), "self_attn.q_proj.bias": (q,),
+             "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+             "self_attn.q_norm.weight": (hd,) if per_head else (q,),
+             "self_attn.k_norm.weight": (hd,) if per_head else (kv,),
+             "post_feedforward_layernorm.weight": (d,)}
     top = {"model.embed_tokens.weight": (arch.vocab_size, d), "model.norm.weight": (d,),
            "lm_head.weight": (arch.vocab_size, d)}
     pick = 1 if gguf else 0
     out = {names[pick]: top[names[0]] for ours, names in TOP_TENSORS.items()
            if not (ours == "head.weight" and arch.tie_embeddings)}
     prefix = gguf_block_prefix if gguf else hf_block_prefix
-    for hf_names, gguf_names in BLOCK_TENSORS.values():
-        for hf_name, gguf_name in zip(hf_names, gguf_names, strict=True):
+    # GGUF holds Llama and Mistral only, whose block tensors are BLOCK_TENSORS'
+    to_gguf = {h: g for hs, gs in BLOCK_TENSORS.values() for h, g in zip(hs, gs, strict=True)}
+    for names in block_tensor_names(arch.architecture, gguf=False).values():
+        for hf_name in names:
             for layer in range(arch.layers):
-                out[prefix(layer) + (gguf_name if gguf else hf_name)] = block[hf_name]
+                out[prefix(layer) + (to_gguf[hf_name] if gguf else hf_name)] = block[hf_name]
     return out
 
 
@@ -206,7 +231,9 @@ def model_fields(arch: SourceArch, choice: LayerChoice) -> dict[str, Any]:
         "ffn_hidden": arch.intermediate_size, "moe_experts": 0,
         "norm_eps": arch.rms_norm_eps, "rope_theta": arch.rope_theta,
         "tie_embeddings": arch.tie_embeddings, **choice.counts(),
-        "rope_scaling": rope.get("rope_type", "none"),
+        "rope_scaling": rope.get("rope_type", "none"), "head_dim": arch.explicit_head_dim,
+        "qkv_bias": False, "qk_norm": "none", "norm_placement": "pre",
+        **family(arch.architecture).model_keys,
     }
     if rope:  # every key checked present by .source_config (as transformers requires)
         fields["rope_scaling_factor"] = rope["factor"]

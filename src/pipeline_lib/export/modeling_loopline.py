@@ -44,6 +44,12 @@ transformers' ``linear`` and ``llama3`` rope types do (``rope_scaling_type`` and
 ``rope_*`` keys of config.json). Exports written before these keys existed load as plain
 multi-head attention with unscaled RoPE.
 
+Models imported from other families keep their options (config.json keys, absent in older
+exports, which load as before): ``head_dim`` (heads of another width than hidden / heads),
+``qkv_bias`` (Qwen2's q/k/v biases), ``qk_norm`` (RMSNorm of queries and keys before RoPE:
+``head``, per head as Qwen3; ``all_heads``, over all heads as OLMo-2) and ``norm_placement``
+(``pre``: x + f(norm(x)); ``post``: x + norm(f(x)), OLMo-2's).
+
 ``attention_mask`` marks padding (left or right): padded keys are never attended to and
 positions count real tokens only, so a padded row gives the logits of the unpadded one.
 
@@ -93,10 +99,14 @@ class LooplineConfig(PretrainedConfig):
                  rope_scaling_factor: float = 1.0, rope_low_freq_factor: float = 1.0,
                  rope_high_freq_factor: float = 4.0, rope_original_max_position: int = 8192,
                  exit_gate: bool = False, exit_threshold: float | None = None,
-                 **kwargs) -> None:
+                 head_dim: int | None = None, qkv_bias: bool = False, qk_norm: str = "none",
+                 norm_placement: str = "pre", **kwargs) -> None:
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        # options of imported families (Qwen2, Qwen3, OLMo-2): see loopline_layers.Attention
+        self.qkv_bias, self.qk_norm, self.norm_placement = qkv_bias, qk_norm, norm_placement
         # Not transformers' rope_scaling / rope_parameters (its own): this model computes its tables.
         self.rope_scaling_type, self.rope_scaling_factor = rope_scaling_type, rope_scaling_factor
         self.rope_low_freq_factor, self.rope_high_freq_factor = (rope_low_freq_factor,

@@ -101,7 +101,7 @@ def _check_tensors(path: Path, arch: SourceArch, tensors: dict[str, TensorInfo])
                             "tie_word_embeddings: true there")
         if info is None:
             raise DataError(f"model source {path} lacks tensor {name}; the checkpoint is "
-                            f"incomplete or not a Llama-family model ({AGAIN})")
+                            f"incomplete or not a {arch.architecture} ({AGAIN})")
         if info.shape != shape:
             config = "its metadata" if gguf else path / "config.json"
             raise DataError(f"{info.file}: tensor {name} has shape {list(info.shape)}, but "

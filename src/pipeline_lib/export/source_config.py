@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import DataError
+from .hf_archs import family
 from .hf_layout import (
     CONFIG_JSON,
     GGUF_ARCHITECTURES,
@@ -30,10 +31,8 @@ from .hf_layout import (
 )
 
 _REQUIRED = object()
-DAMAGED = "the file is damaged or not a Llama or Mistral config; download the model again"
+DAMAGED = "the file is damaged or not the config of a supported model; download the model again"
 LLAMA3_KEYS = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-# transformers' MistralConfig when config.json lacks the key (null: no window / = heads)
-MISTRAL_WINDOW, MISTRAL_KV_HEADS = 4096, 8
 
 
 class SourceKeys:
@@ -44,7 +43,8 @@ class SourceKeys:
         self.values, self.where, self.prefix = values, where, prefix
 
     def fail(self, key: str, value: Any, problem: str, fix: str = DAMAGED) -> NoReturn:
-        shown = f"[{value.length} values]" if hasattr(value, "length") else repr(value)
+        shown = (f"[{value.length} values]" if hasattr(value, "length") else
+                 json.dumps(value) if isinstance(value, bool) else repr(value))  # JSON's true
         raise DataError(f"{self.where}: {self.prefix}{key} = {shown} {problem}; {fix}")
 
     def raw(self, key: str, default: Any = _REQUIRED) -> Any:
@@ -103,9 +103,9 @@ def read_config_json(directory: Path) -> dict[str, Any]:
 
 
 def hf_arch(directory: Path) -> SourceArch:
-    """The architecture in ``directory/config.json``, every key checked (transformers'
-    defaults where it has them: Mistral's 4096-token sliding window and 8 key/value heads,
-    RoPE θ 10 000)."""
+    """The architecture in ``directory/config.json``, every key checked; a key the file
+    lacks takes its family's transformers default (:attr:`.hf_archs.Family.absent`: e.g.
+    Mistral's 4096-token sliding window and 8 key/value heads, Qwen3's head_dim 128)."""
     config = read_config_json(directory)
     keys = SourceKeys(config, directory / CONFIG_JSON)
     archs = keys.raw("architectures", None) or [keys.text("model_type", "?")]
@@ -114,39 +114,43 @@ def hf_arch(directory: Path) -> SourceArch:
                   '["LlamaForCausalLM"])')
     arch = archs[0]
     check_architecture(arch, keys.where)
+    fam = family(arch)
+
+    def absent(key: str, otherwise: Any) -> Any:  # the family's value when the file lacks key
+        return otherwise if key in config else fam.absent.get(key, otherwise)
+
     hidden, heads = keys.integer("hidden_size"), keys.integer("num_attention_heads")
-    mistral = arch == "MistralForCausalLM"
-    absent = MISTRAL_KV_HEADS if mistral and "num_key_value_heads" not in config else heads
-    kv_heads = keys.integer("num_key_value_heads", absent)
+    kv_heads = keys.integer("num_key_value_heads", absent("num_key_value_heads", heads))
+    head_dim = keys.integer("head_dim", absent("head_dim", None))
+    explicit = 0 if head_dim is None or head_dim * heads == hidden else head_dim
     check_heads(keys, ("hidden_size", "num_attention_heads", "num_key_value_heads"),
-                hidden, heads, kv_heads)
-    _check_hf_options(keys, hidden // heads)
+                hidden, heads, kv_heads, explicit)
+    _check_hf_options(keys, fam.bias_flags)
     theta, rope = _hf_rope(keys)
     window = None
-    if mistral:
-        window = keys.integer("sliding_window", None) if "sliding_window" in config else (
-            MISTRAL_WINDOW)
+    if fam.window == "always" or (fam.window and keys.flag(fam.window, False)):
+        window = keys.integer("sliding_window", absent("sliding_window", None))
     return SourceArch(
         architecture=arch, vocab_size=keys.integer("vocab_size"), hidden_size=hidden,
         layers=keys.integer("num_hidden_layers"), heads=heads, kv_heads=kv_heads,
         intermediate_size=keys.integer("intermediate_size"),
-        rms_norm_eps=keys.number("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=rope,
+        rms_norm_eps=keys.number("rms_norm_eps", absent("rms_norm_eps", 1e-6)),
+        rope_theta=theta, rope_scaling=rope,
         tie_embeddings=keys.flag("tie_word_embeddings", False),
-        max_positions=keys.integer("max_position_embeddings", 2048), sliding_window=window)
+        max_positions=keys.integer("max_position_embeddings", 2048), sliding_window=window,
+        explicit_head_dim=explicit)
 
 
-def _check_hf_options(keys: SourceKeys, head_dim: int) -> None:
-    """Options of the HF config that loopline's blocks cannot express."""
+def _check_hf_options(keys: SourceKeys, bias_flags: tuple[str, ...]) -> None:
+    """Options of the HF config that loopline's blocks cannot express; ``bias_flags``: the
+    bias flags the family's modelling code reads (:attr:`.hf_archs.Family.bias_flags`)."""
     act = keys.text("hidden_act", "silu")
     if act != "silu":
         keys.fail("hidden_act", act, "is not supported", "loopline's FFN is SwiGLU (silu) only")
-    for key in ("attention_bias", "mlp_bias"):
+    for key in bias_flags:
         if keys.flag(key, False):
-            keys.fail(key, True, "is not supported", "loopline's projections have no biases")
-    if keys.raw("head_dim", head_dim) != head_dim:
-        keys.fail("head_dim", keys.raw("head_dim"), "differs from hidden_size / "
-                  f"num_attention_heads = {head_dim}", "loopline derives the head width, so "
-                  "such models are not supported")
+            keys.fail(key, True, "is not supported", "loopline's output and FFN projections "
+                      "have no biases (only Qwen2's q/k/v biases are read)")
 
 
 def _hf_rope(keys: SourceKeys) -> tuple[float, dict[str, Any]]:
@@ -195,12 +199,17 @@ def check_architecture(arch: str, where: Any) -> None:
 
 
 def check_heads(keys: SourceKeys, names: tuple[str, str, str], hidden: int, heads: int,
-                kv_heads: int) -> None:
-    """Heads a multiple of the key/value heads, an even integer head width (loopline's RoPE);
+                kv_heads: int, head_dim: int = 0) -> None:
+    """Heads a multiple of the key/value heads, an even integer head width (loopline's RoPE):
+    ``head_dim`` if the config sets one other than hidden / heads, else hidden / heads;
     ``names``: the source's keys of hidden size, heads and key/value heads."""
     if heads % kv_heads:
         keys.fail(names[1], heads, f"is not a multiple of {keys.prefix}{names[2]} = {kv_heads}")
-    if hidden % heads or (hidden // heads) % 2:
+    if head_dim:
+        if head_dim % 2:
+            keys.fail("head_dim", head_dim, "is not an even head width", "loopline's RoPE "
+                      "needs one; such models are not supported")
+    elif hidden % heads or (hidden // heads) % 2:
         keys.fail(names[0], hidden, f"/ {keys.prefix}{names[1]} = {heads} is not an even "
                   "integer head width", "loopline's RoPE needs one; such models are not "
                   "supported")
@@ -220,12 +229,14 @@ def gguf_arch(path: Path, fields: Mapping[str, Any], tensor_names: set[str]) -> 
     kv_heads = keys.integer("attention.head_count_kv", heads)
     check_heads(keys, ("embedding_length", "attention.head_count", "attention.head_count_kv"),
                 hidden, heads, kv_heads)
-    for key, why in (("rope.dimension_count", "partial rotary embeddings are not supported"),
-                     ("attention.key_length", "loopline derives the head width"),
-                     ("attention.value_length", "loopline derives the head width")):
+    other_width = ("loopline's GGUF import derives the head width; import the model's "
+                   "Hugging Face directory instead (it reads head_dim)")
+    for key, fix in (("rope.dimension_count", "loopline rotates the whole head; such models "
+                      "are not supported"),
+                     ("attention.key_length", other_width),
+                     ("attention.value_length", other_width)):
         if keys.integer(key, hidden // heads) != hidden // heads:
-            keys.fail(key, keys.raw(key), f"differs from the head width {hidden // heads}",
-                      f"{why}, so such models are not supported")
+            keys.fail(key, keys.raw(key), f"differs from the head width {hidden // heads}", fix)
     if keys.integer("expert_count", 0, minimum=0):
         keys.fail("expert_count", keys.raw("expert_count"), "is not supported",
                   "mixture-of-experts models (Mixtral) are not imported")

@@ -39,7 +39,7 @@ from .layers import RMSNorm, RopeScaling, rope_tables
 from .loss import chunked_cross_entropy
 from .moe import MoEFFN
 from .recompute import checkpointed
-from .size import check_model_config, step_embedding_rows
+from .size import check_model_config, resolved_head_dim, step_embedding_rows
 
 Batch = Mapping[str, Tensor]
 
@@ -146,7 +146,7 @@ class LoopedLM(nn.Module):
             mask = DocumentMask.build(doc, resolve_attention_kernel(self.cfg.attention,
                                                                     ids.device))
         return LoopContext(
-            rope=rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta,
+            rope=rope_tables(pos, resolved_head_dim(self.cfg), self.cfg.rope_theta,
                              self.rope_scaling),
             mask=mask,
             targets=batch.get("targets"),
