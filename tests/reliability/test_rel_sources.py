@@ -113,6 +113,16 @@ def _drop_tensor(path: Path, name: str) -> None:
     save_file(tensors, str(path))
 
 
+def _put_tensor(path: Path, name: str, size: int) -> None:
+    """Replace tensor ``name`` by ones of shape [size]."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path))
+    tensors[name] = np.ones(size, dtype=np.float32)
+    save_file(tensors, str(path))
+
+
 def _set(source: Path, **config: object) -> None:
     data = json.loads((source / "config.json").read_text())
     (source / "config.json").write_text(json.dumps({**data, **config}))
@@ -138,6 +148,8 @@ def test_a_damaged_weight_file_is_one_line_naming_it(pristine, tmp_path, capsys,
     ({"tie_word_embeddings": "yes"}, "config.json: tie_word_embeddings = 'yes' must be true"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
      "config.json: rope_parameters.rope_theta = 0 must be a finite number"),
+    ({"head_dim": "16"}, "config.json: head_dim = '16' must be an integer"),
+    ({"head_dim": 15}, "config.json: head_dim = 15 is not an even head width"),
 ])
 def test_a_bad_config_value_is_named_under_the_source_file_and_key(pristine, tmp_path, capsys,
                                                                    config, fragment):
@@ -229,3 +241,88 @@ def test_a_gguf_rope_scaling_the_import_would_ignore_is_refused(pristine, tmp_pa
     path = write_tiny_gguf(model, tmp_path / "source.gguf", extra=tensors,
                            strings=extra.get("strings"))
     _import_fails(tmp_path, capsys, path, fragment)
+
+
+# --------------------------------------------------------------------------- other families
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory) -> Path:
+    """A tiny Qwen2, Qwen3 and OLMo-2, each in one safetensors file."""
+    root = tmp_path_factory.mktemp("families")
+    for family in ("qwen2", "qwen3", "olmo2"):
+        save_tiny_llama(root / family, family=family)
+    return root
+
+
+@pytest.mark.parametrize("kind, damage, fragments", [
+    ("qwen2", lambda s: _drop_tensor(s / "model.safetensors",
+                                     "model.layers.2.self_attn.k_proj.bias"),
+     ("lacks tensor model.layers.2.self_attn.k_proj.bias", "Qwen2ForCausalLM")),
+    ("olmo2", lambda s: _drop_tensor(s / "model.safetensors",
+                                     "model.layers.1.post_feedforward_layernorm.weight"),
+     ("lacks tensor model.layers.1.post_feedforward_layernorm.weight",)),
+    ("olmo2", lambda s: _put_tensor(s / "model.safetensors",
+                                    "model.layers.3.self_attn.k_norm.weight", 16),
+     ("tensor model.layers.3.self_attn.k_norm.weight has shape [16]",
+      "config.json implies [32]")),  # OLMo-2's gain spans all 2 key/value heads
+    ("qwen3", lambda s: _set(s, head_dim=8),
+     ("tensor model.layers.0.self_attn.q_proj.weight has shape [64, 64]",
+      "config.json implies [32, 64]")),
+])
+def test_a_family_s_own_tensors_are_checked_like_llama_s(families, tmp_path, capsys, kind,
+                                                         damage, fragments):
+    """Biases, QK-norm gains and post-norms are in the shape check before any work (they
+    were read unchecked, and a missing or misshapen one failed inside torch)."""
+    source = _source(families, tmp_path, kind)
+    damage(source)
+    _import_fails(tmp_path, capsys, source, *fragments)
+
+
+ABSENT = ("num_key_value_heads", "head_dim", "rms_norm_eps", "sliding_window",
+          "use_sliding_window")
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3", "olmo2"])
+@pytest.mark.parametrize("use_window", [None, True])
+def test_keys_a_config_lacks_mean_what_transformers_makes_of_them(tmp_path, kind, use_window):
+    """Each family's config class fills a missing key its own way (Qwen2/Qwen3: 32 key/value
+    heads; Qwen3: head_dim 128; OLMo-2: rms_norm_eps 1e-5; Mistral: a 4096-token window;
+    Qwen: a window only with use_sliding_window): the reader reads what transformers does."""
+    from transformers import AutoConfig
+
+    from pipeline_lib.export.source_config import hf_arch
+
+    save_tiny_llama(tmp_path, family=kind)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ABSENT:
+        config.pop(key, None)
+    # 64 heads: a multiple of Qwen's 32 key/value heads, and not 32 (the test would not see
+    # Qwen's default); the weights are not read
+    config.update(hidden_size=256, num_attention_heads=64)
+    if use_window:
+        config["use_sliding_window"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    theirs, ours = AutoConfig.from_pretrained(tmp_path), hf_arch(tmp_path)
+    # the attention modules' own reading of head_dim (OLMo-2's config class has none)
+    head_dim = getattr(theirs, "head_dim", None) or 256 // 64
+    assert (ours.kv_heads, ours.head_dim, ours.rms_norm_eps, ours.sliding_window) == (
+        theirs.num_key_value_heads, head_dim, theirs.rms_norm_eps,
+        getattr(theirs, "sliding_window", None))
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_a_bias_flag_the_family_ignores_is_ignored(families, pristine, tmp_path, kind):
+    """transformers' Mistral and Qwen2 never read attention_bias or mlp_bias (Qwen2's q/k/v
+    biases are always there, its output projection never has one): such a source is read
+    as transformers loads it."""
+    from transformers import AutoModelForCausalLM
+
+    root = families if kind == "qwen2" else pristine
+    source = _source(root, tmp_path, "qwen2" if kind == "qwen2" else "llama",
+                     attention_bias=True, mlp_bias=True,
+                     **({} if kind == "qwen2" else {"architectures": ["MistralForCausalLM"],
+                                                    "model_type": "mistral"}))
+    layer = AutoModelForCausalLM.from_pretrained(source).model.layers[0]
+    assert layer.self_attn.o_proj.bias is None and layer.mlp.up_proj.bias is None
+    assert source_arch(source).architecture.lower().startswith(kind)
