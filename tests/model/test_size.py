@@ -29,6 +29,8 @@ CONFIGS = [
     {"n_kv_heads": 1, "moe_experts": 2, "moe_top_k": 1},  # multi-query
     {"n_kv_heads": 2},  # = n_heads: plain multi-head
     {"exit_gate": True, "coda_layers": 0},  # the shared exit gate: d + 1
+    {"recurrence": "gated", "loops": 4},  # gates g_2 … g_4
+    {"recurrence": "gated", "loops": 1},  # one gate for test-time loops
 ]
 
 
