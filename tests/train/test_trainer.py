@@ -106,7 +106,8 @@ def _check_noise_and_gates(pack: Path, tmp_path: Path, out: Path) -> None:
     zeros = tiny_config(*NOISE, "model.state_init=zeros")
     run_segments(zeros, pack, tmp_path / "zeros", [2])
     noisy = [m["loss"] for m in metrics(tmp_path / "one")[:2]]
-    assert all(a != b for a, b in zip(noisy, [m["loss"] for m in metrics(tmp_path / "zeros")]))
+    plain = [m["loss"] for m in metrics(tmp_path / "zeros")]
+    assert all(a != b for a, b in zip(noisy, plain, strict=True))
 
 
 def _check_muon_and_freeze(cfg, pack: Path, out: Path) -> None:

@@ -48,9 +48,9 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any],
     """config.json of a model with loopline config ``cfg`` (``LooplineConfig`` fields);
     ``bos``: the token its training documents started with, if any."""
     from ..model.size import (
+        loop_gate_rows,
         resolved_ffn_hidden,
         resolved_kv_heads,
-        loop_gate_rows,
         resolved_moe_hidden,
         step_embedding_rows,
     )
