@@ -20,6 +20,8 @@ VARIANTS = {
     # grouped-query attention (the cache holds the 2 kv heads) and Llama 3 RoPE scaling
     "gqa_llama3_rope": {"n_heads": 4, "n_kv_heads": 2, "rope_scaling": "llama3",
                         "rope_scaling_factor": 8.0, "rope_original_max_position": 1000},
+    # gated loops (gates set away from 0 below) from the noise start (zeros in eval mode)
+    "gated_noise": {"recurrence": "gated", "state_init": "noise"},
 }
 
 
@@ -27,7 +29,11 @@ VARIANTS = {
 def build(make_config):
     def _model(variant: str) -> LoopedLM:
         torch.manual_seed(3)
-        return LoopedLM(make_config(init_std=0.3, **VARIANTS[variant])).eval()
+        model = LoopedLM(make_config(init_std=0.3, **VARIANTS[variant])).eval()
+        if model.loop_gate is not None:
+            with torch.no_grad():
+                model.loop_gate.copy_(torch.tensor([0.5, -0.25]))
+        return model
 
     return _model
 
