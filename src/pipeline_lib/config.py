@@ -233,8 +233,14 @@ class ModelConfig:
     injection_scale: float = _f(1.0, "λ of additive injection (initial value when learnable).")
     learn_injection_scale: bool = _f(False, "Make λ a learnable scalar with its own parameter group.")
     step_embedding: bool = _f(False, "Add a learned per-loop step embedding to the state.")
-    state_init: str = _f("zeros", "Initial loop state: zeros or the prelude output (embedding).",
-                         choices=["zeros", "embedding"])
+    state_init: str = _f("zeros", "Initial loop state: zeros, the prelude output (embedding) or "
+                         "noise (training: truncated normal, std init_std, cut at ±3 std; "
+                         "outside training its mean, zeros).",
+                         choices=["zeros", "embedding", "noise"])
+    recurrence: str = _f("plain", "Loop update: plain (state ← core(x), x = the injected state) "
+                         "or gated (loop 1 as plain; loop t ≥ 2 adds its core increment "
+                         "g_t·(core(x) − x), g_t learned and 0 at the start: extra loops begin "
+                         "as exact no-ops).", choices=["plain", "gated"])
     tie_embeddings: bool = _f(True, "Share the token embedding with the output head.")
     rope_theta: float = _f(10000.0, "RoPE base frequency.", exclusive_minimum=0)
     rope_scaling: str = _f("none", "RoPE frequency scaling: none, linear (every frequency / "

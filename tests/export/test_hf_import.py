@@ -141,6 +141,28 @@ def test_prelude_core_coda_in_order_at_one_loop_is_still_the_original(llama, tmp
         assert _scale_close(model.logits_at(IDS, 1), hf(IDS).logits) <= 1e-4
 
 
+@pytest.mark.parametrize("ranges", [[], ["--prelude", "0:1", "--core", "1:3", "--coda", "3:4",
+                                         "--adapter", "linear"]])
+def test_gated_import_gives_the_hf_logits_at_every_loop_count(llama, tmp_path, ranges):
+    """import-hf with gated recurrence and 4 loops: every H_eff 1…4 (and beyond) is the
+    source model; with plain recurrence only H_eff 1 is."""
+    from pipeline_lib.cli import main
+
+    source, hf = llama
+    with torch.no_grad():
+        theirs = hf(IDS).logits
+    for recurrence in ("gated", "plain"):
+        out = tmp_path / recurrence
+        assert main(["import-hf", "--source", str(source), "--out", str(out), *ranges,
+                     "--loops", "4", f"model.recurrence={recurrence}"]) == 0
+        model = load_for_eval(out).model
+        assert (model.cfg.recurrence, model.cfg.loops) == (recurrence, 4)
+        logits = model.logits_by_loops(IDS, [1, 2, 3, 4, 6])
+        assert _scale_close(logits[1], theirs) <= 1e-4
+        far = [h for h in (2, 3, 4, 6) if _scale_close(logits[h], theirs) > 1e-4]
+        assert far == ([] if recurrence == "gated" else [2, 3, 4, 6]), recurrence
+
+
 def test_a_retrofit_keeps_the_chosen_layers_and_drops_the_rest(llama, tmp_path):
     source, hf = llama
     record, model = _import(source, tmp_path / "snap", prelude="0:1", core="1:2", coda="3:4",

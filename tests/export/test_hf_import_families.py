@@ -3,7 +3,8 @@ over all heads, post-norm blocks) and heads whose width is not hidden / heads, e
 transformers on a tiny random config (``save_pretrained``). Imported with every layer in
 order and one loop, the snapshot gives transformers' logits; exported again to the Hugging
 Face format, the exported model gives them too (in process here, and loaded by transformers
-alone in a process without loopline in the slow test)."""
+alone in a process without loopline in the slow test). With ``model.recurrence: gated`` the
+import and its export are the source at every loop count."""
 
 from __future__ import annotations
 
@@ -122,6 +123,41 @@ def test_the_hf_export_of_an_import_gives_the_source_logits(sources, name):
     with torch.no_grad():
         ours = model(IDS, num_loops=1).logits
     assert _scale_close(ours, _hf_logits(hf)) <= 1e-4
+
+
+@pytest.mark.parametrize("name, ranges", [("qwen3_wide_heads", ()),
+                                          ("olmo2", ("0:1", "1:3", "3:4"))])
+def test_a_gated_import_and_its_export_are_the_source_at_every_loop_count(sources, name,
+                                                                          ranges, tmp_path):
+    """``model.recurrence: gated`` with 4 loops over a Qwen3 (QK-norm, wide heads) or a split
+    OLMo-2 (post-norm blocks): the snapshot and its HF export give the source's logits at
+    every H_eff; with the gates moved off 0 the export still equals loopline at every H_eff."""
+    from pipeline_lib.export import modeling_loopline as exported
+
+    source, hf, _, _ = sources[name]
+    cfg = Config()
+    cfg.model.recurrence, cfg.model.loops = "gated", 4
+    import_checkpoint(source, tmp_path / "snap", cfg, layer_choice(4, *ranges))
+    export_snapshot(tmp_path / "snap", tmp_path / "export")
+    model = load_for_eval(tmp_path / "snap").model
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert (config["loop_gate_rows"], config["num_loops"]) == (3, 4)
+    hf_model = exported.LooplineForCausalLM(exported.LooplineConfig(**config)).eval()
+    result = hf_model.load_state_dict(load_file(str(tmp_path / "export" / "model.safetensors")),
+                                      strict=False)
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])
+    loops, theirs = (1, 2, 3, 4, 6), _hf_logits(hf)
+    with torch.no_grad():
+        for h, ours in model.logits_by_loops(IDS, list(loops)).items():
+            assert _scale_close(ours, theirs) <= 1e-4, h
+            assert _scale_close(hf_model(IDS, num_loops=h).logits, theirs) <= 1e-4, h
+        gates = torch.tensor([0.7, -0.4, 1.3])
+        model.loop_gate.copy_(gates)
+        hf_model.loop_gate.copy_(gates)
+        mine = model.logits_by_loops(IDS, list(loops))
+        for h in loops:
+            assert _scale_close(hf_model(IDS, num_loops=h).logits, mine[h]) <= 1e-4, h
+        assert _scale_close(mine[4], theirs) > 1e-3  # the moved gates do change the logits
 
 
 def test_kv_cached_decoding_of_an_import_equals_the_window(sources):

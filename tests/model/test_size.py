@@ -36,6 +36,8 @@ CONFIGS = [
     {"qk_norm": "all_heads", "norm_placement": "post", "head_dim": 8, "d_model": 24,
      "n_heads": 4, "n_kv_heads": 2},
     {"d_model": 30, "n_heads": 4, "head_dim": 6},  # d_model not a multiple of n_heads
+    {"recurrence": "gated", "loops": 4},  # gates g_2 … g_4
+    {"recurrence": "gated", "loops": 1},  # one gate for test-time loops
 ]
 
 

@@ -121,6 +121,19 @@ def test_train_signature_ignores_eval_and_bench_but_not_training():
     assert _plan("eval.max_tokens=5").eval_signature(run) != base.eval_signature(run)
 
 
+def test_recurrence_and_noise_retrain_but_plain_keeps_the_old_signature():
+    """``model.recurrence`` came after runs were made: at plain it is left out of the hash
+    (the signatures of every shipped config are those of the code before the key)."""
+    from pipeline_lib.workflow.signatures import model_signature
+
+    base = _plan()
+    run = base.run_names[0]
+    assert "recurrence" not in model_signature(base.runs[run].config.model)
+    assert _plan("model.recurrence=plain").train_signature(run) == base.train_signature(run)
+    assert _plan("model.recurrence=gated").train_signature(run) != base.train_signature(run)
+    assert _plan("model.state_init=noise").train_signature(run) != base.train_signature(run)
+
+
 def test_precision_reruns_train_eval_and_bench_but_auto_keeps_old_signatures():
     from pipeline_lib.config import config_hash
 

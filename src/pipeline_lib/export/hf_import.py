@@ -13,7 +13,8 @@ The chosen layers become prelude, core and coda (``choice``); the input-injectio
 (``add``: state + λ·e; ``linear``: W[state; e] with W = [I | λI]) and any per-loop step
 embedding are new and start from the seeded init. With every layer in order and one loop,
 additive injection with λ = 1 and a zero initial state, the snapshot IS the source model
-(the exactness tests compare logits against transformers).
+(the exactness tests compare logits against transformers); with ``model.recurrence: gated``
+it is at every loop count, since its extra loops start as no-ops.
 
 Everything is checked before anything is written: the source by the one validated reader
 (:func:`~.pretrained_source.read_source`: config keys, every tensor header and size, the
@@ -207,8 +208,8 @@ def mapped_state(source: PretrainedSource, choice: LayerChoice) -> dict[str, Any
 
 
 def build_imported_model(cfg: Config, state: dict[str, Any]) -> Any:
-    """A seeded :class:`LoopedLM` of ``cfg.model`` with ``state`` loaded over it (the adapter
-    and step embedding keep their init)."""
+    """A seeded :class:`LoopedLM` of ``cfg.model`` with ``state`` loaded over it (the adapter,
+    step embedding and loop gates keep their init)."""
     import torch
 
     from ..model.looped import LoopedLM

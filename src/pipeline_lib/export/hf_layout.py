@@ -223,7 +223,7 @@ def layer_choice(layers: int, prelude: Any = None, core: Any = None, coda: Any =
 
 def model_fields(arch: SourceArch, choice: LayerChoice) -> dict[str, Any]:
     """The ``model`` config keys a checkpoint fixes (the rest stay the user's: loops,
-    injection, state_init, step_embedding, attention, loss_chunk_size)."""
+    injection, state_init, recurrence, step_embedding, attention, loss_chunk_size)."""
     rope = arch.rope_scaling
     fields: dict[str, Any] = {
         "vocab_size": arch.vocab_size, "d_model": arch.hidden_size, "n_heads": arch.heads,

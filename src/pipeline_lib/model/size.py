@@ -59,6 +59,12 @@ def step_embedding_rows(cfg: ModelConfig) -> int:
     return cfg.loops if cfg.step_embedding else 0
 
 
+def loop_gate_rows(cfg: ModelConfig) -> int:
+    """Gates of ``recurrence: gated``: one per training loop after the first (at least one;
+    later loops reuse the last)."""
+    return max(1, cfg.loops - 1) if cfg.recurrence == "gated" else 0
+
+
 def check_model_config(cfg: ModelConfig) -> None:
     """Raise :class:`ConfigError` for a model that cannot be built.
 
@@ -78,7 +84,8 @@ def check_model_config(cfg: ModelConfig) -> None:
         if getattr(cfg, key) < 0:
             raise ConfigError(f"model.{key} = {getattr(cfg, key)} must not be negative; use 0 or more")
     check_model_shape(cfg)
-    choices = {"injection": ("add", "linear"), "state_init": ("zeros", "embedding"),
+    choices = {"injection": ("add", "linear"), "state_init": ("zeros", "embedding", "noise"),
+               "recurrence": ("plain", "gated"),
                "attention": ("auto", "sdpa", "flex"),
                "rope_scaling": ("none", "linear", "llama3"),
                "qk_norm": ("none", "head", "all_heads"), "norm_placement": ("pre", "post")}
@@ -131,6 +138,7 @@ def param_count(cfg: ModelConfig) -> int:
     elif cfg.learn_injection_scale:
         total += 1  # λ
     total += step_embedding_rows(cfg) * d
+    total += loop_gate_rows(cfg)  # g_t of gated recurrence
     if cfg.exit_gate:
         total += d + 1  # the shared exit gate Linear(d, 1): weight and bias
     return total
