@@ -174,7 +174,8 @@ class DataConfig:
 
 @dataclass
 class InitFromConfig:
-    """Start from a pretrained Hugging Face Llama-family model (``import-hf``): its chosen
+    """Start from a pretrained Hugging Face model (``import-hf``: Llama, Mistral, Qwen2, Qwen3,
+    OLMo-2): its chosen
     layers become prelude, core and coda; the architecture keys of ``model`` come from it."""
 
     source: str = _f("", "Hugging Face model directory (config.json + *.safetensors) or a "
@@ -196,9 +197,22 @@ class ModelConfig:
 
     vocab_size: int = _f(0, "Vocabulary size; 0 = taken from the packed data's tokenizer.", minimum=0)
     d_model: int = _f(128, "Residual stream width.", minimum=8)
-    n_heads: int = _f(4, "Attention heads; must divide d_model.", minimum=1)
+    n_heads: int = _f(4, "Attention heads; must divide d_model (unless head_dim is set).",
+                      minimum=1)
     n_kv_heads: int = _f(0, "Key/value heads (grouped-query attention); 0 = n_heads; must "
                          "divide n_heads.", minimum=0)
+    head_dim: int = _f(0, "Width of one attention head; 0 = d_model / n_heads (set by "
+                       "import-hf for models such as Qwen3 whose heads are wider or narrower).",
+                       minimum=0)
+    qkv_bias: bool = _f(False, "Biases on the query, key and value projections (Qwen2's; set "
+                        "by import-hf).")
+    qk_norm: str = _f("none", "RMSNorm of queries and keys before RoPE: none, head (per head "
+                      "over head_dim, one gain shared by the heads: Qwen3) or all_heads (over "
+                      "all query heads and over all key heads: OLMo-2); set by import-hf.",
+                      choices=["none", "head", "all_heads"])
+    norm_placement: str = _f("pre", "Where a block's two RMSNorms sit: pre (x + f(norm(x)), "
+                             "Llama's) or post (x + norm(f(x)), OLMo-2's); set by import-hf.",
+                             choices=["pre", "post"])
     prelude_layers: int = _f(1, "Blocks before the loop (run once).", minimum=0)
     core_layers: int = _f(1, "Blocks in the looped core.", minimum=1)
     coda_layers: int = _f(1, "Blocks after the loop (run once per readout).", minimum=0)
@@ -219,8 +233,14 @@ class ModelConfig:
     injection_scale: float = _f(1.0, "λ of additive injection (initial value when learnable).")
     learn_injection_scale: bool = _f(False, "Make λ a learnable scalar with its own parameter group.")
     step_embedding: bool = _f(False, "Add a learned per-loop step embedding to the state.")
-    state_init: str = _f("zeros", "Initial loop state: zeros or the prelude output (embedding).",
-                         choices=["zeros", "embedding"])
+    state_init: str = _f("zeros", "Initial loop state: zeros, the prelude output (embedding) or "
+                         "noise (training: truncated normal, std init_std, cut at ±3 std; "
+                         "outside training its mean, zeros).",
+                         choices=["zeros", "embedding", "noise"])
+    recurrence: str = _f("plain", "Loop update: plain (state ← core(x), x = the injected state) "
+                         "or gated (loop 1 as plain; loop t ≥ 2 adds its core increment "
+                         "g_t·(core(x) − x), g_t learned and 0 at the start: extra loops begin "
+                         "as exact no-ops).", choices=["plain", "gated"])
     tie_embeddings: bool = _f(True, "Share the token embedding with the output head.")
     rope_theta: float = _f(10000.0, "RoPE base frequency.", exclusive_minimum=0)
     rope_scaling: str = _f("none", "RoPE frequency scaling: none, linear (every frequency / "
@@ -246,8 +266,9 @@ class ModelConfig:
                          "train.objective = expected_exit; eval criterion gate).")
     init_from: InitFromConfig = _f(InitFromConfig(), "Pretrained start (empty source = random "
                                    "init); the source fixes vocab_size, d_model, n_heads, "
-                                   "n_kv_heads, ffn_hidden, norm_eps, rope_*, tie_embeddings "
-                                   "and the layer counts.")
+                                   "n_kv_heads, head_dim, qkv_bias, qk_norm, norm_placement, "
+                                   "ffn_hidden, norm_eps, rope_*, tie_embeddings and the layer "
+                                   "counts.")
 
 
 @dataclass
@@ -661,10 +682,15 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def check_model_shape(cfg: ModelConfig) -> None:
     """Cross-field rules of the architecture (run by :func:`validate_config` and by
     ``model.size.check_model_config`` for a ``ModelConfig`` built by hand)."""
-    if cfg.d_model % cfg.n_heads:
+    if cfg.head_dim:
+        if cfg.head_dim % 2:
+            raise ConfigError(f"model.head_dim = {cfg.head_dim} must be even for RoPE; change "
+                              "it (0 = d_model / n_heads)")
+    elif cfg.d_model % cfg.n_heads:
         raise ConfigError(f"model.d_model = {cfg.d_model} is not divisible by model.n_heads = "
-                          f"{cfg.n_heads}; pick n_heads that divides d_model")
-    if (cfg.d_model // cfg.n_heads) % 2:
+                          f"{cfg.n_heads}; pick n_heads that divides d_model (or set "
+                          "model.head_dim)")
+    elif (cfg.d_model // cfg.n_heads) % 2:
         raise ConfigError(f"model.d_model / model.n_heads = {cfg.d_model // cfg.n_heads} must be "
                           "even for RoPE; change d_model or n_heads")
     if cfg.n_kv_heads and cfg.n_heads % cfg.n_kv_heads:

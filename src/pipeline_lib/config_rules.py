@@ -26,10 +26,12 @@ EXIT_CRITERIA = ("kl", "entropy", "latent_diff", "cosine", "argmax_stable", "gat
 def model_parts(model: Any) -> list[str]:
     """The :data:`FREEZE_PARTS` the architecture ``model`` (a ``ModelConfig``) has parameters
     for: no prelude or coda without layers, no head of its own when tied to the embedding,
-    an adapter only with linear injection (``injection_proj``) or a learnable λ."""
+    an adapter only with linear injection (``injection_proj``), a learnable λ or loop gates
+    (gated recurrence)."""
     has = {"prelude": model.prelude_layers > 0, "coda": model.coda_layers > 0,
            "head": not model.tie_embeddings,
-           "adapter": model.injection == "linear" or model.learn_injection_scale}
+           "adapter": (model.injection == "linear" or model.learn_injection_scale
+                       or model.recurrence == "gated")}
     return [part for part in FREEZE_PARTS if has.get(part, True)]
 
 

@@ -1,8 +1,9 @@
 """The Hugging Face export of a snapshot: its files, loading it with transformers alone (no
 loopline importable), logits equal to LoopedLM's at H_eff 1, 4 and 8 for dense, MoE and
-grouped-query (Llama 3 RoPE) models, ``generate(num_loops=…)`` equal to loopline's greedy
-decoding, its KV cache equal to recomputing the window, sharded snapshots exporting the same
-weights as unsharded ones, and config.json files of older exports still loading."""
+grouped-query (Llama 3 RoPE, gated loops, noise state) models, ``generate(num_loops=…)``
+equal to loopline's greedy decoding, its KV cache equal to recomputing the window, sharded
+snapshots exporting the same weights as unsharded ones, and config.json files of older
+exports still loading."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from pipeline_lib.config import Config
 from pipeline_lib.errors import ConfigError, DataError, UsageError
 from pipeline_lib.evaluate.loading import load_for_eval
 from pipeline_lib.export.hf_import import import_checkpoint, unpermute_rows
-from pipeline_lib.export.hf_layout import layer_choice, source_arch
+from pipeline_lib.export.hf_layout import layer_choice
+from pipeline_lib.export.pretrained_source import source_arch
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,31 @@ def sharded_mistral(tmp_path_factory):
     return root, model
 
 
-@pytest.mark.parametrize("fixture", ["llama", "tied_llama3", "sharded_mistral"])
+@pytest.fixture(scope="module")
+def tied_config_with_head(tmp_path_factory):
+    """config.json says tie_word_embeddings, yet the weights hold a trained lm_head:
+    transformers keeps that head (it ties only equal ones), and is the reference as loaded."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("tied_with_head")
+    save_tiny_llama(root, seed=3)
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    hf = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32).eval()
+    assert not torch.equal(hf.lm_head.weight, hf.model.embed_tokens.weight)
+    return root, hf
+
+
+@pytest.fixture(scope="module")
+def linear_rope(tmp_path_factory):
+    """RoPE with linear scaling (factor 2)."""
+    root = tmp_path_factory.mktemp("linear_rope")
+    rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    return root, save_tiny_llama(root, seed=4, rope_parameters=rope)
+
+
+@pytest.mark.parametrize("fixture", ["llama", "tied_llama3", "sharded_mistral",
+                                     "tied_config_with_head", "linear_rope"])
 def test_whole_model_at_one_loop_gives_the_hf_logits(request, tmp_path, fixture):
     source, hf = request.getfixturevalue(fixture)
     _, model = _import(source, tmp_path / "snap")
@@ -77,6 +102,19 @@ def test_whole_model_at_one_loop_gives_the_hf_logits(request, tmp_path, fixture)
     with torch.no_grad():
         theirs = hf(IDS).logits
     assert _scale_close(ours, theirs) <= 1e-4
+
+
+def test_a_mistral_within_its_sliding_window_gives_the_hf_logits(tmp_path):
+    """Rows no longer than the window (data.seq_len = 16, the window's size): exact."""
+    hf = save_tiny_llama(tmp_path / "src", seed=5, mistral=True, sliding_window=16)
+    arch = source_arch(tmp_path / "src")
+    assert arch.sliding_window == 16
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seq_len=16))
+    import_checkpoint(tmp_path / "src", tmp_path / "snap", cfg, layer_choice(arch.layers))
+    model = load_for_eval(tmp_path / "snap").model
+    with torch.no_grad():
+        assert _scale_close(model.logits_at(IDS, 1), hf(IDS).logits) <= 1e-4
 
 
 def test_packed_rows_give_each_documents_own_hf_logits(llama, tmp_path):
@@ -101,6 +139,28 @@ def test_prelude_core_coda_in_order_at_one_loop_is_still_the_original(llama, tmp
     assert record["layers"] == {"prelude": [0, 1], "core": [1, 3], "coda": [3, 4]}
     with torch.no_grad():
         assert _scale_close(model.logits_at(IDS, 1), hf(IDS).logits) <= 1e-4
+
+
+@pytest.mark.parametrize("ranges", [[], ["--prelude", "0:1", "--core", "1:3", "--coda", "3:4",
+                                         "--adapter", "linear"]])
+def test_gated_import_gives_the_hf_logits_at_every_loop_count(llama, tmp_path, ranges):
+    """import-hf with gated recurrence and 4 loops: every H_eff 1…4 (and beyond) is the
+    source model; with plain recurrence only H_eff 1 is."""
+    from pipeline_lib.cli import main
+
+    source, hf = llama
+    with torch.no_grad():
+        theirs = hf(IDS).logits
+    for recurrence in ("gated", "plain"):
+        out = tmp_path / recurrence
+        assert main(["import-hf", "--source", str(source), "--out", str(out), *ranges,
+                     "--loops", "4", f"model.recurrence={recurrence}"]) == 0
+        model = load_for_eval(out).model
+        assert (model.cfg.recurrence, model.cfg.loops) == (recurrence, 4)
+        logits = model.logits_by_loops(IDS, [1, 2, 3, 4, 6])
+        assert _scale_close(logits[1], theirs) <= 1e-4
+        far = [h for h in (2, 3, 4, 6) if _scale_close(logits[h], theirs) > 1e-4]
+        assert far == ([] if recurrence == "gated" else [2, 3, 4, 6]), recurrence
 
 
 def test_a_retrofit_keeps_the_chosen_layers_and_drops_the_rest(llama, tmp_path):
@@ -168,14 +228,15 @@ def test_snapshot_is_verified_and_records_its_source(llama, tmp_path):
 
 def test_unsupported_architecture_names_the_supported_ones(llama, tmp_path):
     source, _ = llama
-    bad = tmp_path / "qwen"
+    bad = tmp_path / "gemma"
     bad.mkdir()
     config = json.loads((source / "config.json").read_text())
-    config["architectures"] = ["Qwen2ForCausalLM"]
+    config["architectures"] = ["GemmaForCausalLM"]
     (bad / "config.json").write_text(json.dumps(config))
-    with pytest.raises(DataError, match="LlamaForCausalLM, MistralForCausalLM") as err:
+    with pytest.raises(DataError, match="LlamaForCausalLM, MistralForCausalLM, "
+                       "Qwen2ForCausalLM, Qwen3ForCausalLM, Olmo2ForCausalLM") as err:
         source_arch(bad)
-    assert "biases" in str(err.value) and "\n" not in str(err.value)
+    assert "GeGLU" in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("ranges, match", [
@@ -273,7 +334,8 @@ def test_init_from_refuses_rows_longer_than_a_mistral_window(llama, tmp_path):
     config = json.loads((source / "config.json").read_text())
     config.update(architectures=["MistralForCausalLM"], sliding_window=64)
     (mistral / "config.json").write_text(json.dumps(config))
-    (mistral / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+    for name in ("tokenizer.json", "model.safetensors"):
+        (mistral / name).write_bytes((source / name).read_bytes())
     cfg = _init_config(mistral, {"type": "file", "path": str(mistral)})
     with pytest.raises(ConfigError, match="sliding window"):
         resolve_init_from(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seq_len=128)))
@@ -288,6 +350,31 @@ def test_gguf_tensor_names_are_read_from_the_header_alone(llama, tmp_path):
 
     _, hf = llama
     path = write_tiny_gguf(hf, tmp_path / "tiny.gguf")
-    fields, names = read_gguf_header(path, tensor_names=True)
-    assert names == [t.name for t in gguf.GGUFReader(str(path)).tensors]
-    assert "output.weight" in names and fields["llama.block_count"] == 4
+    header = read_gguf_header(path, tensors=True)
+    theirs = gguf.GGUFReader(str(path)).tensors
+    assert [t.name for t in header.tensors] == [t.name for t in theirs]
+    assert [t.dims for t in header.tensors] == [tuple(map(int, t.shape)) for t in theirs]
+    assert [header.data_start + t.offset for t in header.tensors] == [
+        int(t.data_offset) for t in theirs]
+    assert "output.weight" in {t.name for t in header.tensors}
+    assert header.fields["llama.block_count"] == 4
+
+
+def test_repeated_config_files_merge_in_order(llama, tmp_path):
+    """``import-hf --config A --config B`` merges A then B over config/config.yaml, as the
+    other commands do (it used to keep only B)."""
+    import yaml
+
+    from pipeline_lib.cli import main
+    from pipeline_lib.config import load_config
+
+    source, _ = llama
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump({"train": {"lr": 0.0005, "warmup_steps": 3},
+                                 "model": {"injection_scale": 0.5}}))
+    b.write_text(yaml.safe_dump({"train": {"lr": 0.0007}}))
+    assert main(["import-hf", "--source", str(source), "--out", str(tmp_path / "snap"),
+                 "--config", str(a), "--config", str(b), "experiment.seed=5"]) == 0
+    cfg = load_config(tmp_path / "snap" / "config.yaml", base=None)
+    assert (cfg.train.lr, cfg.train.warmup_steps, cfg.model.injection_scale) == (0.0007, 3, 0.5)
+    assert cfg.experiment.seed == 5

@@ -20,6 +20,13 @@ VARIANTS = {
     # grouped-query attention (the cache holds the 2 kv heads) and Llama 3 RoPE scaling
     "gqa_llama3_rope": {"n_heads": 4, "n_kv_heads": 2, "rope_scaling": "llama3",
                         "rope_scaling_factor": 8.0, "rope_original_max_position": 1000},
+    # imported families: Qwen3-like (q/k/v biases, per-head QK-norm, heads of width 6 ≠ 16/4)
+    # and OLMo-2-like (QK-norm over all heads, post-norm blocks)
+    "qwen_head_dim": {"n_heads": 4, "n_kv_heads": 2, "head_dim": 6, "qkv_bias": True,
+                      "qk_norm": "head"},
+    "olmo2_post_norm": {"qk_norm": "all_heads", "norm_placement": "post"},
+    # gated loops (gates set away from 0 below) from the noise start (zeros in eval mode)
+    "gated_noise": {"recurrence": "gated", "state_init": "noise"},
 }
 
 
@@ -27,7 +34,11 @@ VARIANTS = {
 def build(make_config):
     def _model(variant: str) -> LoopedLM:
         torch.manual_seed(3)
-        return LoopedLM(make_config(init_std=0.3, **VARIANTS[variant])).eval()
+        model = LoopedLM(make_config(init_std=0.3, **VARIANTS[variant])).eval()
+        if model.loop_gate is not None:
+            with torch.no_grad():
+                model.loop_gate.copy_(torch.tensor([0.5, -0.25]))
+        return model
 
     return _model
 

@@ -18,6 +18,7 @@ VARIANTS = {
     "learned_lambda": {"learn_injection_scale": True, "injection_scale": 0.5},
     "gqa_llama3_rope": {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "rope_scaling": "llama3",
                         "rope_scaling_factor": 8.0, "rope_original_max_position": 16},
+    "gated_linear": {"recurrence": "gated", "injection": "linear"},
 }
 
 

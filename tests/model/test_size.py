@@ -29,6 +29,15 @@ CONFIGS = [
     {"n_kv_heads": 1, "moe_experts": 2, "moe_top_k": 1},  # multi-query
     {"n_kv_heads": 2},  # = n_heads: plain multi-head
     {"exit_gate": True, "coda_layers": 0},  # the shared exit gate: d + 1
+    # pretrained families: q/k/v biases (Qwen2), QK-norm gains per head (Qwen3) or over all
+    # heads (OLMo-2), heads wider or narrower than d_model / n_heads
+    {"qkv_bias": True, "n_kv_heads": 1},
+    {"qk_norm": "head", "head_dim": 24, "n_kv_heads": 1},
+    {"qk_norm": "all_heads", "norm_placement": "post", "head_dim": 8, "d_model": 24,
+     "n_heads": 4, "n_kv_heads": 2},
+    {"d_model": 30, "n_heads": 4, "head_dim": 6},  # d_model not a multiple of n_heads
+    {"recurrence": "gated", "loops": 4},  # gates g_2 … g_4
+    {"recurrence": "gated", "loops": 1},  # one gate for test-time loops
 ]
 
 
@@ -69,6 +78,9 @@ def test_size_module_does_not_import_torch():
     ({"vocab_size": 0}, "model.vocab_size = 0"),
     ({"d_model": 18, "n_heads": 4}, "not divisible by model.n_heads"),
     ({"d_model": 18, "n_heads": 6}, "must be even for RoPE"),
+    ({"head_dim": 7}, "model.head_dim = 7 must be even"),
+    ({"qk_norm": "rms"}, "model.qk_norm = 'rms' is not allowed"),
+    ({"norm_placement": "sandwich"}, "model.norm_placement = 'sandwich'"),
     ({"moe_experts": 2, "moe_top_k": 3}, "model.moe_top_k = 3"),
     ({"d_model": 24, "n_heads": 4, "n_kv_heads": 3}, "model.n_kv_heads = 3 does not divide"),
     ({"n_kv_heads": 4}, "model.n_kv_heads = 4 does not divide model.n_heads = 2"),
@@ -93,7 +105,8 @@ def _linear_weights(module) -> int:
 
 
 @pytest.mark.parametrize("overrides", [{}, {"injection": "linear", "tie_embeddings": False},
-                                       {"d_model": 32, "n_heads": 4, "n_kv_heads": 1}])
+                                       {"d_model": 32, "n_heads": 4, "n_kv_heads": 1},
+                                       {"head_dim": 24, "n_kv_heads": 1, "qkv_bias": True}])
 def test_flops_per_token_counts_every_matmul_weight(overrides, make_config):
     from pipeline_lib.model.size import flops_per_token
 
@@ -102,7 +115,7 @@ def test_flops_per_token_counts_every_matmul_weight(overrides, make_config):
     blocks = [*model.prelude, *model.coda] + [b for b in model.core for _ in range(cfg.loops)]
     weights = sum(_linear_weights(b) for b in blocks) + cfg.vocab_size * cfg.d_model
     weights += cfg.loops * _linear_weights(model.injection_proj) if model.injection_proj else 0
-    attention = len(blocks) * 4 * 64 * cfg.d_model
+    attention = len(blocks) * 4 * 64 * cfg.n_heads * model.core[0].attn.head_dim
     assert flops_per_token(cfg, seq_len=64) == 2 * weights + attention
 
 

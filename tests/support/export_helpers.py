@@ -21,7 +21,8 @@ WORKER = Path(__file__).with_name("hf_export_worker.py")
 # Dense: tied head, additive injection with a learned λ. MoE: untied head, linear injection,
 # step embedding, state initialised from the prelude output, non-zero balancing biases.
 # GQA: 4 query heads over 2 kv heads, Llama 3 RoPE scaling whose three regimes (kept,
-# interpolated, divided) all occur at head width 8 over a 64-token "original" context.
+# interpolated, divided) all occur at head width 8 over a 64-token "original" context, and
+# gated loops (their gates moved well away from 0) from a noise state (zeros in eval mode).
 MODEL_CONFIGS = {
     "dense": ModelConfig(vocab_size=258, d_model=32, n_heads=2, loops=2,
                          learn_injection_scale=True, injection_scale=0.7,
@@ -31,7 +32,7 @@ MODEL_CONFIGS = {
                        state_init="embedding", tie_embeddings=False),
     "gqa": ModelConfig(vocab_size=258, d_model=32, n_heads=4, n_kv_heads=2, loops=2,
                        rope_scaling="llama3", rope_scaling_factor=4.0,
-                       rope_original_max_position=64),
+                       rope_original_max_position=64, recurrence="gated", state_init="noise"),
 }
 
 
@@ -43,8 +44,8 @@ def random_model(name: str, seed: int = 0):
     torch.manual_seed(seed)
     model = LoopedLM(MODEL_CONFIGS[name])
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+        for name, p in model.named_parameters():
+            p.add_(0.05 * torch.randn_like(p) + (0.5 if name == "loop_gate" else 0.0))
         for buffer_name, b in model.named_buffers():
             if buffer_name.endswith("balance_bias"):
                 b.copy_(0.1 * torch.randn_like(b))

@@ -1,6 +1,7 @@
-"""Tiny pretrained-model sources for the import tests: a random Llama saved by transformers'
-``save_pretrained`` (with a byte-level tokenizer) and the same weights written as a GGUF file
-the way llama.cpp's converter writes them (q/k rows permuted for its RoPE layout)."""
+"""Tiny pretrained-model sources for the import tests: a random Llama (or Mistral, Qwen2,
+Qwen3, OLMo-2) saved by transformers' ``save_pretrained`` (with a byte-level tokenizer) and
+the same weights written as a GGUF file the way llama.cpp's converter writes them (q/k rows
+permuted for its RoPE layout)."""
 
 from __future__ import annotations
 
@@ -14,34 +15,33 @@ from pipeline_lib.data.tokenizer import EOS_TOKEN, PAD_TOKEN, byte_level_tokeniz
 VOCAB = 264  # the byte-level tokenizer's 258 ids, padded like many pretrained embeddings
 
 
-def llama_config(**overrides):
-    from transformers import LlamaConfig
+TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
+            rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=256,
+            bos_token_id=None, eos_token_id=256, pad_token_id=257)
 
-    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=256,
-                bos_token_id=None, eos_token_id=256, pad_token_id=257)
-    return LlamaConfig(**{**base, **overrides})
+
+# family → (config class, model class) in transformers
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+            "mistral": ("MistralConfig", "MistralForCausalLM"),
+            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+            "olmo2": ("Olmo2Config", "Olmo2ForCausalLM")}
 
 
 def save_tiny_llama(directory: Path, seed: int = 0, *, mistral: bool = False,
-                    max_shard_size: str | None = None, **overrides):
-    """A random ``LlamaForCausalLM`` (or ``MistralForCausalLM``; weights ~ N(0, 0.1): logits
-    far from uniform) and its tokenizer saved to ``directory`` (safetensors shards of at most
-    ``max_shard_size``); returns the model (fp32, eval mode)."""
-    from transformers import (
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        PreTrainedTokenizerFast,
-    )
+                    family: str = "llama", max_shard_size: str | None = None, **overrides):
+    """A random ``LlamaForCausalLM`` (or ``MistralForCausalLM``, or the model of another
+    ``family`` of :data:`FAMILIES`, from the same tiny settings; weights ~ N(0, 0.1), biases
+    too: logits far from uniform) and its tokenizer saved to ``directory`` (safetensors
+    shards of at most ``max_shard_size``); returns the model (fp32, eval mode)."""
+    import transformers
+    from transformers import PreTrainedTokenizerFast
 
+    config_class, model_class = FAMILIES["mistral" if mistral else family]
+    config = getattr(transformers, config_class)(**{**TINY, **overrides})
     torch.manual_seed(seed)
-    if mistral:
-        config = MistralConfig(**llama_config(**overrides).to_dict())
-        model = MistralForCausalLM(config).eval()
-    else:
-        model = LlamaForCausalLM(llama_config(**overrides)).eval()
+    model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -63,10 +63,13 @@ def _permute_like_llama_cpp(weight: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "") -> Path:
+def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "",
+                    extra: dict[str, np.ndarray] | None = None,
+                    strings: dict[str, str] | None = None) -> Path:
     """``model`` (a transformers Llama) as a GGUF file: llama.cpp's names, permuted q/k rows,
     F32 (or F16) tensors and the tokenizer metadata of the byte-level tokenizer; the tensor
-    named ``q8_1`` is stored as Q8_1 blocks (zeros), which the gguf package cannot dequantize."""
+    named ``q8_1`` is stored as Q8_1 blocks (zeros), which the gguf package cannot dequantize;
+    ``extra``: more tensors, by GGUF name; ``strings``: more string metadata."""
     import gguf
 
     cfg = model.config
@@ -91,6 +94,8 @@ def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "") -> 
     writer.add_eos_token_id(256)
     writer.add_pad_token_id(257)
     writer.add_add_bos_token(False)
+    for key, value in (strings or {}).items():
+        writer.add_string(key, value)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
              "output_norm.weight", "lm_head.weight": "output.weight"}
     block = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
@@ -116,6 +121,8 @@ def write_tiny_gguf(model, path: Path, *, f16: bool = False, q8_1: str = "") -> 
             writer.add_tensor(gguf_name, raw, raw_dtype=gguf.GGMLQuantizationType.Q8_1)
             continue
         writer.add_tensor(gguf_name, np.ascontiguousarray(array))
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

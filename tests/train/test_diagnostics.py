@@ -49,5 +49,11 @@ def test_gradient_norms_and_scalars() -> None:
     expected = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.core[0].parameters()))
     assert grads["diag/grad_norm/core.0"] == pytest.approx(expected, rel=1e-6)
     assert model_scalars(model) == {"diag/injection_scale": 0.5}
+    gated = LoopedLM(ModelConfig(vocab_size=30, d_model=16, n_heads=2, loops=3,
+                                 recurrence="gated", injection="linear"))
+    with torch.no_grad():
+        gated.loop_gate.copy_(torch.tensor([0.25, -0.5]))
+    assert model_scalars(gated) == {"diag/injection_scale": 1.0, "diag/loop_gate/2": 0.25,
+                                    "diag/loop_gate/3": -0.5}
     assert [n for n, _ in named_blocks(model)] == ["prelude.0", "core.0", "coda.0"]
     assert due(6, 3) and not due(5, 3) and not due(6, 0)

@@ -43,6 +43,15 @@ def test_adapter_includes_a_learnable_lambda_and_a_tied_head_is_the_embedding():
     assert _frozen(model) == {"injection_scale", "tok_emb.weight", "step_emb.weight"}
 
 
+def test_adapter_includes_the_loop_gates_of_gated_recurrence():
+    from pipeline_lib.config_rules import model_parts
+
+    cfg = ModelConfig(**{**CFG, "injection": "add", "recurrence": "gated", "loops": 3})
+    assert "adapter" in model_parts(cfg)
+    model = _model(injection="add", recurrence="gated", loops=3)
+    assert freeze_parts(model, ["adapter"]) == 2 and _frozen(model) == {"loop_gate"}
+
+
 def _batch(seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 40, (2, 13), generator=gen)

@@ -57,6 +57,15 @@ def test_hidden_matrices_go_to_muon_everything_else_to_adamw():
     assert list(classify_parameters(_model())) == ["decay", "no_decay"]  # adamw: no muon group
 
 
+def test_imported_families_biases_and_qk_norm_gains_stay_with_adamw_without_decay():
+    """Qwen2's q/k/v biases and Qwen3/OLMo-2 QK-norm gains are vectors: no Muon, no decay."""
+    for qk_norm in ("head", "all_heads"):
+        groups = _names(_model(moe_experts=0, qkv_bias=True, qk_norm=qk_norm, head_dim=6))
+        extra = {f"core.0.attn.{n}" for n in ("qkv.bias", "q_norm.weight", "k_norm.weight")}
+        assert extra <= set(groups["no_decay"])
+        assert not extra & set(groups["muon"]) and "core.0.attn.qkv.weight" in groups["muon"]
+
+
 def _set_grads(model: nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     for p in model.parameters():

@@ -110,9 +110,11 @@ def test_segmented_steps_per_segment_and_a_spike_drops_the_rest() -> None:
     runner = _runner(model, bptt=BpttConfig(mode="unrolled", k=2))
     result = runner.run(1, [batch], 5, flat_row=0)
     assert result.optimizer_steps == 3 and len(result.unroll_losses) == 3
-    # segment "1" gets a baseline it will exceed: segments 0 is applied, 1 spikes, 2 dropped
+    # one baseline per unroll, keyed by its loops (3 and 4 are unroll "2:4")
     state = runner.guard.state_dict()
-    state["baselines"]["1"] = {"ema": 0.01, "prev": 0.01, "count": 5}
+    assert list(state["baselines"]) == ["0:2", "2:4", "4:5"]
+    # unroll 2:4 gets a baseline it will exceed: 0:2 is applied, 2:4 spikes, 4:5 dropped
+    state["baselines"]["2:4"] = {"ema": 0.01, "prev": 0.01, "count": 5}
     runner.guard.load_state_dict(state)
     result = runner.run(2, [batch], 5, flat_row=0)
     assert result.skipped and result.reason == "loss_spike"

@@ -46,10 +46,16 @@ GATE = ["model.exit_gate=true", "train.objective=expected_exit", "train.exit_ent
         "train.bptt.mode=truncated"]
 
 
-@pytest.mark.parametrize("variant", ["plain", "rich", "curricula", "muon", "gate"])
+# a random initial state every forward pass (drawn from the checkpointed RNG streams) and
+# gated loops, over sampled loop counts
+NOISE = ["model.state_init=noise", "model.recurrence=gated", "train.loop_sampling.mode=uniform",
+         "train.loop_sampling.max_loops=4"]
+
+
+@pytest.mark.parametrize("variant", ["plain", "rich", "curricula", "muon", "gate", "noise"])
 def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant: str) -> None:
     cfg = tiny_config(*{"plain": [], "rich": RICH, "curricula": CURRICULA, "muon": MUON,
-                        "gate": GATE}[variant])
+                        "gate": GATE, "noise": NOISE}[variant])
     one = run_segments(cfg, pack, tmp_path / "one", [6])
     three = run_segments(cfg, pack, tmp_path / "three", [2, 4, 6])
     assert (one / "model.safetensors").read_bytes() == (three / "model.safetensors").read_bytes()
@@ -60,6 +66,8 @@ def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant
     if variant == "gate":  # the gate is saved and trained
         assert weights(one)["exit_gate.weight"].shape == (1, 32)
         assert not torch.equal(weights(one)["exit_gate.bias"], torch.zeros(1))
+    if variant == "noise":
+        _check_noise_and_gates(pack, tmp_path, one)
     if variant == "rich":
         assert (one / "ema.safetensors").read_bytes() == (three / "ema.safetensors").read_bytes()
         state = weights(one)
@@ -89,6 +97,17 @@ def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant
     assert state["step"] == 6 and state["cursor"] == [0, 48]
     assert state["tokens_seen"] == 6 * 8 * 32
     assert [s["end_step"] for s in state["segments"]] == [2, 4, 6]
+
+
+def _check_noise_and_gates(pack: Path, tmp_path: Path, out: Path) -> None:
+    """The gates of loops 2 and 3 trained away from 0; the noise changed the losses (the
+    same run from a zero state differs from step 1 on)."""
+    assert (weights(out)["loop_gate"] != 0).all()
+    zeros = tiny_config(*NOISE, "model.state_init=zeros")
+    run_segments(zeros, pack, tmp_path / "zeros", [2])
+    noisy = [m["loss"] for m in metrics(tmp_path / "one")[:2]]
+    plain = [m["loss"] for m in metrics(tmp_path / "zeros")]
+    assert all(a != b for a, b in zip(noisy, plain, strict=True))
 
 
 def _check_muon_and_freeze(cfg, pack: Path, out: Path) -> None:

@@ -121,6 +121,19 @@ def test_train_signature_ignores_eval_and_bench_but_not_training():
     assert _plan("eval.max_tokens=5").eval_signature(run) != base.eval_signature(run)
 
 
+def test_recurrence_and_noise_retrain_but_plain_keeps_the_old_signature():
+    """``model.recurrence`` came after runs were made: at plain it is left out of the hash
+    (the signatures of every shipped config are those of the code before the key)."""
+    from pipeline_lib.workflow.signatures import model_signature
+
+    base = _plan()
+    run = base.run_names[0]
+    assert "recurrence" not in model_signature(base.runs[run].config.model)
+    assert _plan("model.recurrence=plain").train_signature(run) == base.train_signature(run)
+    assert _plan("model.recurrence=gated").train_signature(run) != base.train_signature(run)
+    assert _plan("model.state_init=noise").train_signature(run) != base.train_signature(run)
+
+
 def test_precision_reruns_train_eval_and_bench_but_auto_keeps_old_signatures():
     from pipeline_lib.config import config_hash
 
@@ -286,3 +299,29 @@ def test_train_signature_ignores_keys_that_leave_the_weights_alone():
     assert signature(muon_momentum=0.95, freeze=[]) == plain  # the later keys' defaults
     assert signature(freeze=["embeddings"]) != plain
     assert signature(optimizer="muon") != plain
+
+
+def test_attention_options_at_their_defaults_keep_every_train_signature():
+    """head_dim, qkv_bias, qk_norm and norm_placement (added for imported Qwen and OLMo-2
+    models) at their defaults leave the signatures of runs made before they existed as they
+    were: the model section hashes to what it hashed to before (values computed with the code
+    of f6e4e89, which did not have the keys); away from the defaults a run retrains."""
+    import yaml
+
+    from pipeline_lib.config import ModelConfig, config_hash, merge_config_dicts
+    from pipeline_lib.workflow.signatures import model_signature
+
+    assert config_hash(model_signature(ModelConfig())) == "683ddd19999a"
+    smollm2_shape = ModelConfig(vocab_size=49152, d_model=576, n_heads=9, n_kv_heads=3)
+    assert config_hash(model_signature(smollm2_shape)) == "ef4fafbf50b6"
+    base = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "config.yaml")
+                          .read_text())
+
+    def signature(**model):
+        return WorkflowPlan(merge_config_dicts(base, {"model": model})).train_signature("loop4")
+
+    plain = signature()
+    assert signature(head_dim=0, qkv_bias=False, qk_norm="none", norm_placement="pre") == plain
+    for change in ({"head_dim": 32}, {"qkv_bias": True}, {"qk_norm": "head"},
+                   {"norm_placement": "post"}):
+        assert signature(**change) != plain, change

@@ -1,6 +1,6 @@
-"""`import-hf`: a pretrained Hugging Face Llama-family model (an HF directory or a GGUF file)
-as a loopline snapshot that training warm-starts from (the rule ``import_init`` calls the
-same :func:`pipeline_lib.export.hf_import.import_checkpoint` for ``model.init_from``)."""
+"""`import-hf`: a pretrained Hugging Face model (Llama, Mistral, Qwen2, Qwen3, OLMo-2: an HF
+directory; Llama or Mistral: a GGUF file) as a loopline snapshot that training warm-starts
+from (the rule ``import_init`` calls the same :func:`pipeline_lib.export.hf_import.import_checkpoint` for ``model.init_from``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
-        "import-hf", help="import a Hugging Face Llama/Mistral checkpoint or GGUF file",
+        "import-hf", help="import a Hugging Face Llama/Mistral/Qwen2/Qwen3/OLMo-2 checkpoint "
+                          "or a GGUF file",
         description="Write a verified loopline snapshot (weights, config.yaml with the model "
                     "section derived from the source, tokenizer.json, import.json, MANIFEST) "
                     "from a Hugging Face model directory (safetensors, sharded or not) or a "
@@ -28,8 +29,10 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="input injection: add (state + λ·e) or linear (W[state; e])")
     parser.add_argument("--loops", type=int, default=1,
                         help="training loop count written to the snapshot's config (default 1)")
-    parser.add_argument("--config", type=Path, default=None,
-                        help="config file whose other settings the snapshot's config takes")
+    parser.add_argument("--config", type=Path, action="append", default=None,
+                        help="config file whose other settings the snapshot's config takes "
+                             "(may be partial; merged over config/config.yaml); repeat to "
+                             "merge several in order, as the other commands do")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     return parser
 
@@ -40,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..errors import ConfigError
     from ..export.hf_import import import_checkpoint
-    from ..export.hf_layout import layer_choice, source_arch
+    from ..export.hf_layout import layer_choice
+    from ..export.pretrained_source import source_arch
 
     if args.loops < 1:
         raise ConfigError(f"--loops {args.loops} must be at least 1")

@@ -90,13 +90,34 @@ class _Cursor:
 def read_gguf_metadata(path: Path) -> dict[str, Any]:
     """Every metadata key of the GGUF file ``path``: scalars and strings as values, arrays as
     :class:`GGUFArray`. One-line DataError when the file is not a readable GGUF."""
-    return read_gguf_header(path)[0]
+    return read_gguf_header(path).fields
 
 
-def read_gguf_header(path: Path, *, tensor_names: bool = False) -> tuple[dict[str, Any],
-                                                                         list[str]]:
-    """(:func:`read_gguf_metadata`'s fields, the tensor names when ``tensor_names``: the
-    tensor-info records after the metadata, read without touching tensor data)."""
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """One tensor-info record: name, dims (GGUF order: innermost first), type code and
+    offset (from the start of the aligned tensor-data section)."""
+
+    name: str
+    dims: tuple[int, ...]
+    type_code: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """Metadata fields, tensor-info records, where the tensor data begins and the file size."""
+
+    fields: dict[str, Any]
+    tensors: list[GGUFTensorInfo]
+    data_start: int
+    file_size: int
+
+
+def read_gguf_header(path: Path, *, tensors: bool = False) -> GGUFHeader:
+    """:func:`read_gguf_metadata`'s fields and, when ``tensors``, the tensor-info records after
+    them (read without touching tensor data; the data section starts at the next multiple of
+    ``general.alignment``, 32 by default)."""
     magic, vt = _gguf_constants()
     formats = {vt.UINT8: "B", vt.INT8: "b", vt.UINT16: "H", vt.INT16: "h", vt.UINT32: "I",
                vt.INT32: "i", vt.FLOAT32: "f", vt.BOOL: "?", vt.UINT64: "Q", vt.INT64: "q",
@@ -107,22 +128,27 @@ def read_gguf_header(path: Path, *, tensor_names: bool = False) -> tuple[dict[st
                           int(vt.ARRAY))
             if cur.unpack("I") != magic:
                 raise DataError(f"{path} is not a GGUF file (its first bytes are not the GGUF "
-                                "magic); point data.tokenizer.path at a .gguf model file")
+                                "magic); download it again, or point at a real .gguf model file")
             version = cur.unpack("I")
             if version not in (2, 3):
                 raise DataError(f"GGUF file {path} has version {version}; only versions 2 and 3 "
                                 "are read: convert it with a current llama.cpp")
             n_tensors = cur.unpack("Q")
             fields = {cur.string(): cur.value(cur.unpack("I")) for _ in range(cur.unpack("Q"))}
-            names = []
-            for _ in range(n_tensors if tensor_names else 0):
-                names.append(cur.string())  # name, dims (u32 count, u64 each), type, offset
-                n_dims = cur.unpack("I")
-                cur.pos += 8 * n_dims + 4 + 8
-            return fields, names
+            infos = [_tensor_info(cur) for _ in range(n_tensors if tensors else 0)]
+            align = fields.get("general.alignment", 32)
+            align = align if isinstance(align, int) and align > 0 else 32
+            return GGUFHeader(fields, infos, -(-cur.pos // align) * align, len(buf))
     except (struct.error, ValueError) as exc:  # ValueError: mmap of an empty file
         raise DataError(f"GGUF file {path} is truncated or corrupt ({exc}); download it "
                         "again") from None
     except OSError as exc:
         raise DataError(f"cannot read GGUF file {path}: {exc.strerror or exc}; check the "
                         "path and its permissions") from None
+
+
+def _tensor_info(cur: _Cursor) -> GGUFTensorInfo:
+    """name, dims (u32 count, u64 each), type (u32), offset (u64)."""
+    name = cur.string()
+    dims = tuple(cur.unpack("Q") for _ in range(cur.unpack("I")))
+    return GGUFTensorInfo(name, dims, cur.unpack("I"), cur.unpack("Q"))

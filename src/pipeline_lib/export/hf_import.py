@@ -1,4 +1,5 @@
-"""Import a Hugging Face Llama-family checkpoint as a loopline snapshot (``import-hf``).
+"""Import a Hugging Face checkpoint (Llama, Mistral, Qwen2, Qwen3, OLMo-2) as a loopline
+snapshot (``import-hf``).
 
 ``import_checkpoint(source, out, cfg, choice)`` reads the pretrained weights (safetensors of
 an HF directory, sharded or not, or a GGUF file dequantized to fp32 by the ``gguf``
@@ -12,10 +13,13 @@ The chosen layers become prelude, core and coda (``choice``); the input-injectio
 (``add``: state + λ·e; ``linear``: W[state; e] with W = [I | λI]) and any per-loop step
 embedding are new and start from the seeded init. With every layer in order and one loop,
 additive injection with λ = 1 and a zero initial state, the snapshot IS the source model
-(the exactness tests compare logits against transformers).
+(the exactness tests compare logits against transformers); with ``model.recurrence: gated``
+it is at every loop count, since its extra loops start as no-ops.
 
-Everything is checked before anything is written; the snapshot is built in a hidden sibling
-and renamed (see :func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`).
+Everything is checked before anything is written: the source by the one validated reader
+(:func:`~.pretrained_source.read_source`: config keys, every tensor header and size, the
+shapes the config implies), which the planner runs too; the snapshot is built in a hidden
+sibling and renamed (see :func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`).
 """
 
 from __future__ import annotations
@@ -33,23 +37,21 @@ from ..config import Config, config_yaml
 from ..errors import CheckpointError, ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
 from .hf_layout import (
-    BLOCK_TENSORS,
+    CONFIG_JSON,
     GGUF_PERMUTED,
     TOP_TENSORS,
     LayerChoice,
-    SourceArch,
+    block_tensor_names,
     gguf_block_prefix,
     hf_block_prefix,
-    is_gguf,
     layer_choice,
     model_fields,
-    source_arch,
 )
+from .pretrained_source import PretrainedSource, read_source
 
 log = logging.getLogger(__name__)
 
 IMPORT_RECORD = "import.json"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 
 # --------------------------------------------------------------------------- identity and config
@@ -76,23 +78,31 @@ def fingerprint_id(source: str | Path) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def init_model_config(cfg: Config, arch: SourceArch, choice: LayerChoice,
+def init_model_config(cfg: Config, source: PretrainedSource, choice: LayerChoice,
                       adapter: str | None = None) -> Config:
     """``cfg`` with the model keys the source fixes (:func:`.hf_layout.model_fields`), the
     layer counts of ``choice`` and ``adapter`` as the injection; other model keys (loops,
-    λ, state_init, step embedding, kernels) stay ``cfg``'s."""
-    fields = model_fields(arch, choice)
+    λ, state_init, step embedding, kernels) stay ``cfg``'s. Rows longer than a Mistral's
+    sliding window are refused: loopline's attention has no window, so past it the logits
+    would differ from the source's (the one check for the planner and ``import-hf`` alike)."""
+    window = source.arch.sliding_window
+    if window and cfg.data.seq_len > window:
+        raise ConfigError(f"data.seq_len = {cfg.data.seq_len} exceeds the sliding window of "
+                          f"{source.path / CONFIG_JSON} (sliding_window = {window}), which "
+                          f"loopline's attention does not have; use data.seq_len <= {window} "
+                          "(import-hf: pass data.seq_len=N as an override)")
+    fields = model_fields(source.arch, choice)
     if adapter is not None:
         fields["injection"] = adapter
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **fields))
 
 
-def init_layers(cfg: Config) -> tuple[SourceArch, LayerChoice]:
-    """The architecture of ``model.init_from.source`` and its checked layer choice."""
+def init_layers(cfg: Config) -> tuple[PretrainedSource, LayerChoice]:
+    """The checked source of ``model.init_from.source`` and its checked layer choice."""
     init = cfg.model.init_from
-    arch = source_arch(init.source)
-    return arch, layer_choice(arch.layers, init.prelude or None, init.core or None,
-                              init.coda or None, where="model.init_from.")
+    source = read_source(init.source)
+    return source, layer_choice(source.arch.layers, init.prelude or None, init.core or None,
+                                init.coda or None, where="model.init_from.")
 
 
 def resolve_init_from(cfg: Config) -> Config:
@@ -101,18 +111,13 @@ def resolve_init_from(cfg: Config) -> Config:
     init = cfg.model.init_from
     if not init.source:
         return cfg
-    arch, choice = init_layers(cfg)
-    tok = cfg.data.tokenizer
+    source, choice = init_layers(cfg)
+    arch, tok = source.arch, cfg.data.tokenizer
     if tok.type != "file":
         raise ConfigError(f"model.init_from.source = {init.source!r} brings its own tokenizer, "
                           f"but data.tokenizer.type is {tok.type!r}; set data.tokenizer: "
                           f"{{type: file, path: {init.source}}} (a {tok.type} tokenizer does "
                           "not match the pretrained embedding)")
-    window = arch.sliding_window
-    if window and cfg.data.seq_len > window:
-        raise ConfigError(f"data.seq_len = {cfg.data.seq_len} exceeds the sliding window "
-                          f"({window} tokens) of model.init_from.source, which loopline's "
-                          f"attention does not have; use data.seq_len <= {window}")
     from ..data.tokenizer_files import source_vocab_size
 
     vocab = source_vocab_size(tok.path)
@@ -120,68 +125,44 @@ def resolve_init_from(cfg: Config) -> Config:
         raise ConfigError(f"data.tokenizer.path = {tok.path!r} has {vocab} ids, but the model "
                           f"of model.init_from.source has {arch.vocab_size} embedding rows; use "
                           "the source's own tokenizer (data.tokenizer.path = the source)")
-    return init_model_config(cfg, arch, choice, init.adapter)
+    return init_model_config(cfg, source, choice, init.adapter)
 
 
 # --------------------------------------------------------------------------- reading tensors
 
 
 class _HFTensors:
-    """Tensors of an HF directory by name (``model.safetensors`` or its sharded index)."""
+    """Tensors of an HF directory by name, from the files :func:`read_source` checked."""
 
-    def __init__(self, directory: Path) -> None:
-        index = directory / SAFETENSORS_INDEX
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            self.files = {name: directory / shard for name, shard in weight_map.items()}
-        else:
-            shards = sorted(directory.glob("*.safetensors"))
-            if not shards:
-                bins = sorted(p.name for p in directory.glob("*.bin"))
-                hint = (f" (it has {', '.join(bins)}: pickled weights, which loopline never "
-                        "loads; convert them to safetensors with transformers' save_pretrained)"
-                        if bins else "")
-                raise DataError(f"model source {directory} has no *.safetensors weights{hint}")
-            self.files = {}
-            from safetensors import safe_open
-
-            for shard in shards:
-                with safe_open(str(shard), "pt") as fh:
-                    self.files.update({name: shard for name in fh.keys()})  # noqa: SIM118
-
-    def names(self) -> set[str]:
-        return set(self.files)
+    def __init__(self, source: PretrainedSource) -> None:
+        self.files = {name: info.file for name, info in source.tensors.items()}
 
     def get(self, name: str) -> Any:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(self.files[name]), "pt") as fh:
-            return fh.get_tensor(name).float()
+        try:
+            with safe_open(str(self.files[name]), "pt") as fh:
+                return fh.get_tensor(name).float()
+        except (SafetensorError, OSError) as exc:  # changed since it was checked
+            raise DataError(f"{self.files[name]}: tensor {name} cannot be read ({exc}); the "
+                            "file changed or is damaged, download the model again") from None
 
 
 class _GGUFTensors:
-    """Tensors of a GGUF file by name, dequantized to fp32 (llama.cpp's q/k row order undone)."""
+    """Tensors of a GGUF file by name, dequantized to fp32 (llama.cpp's q/k row order undone;
+    :func:`read_source` checked that each lies inside the file and its type dequantizes)."""
 
-    def __init__(self, path: Path, arch: SourceArch) -> None:
+    def __init__(self, source: PretrainedSource) -> None:
         import gguf
 
-        self.path, self.arch, self.gguf = path, arch, gguf
-        self.tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
-
-    def names(self) -> set[str]:
-        return set(self.tensors)
+        self.arch, self.gguf = source.arch, gguf
+        self.tensors = {t.name: t for t in gguf.GGUFReader(str(source.path)).tensors}
 
     def get(self, name: str) -> Any:
         import torch
 
         tensor = self.tensors[name]
-        try:
-            array = self.gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        except (NotImplementedError, ValueError) as exc:
-            raise DataError(f"{self.path}: tensor {name} is stored as "
-                            f"{tensor.tensor_type.name}, which the gguf package cannot "
-                            f"dequantize ({exc}); use a file quantized as F32, F16, BF16, "
-                            "Q8_0 or Q4_0/Q4_1/Q5_x/Qk_K") from None
+        array = self.gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         out = torch.from_numpy(array.astype("float32", copy=False).copy())
         heads = GGUF_PERMUTED.get(name.split(".", 2)[-1])
         if heads is not None:
@@ -198,46 +179,37 @@ def unpermute_rows(weight: Any, heads: int) -> Any:
             .transpose(1, 2).reshape(weight.shape))
 
 
-def _reader(source: Path, arch: SourceArch) -> _HFTensors | _GGUFTensors:
-    return _GGUFTensors(source, arch) if is_gguf(source) else _HFTensors(source)
-
-
 # --------------------------------------------------------------------------- mapping
 
 
-def mapped_state(reader: Any, arch: SourceArch, choice: LayerChoice, source: Path
-                 ) -> dict[str, Any]:
-    """loopline's tensors (names of :class:`LoopedLM`'s state dict) read from the source."""
+def mapped_state(source: PretrainedSource, choice: LayerChoice) -> dict[str, Any]:
+    """loopline's tensors (names of :class:`LoopedLM`'s state dict) read from the source
+    (every one present with its shape: :func:`read_source` checked)."""
     import torch
 
-    gguf = is_gguf(source)
-    available = reader.names()
+    reader = _GGUFTensors(source) if source.gguf else _HFTensors(source)
     out: dict[str, Any] = {}
 
-    def read(names: tuple[str, ...], where: str) -> Any:
-        missing = [n for n in names if n not in available]
-        if missing:
-            raise DataError(f"model source {source} lacks tensor {missing[0]} ({where}); the "
-                            "checkpoint is incomplete or not a Llama-family model")
+    def read(names: tuple[str, ...]) -> Any:
         parts = [reader.get(n) for n in names]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
-    for ours, (hf_name, gguf_name) in TOP_TENSORS.items():
-        if ours == "head.weight" and arch.tie_embeddings:
-            continue
-        out[ours] = read((gguf_name if gguf else hf_name,), ours)
+    pick = 1 if source.gguf else 0
+    for ours, names in TOP_TENSORS.items():
+        if not (ours == "head.weight" and source.arch.tie_embeddings):
+            out[ours] = read((names[pick],))
+    table = block_tensor_names(source.arch.architecture, source.gguf)
     for part in ("prelude", "core", "coda"):
         for j, layer in enumerate(choice.layers(part)):
-            prefix = gguf_block_prefix(layer) if gguf else hf_block_prefix(layer)
-            for ours, (hf_names, gguf_names) in BLOCK_TENSORS.items():
-                names = tuple(prefix + n for n in (gguf_names if gguf else hf_names))
-                out[f"{part}.{j}.{ours}"] = read(names, f"layer {layer}, {part}.{j}")
+            prefix = gguf_block_prefix(layer) if source.gguf else hf_block_prefix(layer)
+            for ours, names in table.items():
+                out[f"{part}.{j}.{ours}"] = read(tuple(prefix + n for n in names))
     return out
 
 
 def build_imported_model(cfg: Config, state: dict[str, Any]) -> Any:
-    """A seeded :class:`LoopedLM` of ``cfg.model`` with ``state`` loaded over it (the adapter
-    and step embedding keep their init)."""
+    """A seeded :class:`LoopedLM` of ``cfg.model`` with ``state`` loaded over it (the adapter,
+    step embedding and loop gates keep their init)."""
     import torch
 
     from ..model.looped import LoopedLM
@@ -284,11 +256,11 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     from ..data.tokenizer_source import tokenizer_from_source
 
     started = time.perf_counter()
-    source, out = Path(source).expanduser(), Path(out)
-    arch = source_arch(source)
+    src, out = read_source(source), Path(out)
+    source, arch = src.path, src.arch
     choice = choice or LayerChoice.whole(arch.layers)
     _check_out(out, source)
-    cfg = init_model_config(cfg, arch, choice, adapter)
+    cfg = init_model_config(cfg, src, choice, adapter)
     tok_cfg = cfg.data.tokenizer
     own = tok_cfg.type == "file" and tok_cfg.path
     tok, info = tokenizer_from_source(Path(tok_cfg.path).expanduser() if own else source,
@@ -297,7 +269,7 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
         raise DataError(f"the tokenizer of {source} has {info.vocab_size} ids, the model "
                         f"{arch.vocab_size} embedding rows; the tokenizer does not belong to "
                         "this model")
-    state = mapped_state(_reader(source, arch), arch, choice, source)
+    state = mapped_state(src, choice)
     model = build_imported_model(cfg, state)
     record = {"source": source_fingerprint(source), "fingerprint": fingerprint_id(source),
               "architecture": arch.architecture, "source_layers": arch.layers,

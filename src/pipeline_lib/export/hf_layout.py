@@ -1,14 +1,15 @@
-"""What loopline knows of Hugging Face Llama-family checkpoints, in one table (import side).
+"""What loopline knows of Hugging Face checkpoints, in one table (import side).
 
-Torch-free and cheap: the Snakefile reads a source's architecture through this module on
-every call (a ``model.init_from`` run derives its model section from it). The weights
-themselves are read by :mod:`.hf_import`.
+Torch-free and cheap: the Snakefile plans a ``model.init_from`` run from these tables on
+every call. A source is read and checked by :mod:`.pretrained_source` (its config by
+:mod:`.source_config`); the weights themselves are loaded by :mod:`.hf_import`.
 
 Sources: a Hugging Face model directory (``config.json`` + safetensors, sharded or not) or a
 GGUF file (metadata read by the ``gguf`` package). Supported: ``LlamaForCausalLM``
-(SmolLM/SmolLM2, TinyLlama, Llama 2, Llama 3 with its RoPE scaling) and
-``MistralForCausalLM``. ``Qwen2ForCausalLM`` is refused: its q/k/v projections carry
-biases, which loopline's attention does not have.
+(SmolLM/SmolLM2, TinyLlama, Llama 2, Llama 3 with its RoPE scaling), ``MistralForCausalLM``,
+``Qwen2ForCausalLM`` (q/k/v biases), ``Qwen3ForCausalLM`` (per-head QK-norm, its own
+``head_dim``) and ``Olmo2ForCausalLM`` (QK-norm over all heads, post-norm blocks); what each
+family changes is in :mod:`.hf_archs`. GGUF files: Llama and Mistral.
 
 Conventions, and where each is handled:
 
@@ -21,27 +22,31 @@ Conventions, and where each is handled:
   permuted back by :func:`unpermute_rows` (the exactness tests catch a wrong inverse).
 - GQA: ``num_key_value_heads`` → ``model.n_kv_heads``; query head i reads kv head
   i // (heads / kv_heads), in HF and in loopline.
+- ``head_dim`` in config.json other than hidden_size / heads → ``model.head_dim`` (else 0).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError
+from .hf_archs import FAMILIES, family
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
-REFUSED = {"Qwen2ForCausalLM": "its q/k/v projections have biases, which loopline's "
-                               "attention does not have"}
+# architecture → why it is refused (named in the error)
+REFUSED = {"GemmaForCausalLM": "its norms scale by 1 + weight, its embeddings by "
+                               "sqrt(hidden_size) and its FFN is GeGLU, none of which loopline's "
+                               "blocks do"}
 CONFIG_JSON = "config.json"
 
 # loopline block tensor → (HF tensor names under model.layers.{i}., GGUF names under blk.{i}.);
-# several names are concatenated row-wise (dim 0) in the order given.
+# several names are concatenated row-wise (dim 0) in the order given. Llama's; the other
+# families' differences: block_tensor_names.
 BLOCK_TENSORS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "attn_norm.weight": (("input_layernorm.weight",), ("attn_norm.weight",)),
     "attn.qkv.weight": (("self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -58,6 +63,15 @@ TOP_TENSORS = {"tok_emb.weight": ("model.embed_tokens.weight", "token_embd.weigh
                "norm.weight": ("model.norm.weight", "output_norm.weight"),
                "head.weight": ("lm_head.weight", "output.weight")}
 GGUF_PERMUTED = {"attn_q.weight": "heads", "attn_k.weight": "kv_heads"}  # llama.cpp's RoPE rows
+
+
+def block_tensor_names(architecture: str, gguf: bool) -> dict[str, tuple[str, ...]]:
+    """loopline block tensor → the source's names (under the layer prefix) that make it:
+    :data:`BLOCK_TENSORS` with the family's differences (:mod:`.hf_archs`)."""
+    if gguf:
+        return {ours: names for ours, (_, names) in BLOCK_TENSORS.items()}
+    return {**{ours: names for ours, (names, _) in BLOCK_TENSORS.items()},
+            **family(architecture).block_tensors}
 
 
 def hf_block_prefix(layer: int) -> str:
@@ -89,141 +103,46 @@ class SourceArch:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict[str, Any]  # {} or HF's rope_scaling / rope_parameters (llama3, linear)
-    tie_embeddings: bool
+    tie_embeddings: bool  # no separate output head: the embedding is the head
     max_positions: int
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # Mistral, Qwen: attention reaches this many tokens back
+    explicit_head_dim: int = 0  # config.json's head_dim where it is not hidden / heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.heads
+        return self.explicit_head_dim or self.hidden_size // self.heads
 
 
-def source_arch(source: str | Path) -> SourceArch:
-    """The architecture of ``source`` (an HF model directory or a GGUF file), read cheaply.
-
-    Raises :class:`DataError` for a missing source, an unsupported architecture (naming the
-    supported ones) or a config loopline cannot express.
-    """
-    source = Path(source).expanduser()
-    if not source.exists():
-        raise DataError(f"model source {source} does not exist; pass a Hugging Face model "
-                        "directory (config.json + *.safetensors) or a .gguf file")
-    if is_gguf(source):
-        arch = _gguf_arch(source)
-    elif source.is_dir():
-        arch = _hf_arch(source)
-    else:
-        raise DataError(f"model source {source} is neither a directory nor a .gguf file; pass "
-                        "a Hugging Face model directory or a GGUF file")
-    _check_expressible(arch, source)
-    return arch
-
-
-def _hf_arch(directory: Path) -> SourceArch:
-    path = directory / CONFIG_JSON
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"model source {directory} has no {CONFIG_JSON}; pass a Hugging Face "
-                        "model directory (save_pretrained writes one)") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path} is not readable JSON ({exc}); re-download the model") from None
-    archs = config.get("architectures") or [config.get("model_type", "?")]
-    arch = str(archs[0])
-    _check_architecture(arch, path)
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = rope.pop("rope_theta", None) or config.get("rope_theta") or 10000.0
-    heads = int(config["num_attention_heads"])
-    hidden = int(config["hidden_size"])
-    _check_hf_options(config, path, hidden // heads)
-    return SourceArch(
-        architecture=arch, vocab_size=int(config["vocab_size"]), hidden_size=hidden,
-        layers=int(config["num_hidden_layers"]), heads=heads,
-        kv_heads=int(config.get("num_key_value_heads") or heads),
-        intermediate_size=int(config["intermediate_size"]),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
-        rope_scaling=_rope_scaling(rope, path), tie_embeddings=bool(
-            config.get("tie_word_embeddings", False)),
-        max_positions=int(config.get("max_position_embeddings", 2048)),
-        sliding_window=config.get("sliding_window"))
-
-
-def _check_hf_options(config: Mapping[str, Any], path: Path, head_dim: int) -> None:
-    """Options of the HF config that loopline's blocks cannot express."""
-    if config.get("hidden_act", "silu") != "silu":
-        raise DataError(f"{path}: hidden_act = {config['hidden_act']!r}; loopline's FFN is "
-                        "SwiGLU (silu) only")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise DataError(f"{path}: {key} = true; loopline's projections have no biases")
-    if config.get("head_dim") not in (None, head_dim):
-        raise DataError(f"{path}: head_dim = {config['head_dim']} differs from hidden_size / "
-                        f"num_attention_heads = {head_dim}; loopline derives it, so such "
-                        "models are not supported")
-
-
-def _rope_scaling(rope: Mapping[str, Any], path: Path) -> dict[str, Any]:
-    kind = rope.get("rope_type") or rope.get("type") or "default"
-    if kind == "default":
-        return {}
-    if kind not in ("llama3", "linear"):
-        raise DataError(f"{path}: RoPE scaling {kind!r} is not supported; loopline reads "
-                        "'llama3' and 'linear'")
-    return {"rope_type": kind, **{k: v for k, v in rope.items() if k not in ("rope_type", "type")}}
-
-
-def _check_architecture(arch: str, where: Any) -> None:
-    if arch in SUPPORTED_ARCHITECTURES:
-        return
-    why = f" ({REFUSED[arch]})" if arch in REFUSED else ""
-    raise DataError(f"{where}: architecture {arch!r} is not supported{why}; loopline imports "
-                    f"{', '.join(SUPPORTED_ARCHITECTURES)}")
-
-
-def _gguf_arch(path: Path) -> SourceArch:
-    from ..data.gguf_metadata import read_gguf_header
-
-    fields, tensor_names = read_gguf_header(path, tensor_names=True)
-    name = str(fields.get("general.architecture", "?"))
-    if name not in GGUF_ARCHITECTURES:
-        raise DataError(f"{path}: GGUF architecture {name!r} is not supported; loopline imports "
-                        f"{', '.join(sorted(GGUF_ARCHITECTURES))} GGUF files")
-    arch = GGUF_ARCHITECTURES[name]
-
-    def key(k: str, default: Any = None) -> Any:
-        value = fields.get(f"{name}.{k}", default)
-        if value is None:
-            raise DataError(f"{path}: GGUF metadata lacks {name}.{k}; the file is incomplete")
-        return value
-
-    heads = int(key("attention.head_count"))
-    hidden = int(key("embedding_length"))
-    tokens = fields.get("tokenizer.ggml.tokens")
-    vocab = fields.get(f"{name}.vocab_size") or getattr(tokens, "length", 0)
-    rope: dict[str, Any] = {}
-    if fields.get(f"{name}.rope.scaling.type") == "linear":
-        rope = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
-    if int(fields.get(f"{name}.rope.dimension_count", hidden // heads)) != hidden // heads:
-        raise DataError(f"{path}: rope.dimension_count differs from the head width; partial "
-                        "rotary embeddings are not supported")
-    return SourceArch(
-        architecture=arch, vocab_size=int(vocab), hidden_size=hidden,
-        layers=int(key("block_count")), heads=heads,
-        kv_heads=int(fields.get(f"{name}.attention.head_count_kv") or heads),
-        intermediate_size=int(key("feed_forward_length")),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(fields.get(f"{name}.rope.freq_base", 10000.0)), rope_scaling=rope,
-        tie_embeddings="output.weight" not in tensor_names,
-        max_positions=int(fields.get(f"{name}.context_length", 2048)))
-
-
-def _check_expressible(arch: SourceArch, source: Path) -> None:
-    if arch.heads % arch.kv_heads:
-        raise DataError(f"{source}: {arch.heads} attention heads are not a multiple of "
-                        f"{arch.kv_heads} key/value heads; the checkpoint is malformed")
-    if arch.hidden_size % arch.heads or arch.head_dim % 2:
-        raise DataError(f"{source}: hidden size {arch.hidden_size} / {arch.heads} heads is not "
-                        "an even integer head width; loopline's RoPE needs one")
+def source_tensor_shapes(arch: SourceArch, gguf: bool) -> dict[str, tuple[int, ...]]:
+    """Every tensor a source of ``arch`` must hold (its names in the source, HF or GGUF)
+    with the shape its config implies, in torch order ([out, in]; GGUF dims reversed): the
+    family's block tensors (:func:`block_tensor_names`: Qwen2's q/k/v biases, the QK-norm
+    gains of Qwen3 and OLMo-2, OLMo-2's post-norms) included."""
+    d, hd, ffn = arch.hidden_size, arch.head_dim, arch.intermediate_size
+    q, kv = arch.heads * hd, arch.kv_heads * hd
+    per_head = family(arch.architecture).model_keys.get("qk_norm") == "head"
+    block = {"input_layernorm.weight": (d,), "self_attn.q_proj.weight": (q, d),
+             "self_attn.k_proj.weight": (kv, d), "self_attn.v_proj.weight": (kv, d),
+             "self_attn.o_proj.weight": (d, q), "post_attention_layernorm.weight": (d,),
+             "mlp.gate_proj.weight": (ffn, d), "mlp.up_proj.weight": (ffn, d),
+             "mlp.down_proj.weight": (d, ffn), "self_attn.q_proj.bias": (q,),
+             "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+             "self_attn.q_norm.weight": (hd,) if per_head else (q,),
+             "self_attn.k_norm.weight": (hd,) if per_head else (kv,),
+             "post_feedforward_layernorm.weight": (d,)}
+    top = {"model.embed_tokens.weight": (arch.vocab_size, d), "model.norm.weight": (d,),
+           "lm_head.weight": (arch.vocab_size, d)}
+    pick = 1 if gguf else 0
+    out = {names[pick]: top[names[0]] for ours, names in TOP_TENSORS.items()
+           if not (ours == "head.weight" and arch.tie_embeddings)}
+    prefix = gguf_block_prefix if gguf else hf_block_prefix
+    # GGUF holds Llama and Mistral only, whose block tensors are BLOCK_TENSORS'
+    to_gguf = {h: g for hs, gs in BLOCK_TENSORS.values() for h, g in zip(hs, gs, strict=True)}
+    for names in block_tensor_names(arch.architecture, gguf=False).values():
+        for hf_name in names:
+            for layer in range(arch.layers):
+                out[prefix(layer) + (to_gguf[hf_name] if gguf else hf_name)] = block[hf_name]
+    return out
 
 
 # --------------------------------------------------------------------------- layer choice
@@ -304,7 +223,7 @@ def layer_choice(layers: int, prelude: Any = None, core: Any = None, coda: Any =
 
 def model_fields(arch: SourceArch, choice: LayerChoice) -> dict[str, Any]:
     """The ``model`` config keys a checkpoint fixes (the rest stay the user's: loops,
-    injection, state_init, step_embedding, attention, loss_chunk_size)."""
+    injection, state_init, recurrence, step_embedding, attention, loss_chunk_size)."""
     rope = arch.rope_scaling
     fields: dict[str, Any] = {
         "vocab_size": arch.vocab_size, "d_model": arch.hidden_size, "n_heads": arch.heads,
@@ -312,13 +231,14 @@ def model_fields(arch: SourceArch, choice: LayerChoice) -> dict[str, Any]:
         "ffn_hidden": arch.intermediate_size, "moe_experts": 0,
         "norm_eps": arch.rms_norm_eps, "rope_theta": arch.rope_theta,
         "tie_embeddings": arch.tie_embeddings, **choice.counts(),
-        "rope_scaling": rope.get("rope_type", "none"),
+        "rope_scaling": rope.get("rope_type", "none"), "head_dim": arch.explicit_head_dim,
+        "qkv_bias": False, "qk_norm": "none", "norm_placement": "pre",
+        **family(arch.architecture).model_keys,
     }
-    if rope:
-        fields["rope_scaling_factor"] = float(rope.get("factor", 1.0))
+    if rope:  # every key checked present by .source_config (as transformers requires)
+        fields["rope_scaling_factor"] = rope["factor"]
     if rope.get("rope_type") == "llama3":
-        fields.update(rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-                      rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-                      rope_original_max_position=int(rope.get(
-                          "original_max_position_embeddings", 8192)))
+        fields.update(rope_low_freq_factor=rope["low_freq_factor"],
+                      rope_high_freq_factor=rope["high_freq_factor"],
+                      rope_original_max_position=rope["original_max_position_embeddings"])
     return fields

@@ -4,7 +4,7 @@ Copied next to ``modeling_loopline.py`` by ``python -m pipeline_lib export``; th
 imports this one relatively, and transformers' ``trust_remote_code`` loads both. Here: RoPE
 (with transformers' ``linear`` and ``llama3`` scaling), RMSNorm, the KV cache of a looped
 forward pass (:class:`LoopKVCache`), grouped-query attention, SwiGLU and top-k MoE
-feed-forward layers, the pre-norm block, and the masks of a padded batch.
+feed-forward layers, the (pre- or post-norm) block, and the masks of a padded batch.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 def rope_inv_freq(config: PretrainedConfig, device: torch.device) -> torch.Tensor:
     """RoPE frequencies [head_dim/2] in fp64: θ^(−2i/head_dim), scaled like transformers'
     ``linear`` (all / factor) or ``llama3`` (``_compute_llama3_parameters``) rope types."""
-    half = config.hidden_size // config.num_attention_heads // 2
+    half = config.head_dim // 2
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64,
                                                          device=device) / half))
     kind, factor = config.rope_scaling_type, config.rope_scaling_factor
@@ -120,19 +120,33 @@ def _mode(num_loops: int, gated: bool) -> str:
 
 class Attention(nn.Module):
     """Multi-head or grouped-query self-attention with RoPE, fused q/k/v projection (rows:
-    q heads, k heads, v heads), no biases."""
+    q heads, k heads, v heads; a bias with ``qkv_bias``), heads of width ``head_dim``, and
+    optionally RMSNorm of queries and keys before RoPE: ``qk_norm`` ``head`` normalises each
+    head's channels (one gain shared by the heads), ``all_heads`` all query channels and all
+    key channels."""
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
-        self.qkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=False)
-        self.out = nn.Linear(dim, dim, bias=False)
+        d, H, KV = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+        self.n_heads, self.n_kv_heads, self.head_dim = H, KV, config.head_dim
+        hd, self.qk_norm = self.head_dim, config.qk_norm
+        self.qkv = nn.Linear(d, (H + 2 * KV) * hd, bias=config.qkv_bias)
+        self.out = nn.Linear(H * hd, d, bias=False)
+        if self.qk_norm != "none":
+            per_head = self.qk_norm == "head"
+            self.q_norm = RMSNorm(hd if per_head else H * hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd if per_head else KV * hd, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor, cache: LoopKVCache | None = None) -> torch.Tensor:
-        B, L, D = x.shape
-        H, KV = self.n_heads, self.n_kv_heads
-        q, k, v = self.qkv(x).view(B, L, H + 2 * KV, self.head_dim).split((H, KV, KV), dim=2)
+        B, L, _ = x.shape
+        H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.qkv(x).split((H * hd, KV * hd, KV * hd), dim=-1)
+        if self.qk_norm == "all_heads":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.view(B, L, -1, hd) for t in (q, k, v))  # [B, L, heads, hd]
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H or KV, L, hd]
         if cache is not None:  # the cached tokens' keys and values come first
@@ -140,7 +154,7 @@ class Attention(nn.Module):
         # grouped-query (KV < H): SDPA reads kv head i // (H / KV) for query head i
         gqa = {"enable_gqa": True} if KV != H else {}
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)
-        return self.out(y.transpose(1, 2).reshape(B, L, D))
+        return self.out(y.transpose(1, 2).reshape(B, L, H * hd))
 
 
 class SwiGLU(nn.Module):
@@ -187,13 +201,15 @@ class MoEFFN(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + ffn(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + ffn(norm(x)); or post-norm
+    (``norm_placement`` ``post``): x + norm(attn(x)), then x + norm(ffn(x))."""
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         d = config.hidden_size
         self.attn_norm = RMSNorm(d, config.rms_norm_eps)
-        self.attn = Attention(d, config.num_attention_heads, config.num_key_value_heads)
+        self.attn = Attention(config)
+        self.post_norm = config.norm_placement == "post"
         self.ffn_norm = RMSNorm(d, config.rms_norm_eps)
         if config.moe_experts:
             self.ffn = MoEFFN(d, config.moe_intermediate_size, config.moe_experts,
@@ -203,6 +219,9 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor, cache: LoopKVCache | None = None) -> torch.Tensor:
+        if self.post_norm:
+            x = x + self.attn_norm(self.attn(x, rope, mask, cache))
+            return x + self.ffn_norm(self.ffn(x))
         x = x + self.attn(self.attn_norm(x), rope, mask, cache)
         return x + self.ffn(self.ffn_norm(x))
 

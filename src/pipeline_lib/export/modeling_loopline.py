@@ -15,8 +15,12 @@ works without loopline installed. The two files import nothing but torch and tra
 
 The model: embedding → prelude blocks → core blocks applied ``num_loops`` times with input
 injection (state ← core(state + λ·e), or core(W[state; e])) → coda blocks → final RMSNorm →
-head. ``config.num_loops`` is the training loop count and the default; any count ≥ 1 may be
-passed to ``forward`` and ``generate``. Module names equal loopline's ``LoopedLM``, so the
+head. Gated recurrence (``loop_gate_rows`` > 0): loop 1 as above, every later loop t adds
+its gated core increment, state ← state + g_t·(core(x) − x) with x the injected state (loops
+past the gates reuse the last). ``state_init`` ``noise`` draws the initial state from a
+normal of std ``state_noise_std`` cut at ±3 std in training mode; in eval mode it is zeros.
+``config.num_loops`` is the training loop count and the default; any count ≥ 1 may be passed
+to ``forward`` and ``generate``. Module names equal loopline's ``LoopedLM``, so the
 weights are its state dict as is. Logits equal ``LoopedLM.logits_at`` (fp32, tested).
 
 Learned exit gate (``exit_gate: true`` in config.json; Ouro-style, one ``nn.Linear(d, 1)``
@@ -43,6 +47,12 @@ all q heads, then all k heads, then all v heads. RoPE frequencies may be scaled 
 transformers' ``linear`` and ``llama3`` rope types do (``rope_scaling_type`` and the
 ``rope_*`` keys of config.json). Exports written before these keys existed load as plain
 multi-head attention with unscaled RoPE.
+
+Models imported from other families keep their options (config.json keys, absent in older
+exports, which load as before): ``head_dim`` (heads of another width than hidden / heads),
+``qkv_bias`` (Qwen2's q/k/v biases), ``qk_norm`` (RMSNorm of queries and keys before RoPE:
+``head``, per head as Qwen3; ``all_heads``, over all heads as OLMo-2) and ``norm_placement``
+(``pre``: x + f(norm(x)); ``post``: x + norm(f(x)), OLMo-2's).
 
 ``attention_mask`` marks padding (left or right): padded keys are never attended to and
 positions count real tokens only, so a padded row gives the logits of the unpadded one.
@@ -87,16 +97,21 @@ class LooplineConfig(PretrainedConfig):
                  moe_experts: int = 0, moe_top_k: int = 2, moe_intermediate_size: int = 0,
                  injection: str = "add", injection_scale: float = 1.0,
                  step_embedding_rows: int = 0, state_init: str = "zeros",
+                 loop_gate_rows: int = 0, state_noise_std: float = 0.02,
                  tie_embeddings: bool = True, rope_theta: float = 10000.0,
                  rms_norm_eps: float = 1e-6, max_position_embeddings: int = 256,
                  num_key_value_heads: int | None = None, rope_scaling_type: str = "none",
                  rope_scaling_factor: float = 1.0, rope_low_freq_factor: float = 1.0,
                  rope_high_freq_factor: float = 4.0, rope_original_max_position: int = 8192,
                  exit_gate: bool = False, exit_threshold: float | None = None,
-                 **kwargs) -> None:
+                 head_dim: int | None = None, qkv_bias: bool = False, qk_norm: str = "none",
+                 norm_placement: str = "pre", **kwargs) -> None:
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        # options of imported families (Qwen2, Qwen3, OLMo-2): see loopline_layers.Attention
+        self.qkv_bias, self.qk_norm, self.norm_placement = qkv_bias, qk_norm, norm_placement
         # Not transformers' rope_scaling / rope_parameters (its own): this model computes its tables.
         self.rope_scaling_type, self.rope_scaling_factor = rope_scaling_type, rope_scaling_factor
         self.rope_low_freq_factor, self.rope_high_freq_factor = (rope_low_freq_factor,
@@ -108,6 +123,7 @@ class LooplineConfig(PretrainedConfig):
         self.moe_experts, self.moe_top_k = moe_experts, moe_top_k
         self.injection, self.injection_scale = injection, injection_scale
         self.step_embedding_rows, self.state_init = step_embedding_rows, state_init
+        self.loop_gate_rows, self.state_noise_std = loop_gate_rows, state_noise_std
         self.tie_embeddings, self.rope_theta = tie_embeddings, rope_theta
         self.rms_norm_eps, self.max_position_embeddings = rms_norm_eps, max_position_embeddings
         self.exit_gate, self.exit_threshold = exit_gate, exit_threshold
@@ -141,8 +157,11 @@ class LooplinePreTrainedModel(PreTrainedModel):
             for w in (module.w_gate, module.w_up, module.w_down):
                 nn.init.normal_(w, std=0.02)
             nn.init.zeros_(module.balance_bias)
-        elif isinstance(module, LooplineForCausalLM) and module.injection_scale is not None:
-            nn.init.constant_(module.injection_scale, float(module.config.injection_scale))
+        elif isinstance(module, LooplineForCausalLM):
+            if module.injection_scale is not None:
+                nn.init.constant_(module.injection_scale, float(module.config.injection_scale))
+            if module.loop_gate is not None:  # loops after the first start as no-ops
+                nn.init.zeros_(module.loop_gate)
 
 
 
@@ -165,6 +184,8 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
                                 nn.Parameter(torch.tensor(float(config.injection_scale))))
         rows = config.step_embedding_rows
         self.step_emb = nn.Embedding(rows, d) if rows else None
+        gates = getattr(config, "loop_gate_rows", 0)
+        self.loop_gate = nn.Parameter(torch.zeros(gates)) if gates else None
         self.exit_gate = nn.Linear(d, 1) if getattr(config, "exit_gate", False) else None
         self.post_init()
         self._exit_threshold(None)  # a config.json default that cannot apply fails at load
@@ -186,9 +207,24 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
             x = state + self.injection_scale.to(state.dtype) * e
         if self.step_emb is not None:  # loops past the table reuse its last row
             x = x + self.step_emb.weight[min(t, self.step_emb.num_embeddings - 1)]
+        out = x
         for block in self.core:
-            x = block(x, rope, mask, cache)
-        return x
+            out = block(out, rope, mask, cache)
+        if self.loop_gate is None or t == 0:
+            return out
+        g = self.loop_gate[min(t - 1, self.loop_gate.numel() - 1)]
+        return state + g.to(state.dtype) * (out - x)
+
+    def _initial_state(self, e: torch.Tensor) -> torch.Tensor:
+        """The state before loop 1: zeros, the prelude output, or (``noise``, training mode
+        only) a truncated normal."""
+        if self.config.state_init == "embedding":
+            return e
+        if self.config.state_init == "noise" and self.training:
+            std = float(getattr(self.config, "state_noise_std", 0.02))
+            noise = torch.empty(e.shape, dtype=torch.float32, device=e.device)
+            return nn.init.trunc_normal_(noise, std=std, a=-3 * std, b=3 * std).to(e.dtype)
+        return torch.zeros_like(e)
 
     def _readout(self, state: torch.Tensor, rope, mask, cache: LoopKVCache | None
                  ) -> torch.Tensor:
@@ -273,7 +309,7 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
         e = self.tok_emb(input_ids)  # [B, L, D]
         for block in self.prelude:
             e = block(e, rope, mask, cache)
-        state = torch.zeros_like(e) if cfg.state_init == "zeros" else e
+        state = self._initial_state(e)
         if gated:
             hidden, exit_loops = self._gated_readout(state, e, loops, threshold, rope, mask,
                                                      cache)

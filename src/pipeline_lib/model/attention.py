@@ -35,7 +35,7 @@ from .flex import (
     run_flex,
     use_flex,
 )
-from .layers import apply_rope
+from .layers import RMSNorm, apply_rope
 
 log = logging.getLogger(__name__)
 
@@ -115,18 +115,45 @@ def document_attention(q: Tensor, k: Tensor, v: Tensor, mask: DocumentMask) -> T
 
 
 class Attention(nn.Module):
-    """Multi-head (or grouped-query) self-attention with RoPE; fused q/k/v projection, no
-    biases. The projection's output rows are all q heads (H·hd), then all k heads (KV·hd),
-    then all v heads (KV·hd); ``n_kv_heads`` 0 means KV = H."""
+    """Multi-head (or grouped-query) self-attention with RoPE and a fused q/k/v projection
+    whose output rows are all q heads (H·hd), then all k heads (KV·hd), then all v heads
+    (KV·hd); ``n_kv_heads`` 0 means KV = H, ``head_dim`` 0 means hd = dim / H.
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int = 0) -> None:
+    Options of pretrained families (all off by default): ``qkv_bias`` (Qwen2's q/k/v
+    biases, the fused projection's bias), ``qk_norm`` — RMSNorm of queries and keys before
+    RoPE, ``head`` (Qwen3: over each head's hd channels, one gain [hd] shared by the heads)
+    or ``all_heads`` (OLMo-2: over all H·hd query channels and all KV·hd key channels)."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int = 0, *, head_dim: int = 0,
+                 qkv_bias: bool = False, qk_norm: str = "none", norm_eps: float = 1e-6) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads or n_heads
         assert n_heads % self.n_kv_heads == 0, "config checks: n_kv_heads divides n_heads"
-        self.head_dim = dim // n_heads
-        self.qkv = nn.Linear(dim, (n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
-        self.out = nn.Linear(dim, dim, bias=False)
+        self.head_dim = head_dim or dim // n_heads
+        H, KV, hd = n_heads, self.n_kv_heads, self.head_dim
+        self.qkv = nn.Linear(dim, (H + 2 * KV) * hd, bias=qkv_bias)
+        self.out = nn.Linear(H * hd, dim, bias=False)
+        self.qk_norm = qk_norm
+        self.q_norm = self.k_norm = None
+        if qk_norm != "none":
+            per_head = qk_norm == "head"
+            self.q_norm = RMSNorm(hd if per_head else H * hd, norm_eps)
+            self.k_norm = RMSNorm(hd if per_head else KV * hd, norm_eps)
+
+    def _projected(self, x: Tensor) -> Tensor:
+        """qkv(x) [..., (H + 2KV)·hd], queries and keys normed when ``qk_norm`` asks."""
+        qkv = self.qkv(x)
+        if self.q_norm is None:
+            return qkv
+        H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = qkv.split((H * hd, KV * hd, KV * hd), dim=-1)
+        if self.qk_norm == "head":  # [..., heads, hd]: one gain for every head
+            q = self.q_norm(q.unflatten(-1, (H, hd))).flatten(-2)
+            k = self.k_norm(k.unflatten(-1, (KV, hd))).flatten(-2)
+        else:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return torch.cat((q, k, v), dim=-1)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor],
                 mask: DocumentMask | AttendsCached) -> Tensor:
@@ -137,7 +164,7 @@ class Attention(nn.Module):
             return self._decode(x, rope, mask)
         B, L, D = x.shape  # batch, tokens, channels
         H, KV = self.n_heads, self.n_kv_heads
-        qkv = self.qkv(x).view(B, L, H + 2 * KV, self.head_dim)  # heads of q, then k, then v
+        qkv = self._projected(x).view(B, L, H + 2 * KV, self.head_dim)  # q, then k, then v
         # RoPE on the q and k heads in one go (the same arithmetic as one at a time, fewer ops)
         qk = apply_rope(qkv[:, :, : H + KV], *rope).transpose(1, 2)  # [B, H + KV, L, hd]
         q, k = qk.split((H, KV), dim=1)  # [B, H, L, hd], [B, KV, L, hd]
@@ -146,15 +173,15 @@ class Attention(nn.Module):
             y = document_attention(q, k, v, mask)  # [B, H, L, hd]
         else:  # a prefill: the KV cache (kv_cache.py) keeps k, v, then attends as above
             y = mask.attend(q, k, v)
-        return self.out(y.transpose(1, 2).reshape(B, L, D))
+        return self.out(y.transpose(1, 2).reshape(B, L, H * self.head_dim))
 
     def _decode(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: AttendsCached) -> Tensor:
         """One new token per row, x [B, D]: the same arithmetic as :meth:`forward` on
         [B, 1, D], in the fewer operations a single token allows (decoding is bound by
         per-operation overhead, not arithmetic)."""
-        B, D = x.shape
+        B, _ = x.shape
         H, KV = self.n_heads, self.n_kv_heads
-        qkv = self.qkv(x).view(B, H + 2 * KV, 1, self.head_dim)  # [B, H + 2KV, 1, hd]
+        qkv = self._projected(x).view(B, H + 2 * KV, 1, self.head_dim)  # [B, H + 2KV, 1, hd]
         q, k = apply_rope(qkv[:, : H + KV], *rope).split((H, KV), dim=1)  # rope: [B, 1, 1, hd]
         y = cache.attend(q, k, qkv[:, H + KV:])  # [B, H, 1, hd]
-        return self.out(y.view(B, D))
+        return self.out(y.view(B, H * self.head_dim))

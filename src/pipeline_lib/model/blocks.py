@@ -1,4 +1,6 @@
-"""Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x)); FFN dense or MoE."""
+"""Transformer block, pre-norm: x + attn(norm(x)), then x + ffn(norm(x)); or post-norm
+(``norm_placement: post``, OLMo-2's): x + norm(attn(x)), then x + norm(ffn(x)). FFN dense or
+MoE. Both placements use the same two gains, ``attn_norm`` and ``ffn_norm``."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ class Block(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.attn_norm = RMSNorm(d, cfg.norm_eps)
-        self.attn = Attention(d, cfg.n_heads, cfg.n_kv_heads)
+        self.attn = Attention(d, cfg.n_heads, cfg.n_kv_heads, head_dim=cfg.head_dim,
+                              qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps)
+        self.post_norm = cfg.norm_placement == "post"
         self.ffn_norm = RMSNorm(d, cfg.norm_eps)
         self.ffn: SwiGLU | MoEFFN
         if cfg.moe_experts:
@@ -32,6 +36,8 @@ class Block(nn.Module):
     def reset_parameters(self, std: float, out_std: float) -> None:
         """Normal(0, std) weights; residual output projections get the smaller ``out_std``."""
         nn.init.normal_(self.attn.qkv.weight, std=std)
+        if self.attn.qkv.bias is not None:
+            nn.init.zeros_(self.attn.qkv.bias)
         nn.init.normal_(self.attn.out.weight, std=out_std)
         if isinstance(self.ffn, MoEFFN):
             self.ffn.reset_parameters(std, out_std)
@@ -42,6 +48,9 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: DocumentMask) -> Tensor:
         # x: [B, L, D] → [B, L, D]
+        if self.post_norm:
+            x = x + self.attn_norm(self.attn(x, rope, mask))
+            return x + self.ffn_norm(self.ffn(x))
         x = x + self.attn(self.attn_norm(x), rope, mask)
         return x + self.ffn(self.ffn_norm(x))
 

@@ -90,7 +90,7 @@ def expected_exit_forward(model: Any, ctx: Any, readouts: Sequence[int],
                           no_grad_loops: int = 0) -> tuple[dict[int, Tensor], Tensor, Tensor]:
     """(mean loss per readout (detached), expected-exit objective, last state) of one pass.
 
-    ``token_weights`` [B·L] (None = 1 per token) as :meth:`LoopedLM._token_weights` gives
+    ``token_weights`` [B·L] (None = 1 per token) as :func:`.loss.token_weights` gives
     them; ignored targets weigh 0.
     """
     counts = sorted(set(int(h) for h in readouts))

@@ -36,10 +36,11 @@ from .blocks import Block, residual_out_std
 from .exit_gate import expected_exit_forward
 from .kv_cache import KVCache, kv_decode_step, kv_prefill
 from .layers import RMSNorm, RopeScaling, rope_tables
-from .loss import chunked_cross_entropy
+from .loss import chunked_cross_entropy, token_weights
 from .moe import MoEFFN
 from .recompute import checkpointed
-from .size import check_model_config, step_embedding_rows
+from .recurrence import gated_update, initial_state
+from .size import check_model_config, loop_gate_rows, resolved_head_dim, step_embedding_rows
 
 Batch = Mapping[str, Tensor]
 
@@ -87,6 +88,8 @@ class LoopedLM(nn.Module):
             self.register_buffer("injection_scale", scale, persistent=False)
         rows = step_embedding_rows(cfg)
         self.step_emb = nn.Embedding(rows, d) if rows else None
+        gates = loop_gate_rows(cfg)  # g_t of gated recurrence (see .recurrence)
+        self.loop_gate = nn.Parameter(torch.zeros(gates)) if gates else None
         # one exit logit per token and loop, shared by every loop (see .exit_gate)
         self.exit_gate = nn.Linear(d, 1) if cfg.exit_gate else None
         # train.activation_checkpointing (none | loop | block; see .recompute), set by training
@@ -97,7 +100,8 @@ class LoopedLM(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) weights, scaled residual outputs, [I | λI] linear injection."""
+        """Normal(0, init_std) weights, scaled residual outputs, [I | λI] linear injection,
+        loop gates at 0."""
         cfg = self.cfg
         std = cfg.init_std
         out_std = residual_out_std(
@@ -113,6 +117,8 @@ class LoopedLM(nn.Module):
             self.injection_proj.weight.copy_(torch.cat([eye, cfg.injection_scale * eye], dim=1))
         if self.step_emb is not None:
             nn.init.normal_(self.step_emb.weight, std=std)
+        if self.loop_gate is not None:  # loops after the first start as no-ops
+            nn.init.zeros_(self.loop_gate)
         if self.exit_gate is not None:  # λ ≈ 0.5 at every loop at the start
             nn.init.normal_(self.exit_gate.weight, std=std)
             nn.init.zeros_(self.exit_gate.bias)
@@ -146,7 +152,7 @@ class LoopedLM(nn.Module):
             mask = DocumentMask.build(doc, resolve_attention_kernel(self.cfg.attention,
                                                                     ids.device))
         return LoopContext(
-            rope=rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta,
+            rope=rope_tables(pos, resolved_head_dim(self.cfg), self.cfg.rope_theta,
                              self.rope_scaling),
             mask=mask,
             targets=batch.get("targets"),
@@ -166,9 +172,9 @@ class LoopedLM(nn.Module):
         return ctx
 
     def init_state(self, ctx: LoopContext) -> Tensor:
-        """Loop state before loop 1: zeros or the prelude output (``state_init``)."""
+        """Loop state before loop 1 (``state_init``, see :mod:`.recurrence`)."""
         assert ctx.e is not None, "embed() the batch first"
-        return torch.zeros_like(ctx.e) if self.cfg.state_init == "zeros" else ctx.e
+        return initial_state(self.cfg, ctx.e, self.training)
 
     # ------------------------------------------------------------------ loops
 
@@ -185,14 +191,18 @@ class LoopedLM(nn.Module):
         return x
 
     def _loop(self, state: Tensor, ctx: LoopContext, t: int) -> Tensor:
-        """Loop t (0-based): inject e into the state, run the core blocks."""
+        """Loop t (0-based): inject e into the state, run the core blocks (gated
+        recurrence: add their gated increment to the state after loop 0)."""
         if self.injection_proj is not None:
             x = self.injection_proj(torch.cat([state, ctx.e], dim=-1))  # W[state; e]
         else:
             x = state + self.injection_scale.to(state.dtype) * ctx.e
         if self.step_emb is not None:  # loops past the table reuse its last row
             x = x + self.step_emb.weight[min(t, self.step_emb.num_embeddings - 1)]
-        return self._blocks(self.core, x, ctx)
+        out = self._blocks(self.core, x, ctx)
+        if self.loop_gate is None or t == 0:
+            return out
+        return gated_update(state, x, out, self.loop_gate, t)
 
     def forward_loops(self, ctx_or_batch: LoopContext | Batch, start: int, end: int,
                       state: Tensor | None = None, *, no_grad_loops: int = 0) -> Tensor:
@@ -231,19 +241,6 @@ class LoopedLM(nn.Module):
         """Logits [B, L, V] of a loop state (materialised: for generation and scoring)."""
         return F.linear(self.readout_hidden(state, ctx), self.head_weight)
 
-    def _token_weights(self, ctx: LoopContext, answer_weight: float,
-                       answer_only: bool = False) -> Tensor | None:
-        if answer_weight < 0:
-            raise ValueError(f"answer_weight must be >= 0, got {answer_weight}")
-        if answer_only:
-            if ctx.answer_mask is None:
-                raise ValueError("answer_only needs the batch's 'answer_mask'")
-            return ctx.answer_mask.reshape(-1).float()  # 1 on answer tokens, 0 elsewhere
-        if ctx.answer_mask is None or answer_weight == 1.0:
-            return None
-        w = torch.where(ctx.answer_mask, float(answer_weight), 1.0)  # [B, L]
-        return w.reshape(-1)
-
     def readout_loss(self, state: Tensor, ctx_or_batch: LoopContext | Batch,
                      answer_weight: float = 1.0, *, answer_only: bool = False) -> Tensor:
         """Mean next-token loss of a loop state; answer tokens weighted by ``answer_weight``.
@@ -262,10 +259,10 @@ class LoopedLM(nn.Module):
         with nullcontext() if amp is None else torch.autocast(kind, enabled=False):
             if amp is not None:  # autocast: the head matmul in its dtype, the loss in fp32
                 h, weight = h.to(amp), weight.to(amp)
+            weights = token_weights(ctx.answer_mask, answer_weight, answer_only)
             return chunked_cross_entropy(h.reshape(-1, D), weight, ctx.targets.reshape(-1),
                                          chunk_size=self.cfg.loss_chunk_size,
-                                         token_weights=self._token_weights(ctx, answer_weight,
-                                                                           answer_only))
+                                         token_weights=weights)
 
     # ------------------------------------------------------------------ full passes
 
@@ -288,7 +285,7 @@ class LoopedLM(nn.Module):
         ctx = batch if isinstance(batch, LoopContext) else self.embed(batch)
         if exit_entropy_weight is not None:
             assert start == 0 and state is None, "expected exit reads out from loop 1"
-            weights = self._token_weights(ctx, answer_weight, answer_only)
+            weights = token_weights(ctx.answer_mask, answer_weight, answer_only)
             out, objective, state = expected_exit_forward(
                 self, ctx, wanted, weights, exit_entropy_weight, no_grad_loops=no_grad_loops)
             return LoopOutput({int(h): out[int(h)] for h in readouts}, state, objective)

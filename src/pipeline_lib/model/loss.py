@@ -132,6 +132,21 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None, None, None, None, None, None
 
 
+def token_weights(answer_mask: Tensor | None, answer_weight: float,
+                  answer_only: bool = False) -> Tensor | None:
+    """Per-token loss weights [B·L] (None = 1 each): ``answer_weight`` on ``answer_mask``
+    [B, L] and 1 elsewhere; with ``answer_only`` 1 on the answer tokens and 0 elsewhere."""
+    if answer_weight < 0:
+        raise ValueError(f"answer_weight must be >= 0, got {answer_weight}")
+    if answer_only:
+        if answer_mask is None:
+            raise ValueError("answer_only needs the batch's 'answer_mask'")
+        return answer_mask.reshape(-1).float()  # 1 on answer tokens, 0 elsewhere
+    if answer_mask is None or answer_weight == 1.0:
+        return None
+    return torch.where(answer_mask, float(answer_weight), 1.0).reshape(-1)
+
+
 def chunked_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int = 1024,
                           ignore_index: int = -100, reduction: str = "mean",
                           token_weights: Tensor | None = None, backend: str = "auto",

@@ -39,14 +39,30 @@ def resolved_kv_heads(cfg: ModelConfig) -> int:
     return cfg.n_kv_heads or cfg.n_heads
 
 
+def resolved_head_dim(cfg: ModelConfig) -> int:
+    """Width of one attention head: ``head_dim``, or d_model / n_heads when 0."""
+    return cfg.head_dim or cfg.d_model // cfg.n_heads
+
+
 def kv_width(cfg: ModelConfig) -> int:
     """Width of the keys (and of the values) of one token: kv heads × head width."""
-    return resolved_kv_heads(cfg) * (cfg.d_model // cfg.n_heads)
+    return resolved_kv_heads(cfg) * resolved_head_dim(cfg)
+
+
+def q_width(cfg: ModelConfig) -> int:
+    """Width of the queries of one token (and of the attention output): heads × head width."""
+    return cfg.n_heads * resolved_head_dim(cfg)
 
 
 def step_embedding_rows(cfg: ModelConfig) -> int:
     """Rows of the per-loop step embedding (one per training loop; later loops reuse the last)."""
     return cfg.loops if cfg.step_embedding else 0
+
+
+def loop_gate_rows(cfg: ModelConfig) -> int:
+    """Gates of ``recurrence: gated``: one per training loop after the first (at least one;
+    later loops reuse the last)."""
+    return max(1, cfg.loops - 1) if cfg.recurrence == "gated" else 0
 
 
 def check_model_config(cfg: ModelConfig) -> None:
@@ -68,9 +84,11 @@ def check_model_config(cfg: ModelConfig) -> None:
         if getattr(cfg, key) < 0:
             raise ConfigError(f"model.{key} = {getattr(cfg, key)} must not be negative; use 0 or more")
     check_model_shape(cfg)
-    choices = {"injection": ("add", "linear"), "state_init": ("zeros", "embedding"),
+    choices = {"injection": ("add", "linear"), "state_init": ("zeros", "embedding", "noise"),
+               "recurrence": ("plain", "gated"),
                "attention": ("auto", "sdpa", "flex"),
-               "rope_scaling": ("none", "linear", "llama3")}
+               "rope_scaling": ("none", "linear", "llama3"),
+               "qk_norm": ("none", "head", "all_heads"), "norm_placement": ("pre", "post")}
     for key, allowed in choices.items():
         if getattr(cfg, key) not in allowed:
             raise ConfigError(f"model.{key} = {getattr(cfg, key)!r} is not allowed; use one of "
@@ -78,17 +96,25 @@ def check_model_config(cfg: ModelConfig) -> None:
 
 
 def _attention_params(cfg: ModelConfig) -> int:
-    """Weights of the fused q/k/v projection (q: d×d, k and v: d×kv_width each) and of the
-    output projection (d×d)."""
-    d = cfg.d_model
-    return d * d + 2 * d * kv_width(cfg) + d * d
+    """Weights of the fused q/k/v projection (q: d×q_width, k and v: d×kv_width each) and of
+    the output projection (q_width×d)."""
+    d, q = cfg.d_model, q_width(cfg)
+    return d * q + 2 * d * kv_width(cfg) + q * d
+
+
+def _attention_vectors(cfg: ModelConfig) -> int:
+    """Parameters of attention outside its matrices: q/k/v biases and QK-norm gains."""
+    biases = q_width(cfg) + 2 * kv_width(cfg) if cfg.qkv_bias else 0
+    gains = {"none": 0, "head": 2 * resolved_head_dim(cfg),
+             "all_heads": q_width(cfg) + kv_width(cfg)}[cfg.qk_norm]
+    return biases + gains
 
 
 def block_param_count(cfg: ModelConfig) -> int:
     """Parameters of one transformer block (two RMSNorms, attention, dense or MoE FFN)."""
     d = cfg.d_model
     norms = 2 * d
-    attention = _attention_params(cfg)
+    attention = _attention_params(cfg) + _attention_vectors(cfg)
     if cfg.moe_experts:
         ffn = cfg.moe_experts * d + cfg.moe_experts * 3 * d * resolved_moe_hidden(cfg)  # router
     else:
@@ -112,6 +138,7 @@ def param_count(cfg: ModelConfig) -> int:
     elif cfg.learn_injection_scale:
         total += 1  # λ
     total += step_embedding_rows(cfg) * d
+    total += loop_gate_rows(cfg)  # g_t of gated recurrence
     if cfg.exit_gate:
         total += d + 1  # the shared exit gate Linear(d, 1): weight and bias
     return total
@@ -141,7 +168,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, loops: int | None = None) ->
       over a full context, the convention of Kaplan et al. 2020 and Hoffmann et al. 2022;
       causal, document-masked rows attend to fewer tokens, so this is an upper bound).
       Grouped-query attention shares keys and values between heads but every query head
-      still scores every key, so this term does not depend on ``n_kv_heads``.
+      still scores every key, so this term does not depend on ``n_kv_heads`` (with a
+      ``head_dim`` other than d/heads, d is heads × head_dim here).
 
     A training step costs about 3× this per token (forward + backward). With this count a
     1-block × 4-loop core and a 4-block × 1-loop core cost the same, which is the point of
@@ -156,4 +184,4 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, loops: int | None = None) ->
     matmul = applications * block_matmul_params(cfg) + cfg.vocab_size * d
     if cfg.injection == "linear":
         matmul += loops * 2 * d * d
-    return 2 * matmul + applications * 4 * seq_len * d
+    return 2 * matmul + applications * 4 * seq_len * q_width(cfg)

@@ -101,8 +101,13 @@ def gradient_metrics(model: nn.Module) -> dict[str, float]:
 
 
 def model_scalars(model: nn.Module) -> dict[str, float]:
-    """λ (the injection scale) when the model has one."""
+    """λ (the injection scale) and the loop gates g_2, g_3, … when the model has them."""
+    out: dict[str, float] = {}
     scale = getattr(model, "injection_scale", None)
     if isinstance(scale, torch.Tensor) and scale.numel() == 1:
-        return {f"{PREFIX}/injection_scale": float(scale.detach())}
-    return {}
+        out[f"{PREFIX}/injection_scale"] = float(scale.detach())
+    gates = getattr(model, "loop_gate", None)
+    if isinstance(gates, torch.Tensor):
+        for t, g in enumerate(gates.detach().float().tolist(), start=2):
+            out[f"{PREFIX}/loop_gate/{t}"] = g
+    return out

@@ -11,7 +11,7 @@ parts (:data:`~pipeline_lib.config_rules.FREEZE_PARTS`) name the model's attribu
   balancing) is held fixed too, so the part computes what it computed before;
 - ``head``: the untied output head; ``norm``: the final norm;
 - ``adapter``: the input-injection adapter, ``injection_proj`` (linear injection) and a
-  learnable λ (``injection_scale``).
+  learnable λ (``injection_scale``), and the loop gates of gated recurrence (``loop_gate``).
 
 Which parts a model has, and which lists make sense, is checked with the config
 (:func:`pipeline_lib.config_rules.model_parts`). Changing the list changes the optimizer's
@@ -34,7 +34,7 @@ PART_ATTRIBUTES = {
     "coda": ("coda",),
     "head": ("head",),
     "norm": ("norm",),
-    "adapter": ("injection_proj", "injection_scale"),
+    "adapter": ("injection_proj", "injection_scale", "loop_gate"),
 }
 
 

@@ -1,8 +1,10 @@
 """Spike guard: skip optimizer steps on non-finite or spiking losses; abort on a run of them.
 
 Semantics (the research prototype's, made exact). For each observed loss — one per global
-step, or one per unroll in unrolled backprop, each unroll ``key`` with its own
-baseline — the step is skipped when any of these holds:
+step, or one per unroll in unrolled backprop — the step is skipped when any of these holds
+(the trainer keys each loss by the loops it read out, :func:`.step.guard_key`, so every
+sampled loop count has its own baseline: a retrofit near its original at 1 loop and far
+from it at 4 is not a spike at 4):
 
 1. ``non_finite_loss`` / ``non_finite_grad``: loss or gradient norm is NaN or ±inf
    (always checked, also during warmup);
@@ -15,7 +17,8 @@ baseline — the step is skipped when any of these holds:
 accepted loss; ``prev_loss`` is the key's last accepted loss. Skipped losses never update
 them, so a spike cannot drag the baseline up. Checks 2–4 start once the key has absorbed
 ``warmup_steps`` accepted losses ("while baselines settle"; a key first seen late, e.g. a
-deep unroll under loop sampling, gets its own warmup).
+loop count drawn rarely, gets its own warmup, and only the non-finite checks guard it
+until then).
 
 A global step counts as skipped when any of its observations was (the trainer drops the
 remaining unrolls of that step). :meth:`SpikeGuard.end_step` closes a step; after

@@ -17,7 +17,7 @@ Backprop through loops (``train.bptt``):
 - ``unrolled`` (K = k loops per unroll): for each unroll, for each micro-batch, run its
   K loops from that micro-batch's detached state and read out (``last``: at the unroll's
   end; ``deep_supervision``: after each of its loops), backward; then clip, let the spike
-  guard judge the unroll (its own baseline key), step the optimizer, update the MoE
+  guard judge the unroll, step the optimizer, update the MoE
   biases and the EMA, and detach. A spike in one unroll drops the remaining unrolls of
   that global step (the prototype's rule); unrolls already applied stay applied.
 
@@ -25,8 +25,9 @@ Backprop through loops (``train.bptt``):
 block's activations in backward (:mod:`pipeline_lib.model.recompute`): same gradients.
 
 Every other step is skipped the same way: the guard sees the (mean) loss and the
-pre-clipping gradient norm; on a skip the gradients and MoE loads are thrown away. With
-several ranks (a ``RankGroup``) the loss, aux loss and MoE loads are averaged over ranks
+pre-clipping gradient norm, under a baseline key per loop range (:func:`guard_key`: one
+per sampled loop count, and per unroll); on a skip the gradients and MoE loads are thrown
+away. With several ranks (a ``RankGroup``) the loss, aux loss and MoE loads are averaged over ranks
 and the gradient norm is the global one before the guard decides, so every rank decides
 the same (checked).
 :meth:`SpikeGuard.end_step` raises TrainingError after too many skipped steps in a row.
@@ -77,6 +78,13 @@ def unroll_bounds(loops: int, bptt: str, k: int) -> list[tuple[int, int]]:
     if bptt != "unrolled":
         return [(0, loops)]
     return [(a, min(a + k, loops)) for a in range(0, loops, k)]
+
+
+def guard_key(start: int, end: int) -> str:
+    """The spike guard's baseline key of a loss read out over loops start+1 … end: each
+    sampled loop count (and each unroll of it) is judged against losses of the same
+    loops, never a deeper count's loss against a shallower one's baseline."""
+    return f"{start}:{end}"
 
 
 class StepRunner:
@@ -157,7 +165,7 @@ class StepRunner:
         result = StepResult(loss=math.nan, aux_loss=0.0, grad_norm=math.nan, loops=loops,
                             skipped=False)
         weighted, weight = 0.0, 0
-        for j, (start, end) in enumerate(bounds):
+        for start, end in bounds:
             counts = list(range(start + 1, end + 1)) if self.deep else [end]
             sums = self._backward(batches, counts, start, no_grad, states, probe, step=step,
                                   flat_row=flat_row, keep_state=len(bounds) > 1)
@@ -177,7 +185,8 @@ class StepRunner:
             # deep supervision: every readout counts once; last: the deepest readout wins
             weighted = weighted + value * len(counts) if self.deep else value
             weight = weight + len(counts) if self.deep else 1
-            decision = self.guard.observe(step, value, result.grad_norm, key=str(j))
+            decision = self.guard.observe(step, value, result.grad_norm,
+                                          key=guard_key(start, end))
             if self.group is not None:
                 self.group.agree(decision.skip, f"skipping step {step}")
             if decision.skip:
