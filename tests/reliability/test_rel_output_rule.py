@@ -66,7 +66,8 @@ def test_summarize_heff_onto_its_own_input_is_refused(ready, capsys, option):
     assert hashes(ready) == before
 
 
-def test_heff_onto_a_users_yaml_or_json_is_refused(ready, capsys):
+def test_heff_onto_a_users_yaml_or_json_is_refused_its_own_result_replaced(ready, tmp_path,
+                                                                            capsys):
     (ready / "mine.json").write_text('{"my": "settings"}\n')
     before = hashes(ready)
     refused(_heff(ready, ready / "c.yaml", "--config", ready / "c.yaml"), capsys,
@@ -77,10 +78,7 @@ def test_heff_onto_a_users_yaml_or_json_is_refused(ready, capsys):
             "remove that file by hand")
     assert hashes(ready) == before
     (ready / "mine.json").unlink()
-
-
-def test_heff_replaces_its_own_earlier_result_and_an_empty_file(ready, tmp_path, capsys):
-    out = tmp_path / "h.json"
+    out = tmp_path / "h.json"  # its own earlier result, or an empty file, it replaces
     out.touch()
     for _ in range(2):
         assert main([str(a) for a in _heff(ready, out)]) == 0
