@@ -92,7 +92,7 @@ def test_pack_refuses_a_file_where_its_directory_goes(work: Path) -> None:
     (work / "blocker").write_text("keep\n")
     result = run_cli(work, "pack", "--config", "c.yaml", "--out", "blocker")
     assert result.returncode == 2
-    assert_one_line_error(result, "data pack output blocker is a file, not a directory")
+    assert_one_line_error(result, "--out blocker is a file, not a directory")
     assert (work / "blocker").read_text() == "keep\n"
 
 
@@ -134,7 +134,7 @@ def test_heff_into_a_directory_is_refused_before_the_sweep(work: Path) -> None:
     result = run_cli(work, "heff", "--snapshot", SNAPSHOT, "--data", "data", "--out",
                      "out.json", "--no-track")
     assert result.returncode == 2
-    assert_one_line_error(result, "output out.json is a directory, not a file")
+    assert_one_line_error(result, "--out out.json is a directory, not a file")
     assert "H_eff sweep of" not in result.stderr
     assert entries(work / "out.json") == []
 
