@@ -7,9 +7,9 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from support.rel_messages import write_yaml
 
 from pipeline_lib.cli import main
+from support.rel_messages import write_yaml
 
 SNAPSHOT = Path("run") / "snapshots" / "step_0000004"
 SWEEP = Path("run") / "eval" / "heff" / "step_0000004.json"
