@@ -192,13 +192,14 @@ def _real(path: Path) -> str:
 
 
 def check_inputs(inputs: Sequence[tuple[str, Path]]) -> None:
-    """No input file is named twice by one option (``--inputs a.json a.json``)."""
+    """No input is named twice by one option (``--inputs a.json a.json``, two names of one
+    run directory)."""
     seen: dict[tuple[str, str], Path] = {}
     for what, path in inputs:
         key = (what, _real(path))
-        if key in seen and Path(path).is_file():
+        if key in seen:
             raise UsageError(f"{what} names {path} twice (as {seen[key]} and {path}); pass each "
-                             "file once")
+                             "once")
         seen[key] = Path(path)
 
 

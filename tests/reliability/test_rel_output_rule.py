@@ -86,16 +86,19 @@ def test_heff_onto_a_users_yaml_or_json_is_refused_its_own_result_replaced(ready
     assert entries(tmp_path) == ["h.json"]
 
 
-def test_summarize_heff_refuses_an_input_named_twice_or_a_copy(ready, tmp_path, capsys):
+def test_an_input_named_twice_or_a_copy_is_refused(ready, tmp_path, capsys):
+    (tmp_path / "link").symlink_to(ready / "run")  # one run directory under two names
     copy = tmp_path / "copy.json"
     shutil.copyfile(ready / SWEEP, copy)
     outs = ["--out-table", tmp_path / "h.parquet", "--out-plot", tmp_path / "h.png",
             "--no-track"]
     refused(["summarize-heff", "--inputs", ready / SWEEP, ready / SWEEP, *outs], capsys,
-            f"--inputs names {ready / SWEEP} twice", "pass each file once")
+            f"--inputs names {ready / SWEEP} twice", "pass each once")
+    refused(["compare", ready / "run", tmp_path / "link", "--out", tmp_path / "cmp"], capsys,
+            f"run_dirs names {tmp_path / 'link'} twice (as {ready / 'run'} and")
     refused(["summarize-heff", "--inputs", ready / SWEEP, copy, *outs], capsys,
             "are sweeps of the same snapshot (step 4)")
-    assert entries(tmp_path) == ["copy.json"]
+    assert entries(tmp_path) == ["copy.json", "link"]
 
 
 # ---------------------------------------------------------------- class 4: checked first, written as a set

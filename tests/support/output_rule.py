@@ -15,18 +15,25 @@ SNAPSHOT = Path("run") / "snapshots" / "step_0000004"
 SWEEP = Path("run") / "eval" / "heff" / "step_0000004.json"
 
 
-def build_ready(root: Path) -> Path:
-    """``root`` with c.yaml, data/ (a pack), run/snapshots/step_0000004 (four steps),
-    its sweep (SWEEP), a user's notes.yaml and README.md; no tracking."""
-    cfg = write_yaml(root / "c.yaml", {
+def write_tiny_config(path: Path, **sections: dict) -> Path:
+    """The config of the CLI reliability tests (pack and a four-step segment take about a
+    second each), with ``sections`` replacing whole top-level sections."""
+    return write_yaml(path, {
         "data": {"sources": [{"type": "reasoning", "num_docs": 60, "max_difficulty": 2}],
                  "seq_len": 16, "epochs": 1, "val_fraction": 0.5, "curriculum_fraction": 0},
         "model": {"d_model": 16, "n_heads": 2, "loops": 1},
         "train": {"total_steps": 4, "steps_per_segment": 4, "global_batch_rows": 8,
                   "micro_batch_rows": 8, "eval_interval": 0, "diagnostics_interval": 0,
                   "sample_tokens": 0, "warmup_steps": 2, "objective": "last"},
-        "eval": {"h_eff": [1, 2]}, "bench": {"tasks": ["loopline_parity"], "h_eff": [1]},
-        "tracking": {"enabled": False}, "runs": {}})
+        "eval": {"h_eff": [1]}, "runs": {}, **sections})
+
+
+def build_ready(root: Path) -> Path:
+    """``root`` with c.yaml, data/ (a pack), run/snapshots/step_0000004 (four steps),
+    its sweep (SWEEP), a user's notes.yaml and README.md; no tracking."""
+    cfg = write_tiny_config(root / "c.yaml", eval={"h_eff": [1, 2]},
+                            bench={"tasks": ["loopline_parity"], "h_eff": [1]},
+                            tracking={"enabled": False})
     for argv in (["pack", "--config", cfg, "--out", root / "data"],
                  ["train", "--config", cfg, "--data", root / "data", "--resume-from", "none",
                   "--until-step", "4", "--out", root / SNAPSHOT, "--no-track"],

@@ -38,9 +38,10 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              f"(default {BUDGET_S:.0f})")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense bf16 peak, when its name is not in the table")
-    add_output(parser, "--work-dir", default=None,
+    parser.add_argument("--work-dir", type=Path, default=None,
                         help="where the checks write their packs and runs (default: a "
-                             "temporary directory, removed afterwards)")
+                             "temporary directory, removed afterwards; a check that cannot "
+                             "write there fails alone and is reported)")
     add_config_args(parser)
     return parser
 
