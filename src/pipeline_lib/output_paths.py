@@ -114,12 +114,14 @@ def _writable(directory: Path) -> bool:
 
 
 def _disk_full(directory: Path) -> bool:
-    """Whether the file system of ``directory`` has no block left (0 of a real size)."""
+    """Whether the file system of ``directory`` has no block left for this user (root may
+    use the blocks reserved for it); False for pseudo file systems (no blocks at all)."""
     try:
         stat = os.statvfs(directory)
     except OSError:
         return False
-    return stat.f_blocks > 0 and stat.f_bavail == 0
+    free = stat.f_bfree if os.geteuid() == 0 else stat.f_bavail
+    return stat.f_blocks > 0 and free == 0
 
 
 def check_creatable(path: Path, what: str) -> None:

@@ -41,7 +41,7 @@ def storage_error(exc: OSError, path: Path | str | None = None) -> str:
     else:
         fix = "free space there or pass a path on another disk"
     verb = "access" if path is None and exc.errno in (errno.EACCES, errno.EPERM) else "write"
-    return f"cannot {verb}{target}: {reason}; {fix} (nothing was published)"
+    return f"cannot {verb}{target}: {reason}; {fix}"
 
 
 class OutputSet:
@@ -125,5 +125,6 @@ def output_set() -> Iterator[OutputSet]:
         if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
             target = outputs.failed_target(exc)
             if target is not None:
-                raise UsageError(storage_error(exc, target)) from None
+                raise UsageError(f"{storage_error(exc, target)} (nothing was published)"
+                                 ) from None
         raise

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..output_paths import DEPTH_JSON, check_output_dir, check_output_file
+from ..output_paths import DEPTH_JSON, Output, check_output_dir, check_outputs
 from ..output_set import output_set
 from .depth import TARGET_MARGIN, compare_examples, depth_check, depth_markdown, variant_kind
 from .markdown import summary_markdown, verdict
@@ -64,10 +64,7 @@ def check_compare_outputs(out_dir: Path, depth_json: Path | None = None) -> None
     check's file can be written (one line each)."""
     check_output_dir(Path(out_dir), "compare output", owned=is_compare_dir,
                      kind="a comparison (no summary.md, summary.parquet or its plots)")
-    from ..output_paths import Output, check_outputs
-
     depth = Path(depth_json) if depth_json is not None else Path(out_dir) / DEPTH_CHECK_JSON
-    check_output_file(depth, "depth check output")
     check_outputs([Output(depth, "depth check output", DEPTH_JSON)])
 
 
