@@ -12,12 +12,11 @@ tmpfs) byte for byte as it was. The commands run in this process through
 
 from __future__ import annotations
 
-import errno
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.output_rule import SNAPSHOT, SWEEP, build_ready, hashes, refused
+from support.output_rule import SNAPSHOT, SWEEP, build_ready, hashes, refused, small_disk
 
 from pipeline_lib.cli import build_parser
 
@@ -82,26 +81,10 @@ def ready(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def full_disk(tmp_path_factory: pytest.TempPathFactory):
-    """A 64 KiB tmpfs filled to the last block, or a skip that says why there is none."""
-    disk = tmp_path_factory.mktemp("full_disk")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        reason = f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}"
-        print(reason)
-        pytest.skip(reason)
-    try:
-        (disk / "old.json").write_text('{"losses": {}}\n')  # an earlier output, kept
-        with open(disk / "filler", "wb", buffering=0) as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * 4096)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
+def full_disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A 64 KiB tmpfs filled to the last block (its filler file must not change)."""
+    with small_disk(tmp_path_factory.mktemp("full_disk")) as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_every_command_that_writes_declares_its_outputs() -> None:

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.output_rule import SNAPSHOT, SWEEP, build_ready, hashes, refused
+from support.output_rule import SNAPSHOT, SWEEP, build_ready, hashes, refused, small_disk
 from support.rel_messages import assert_one_line_error, entries, run_cli
 
 from pipeline_lib.cli import main
@@ -159,3 +159,14 @@ def test_compare_on_a_full_disk_keeps_the_previous_comparison(tmp_path):
     assert_one_line_error(result, "cannot write", "File too large", "nothing was published")
     assert hashes(out) == before
     assert [n for n in entries(tmp_path) if n.startswith(".")] == []
+
+
+def test_export_onto_a_disk_that_fills_is_one_line_and_leaves_nothing(ready, tmp_path):
+    """The weights (45 KiB) do not fit the 24 KiB left: safetensors' own error was a
+    traceback."""
+    with small_disk(tmp_path / "disk", free_kib=24) as disk:
+        result = run_cli(tmp_path, "export", "--snapshot", ready / SNAPSHOT, "--out",
+                         disk / "e")
+        assert_one_line_error(result, f"cannot write export {disk / 'e'}",
+                              "No space left on device", "nothing was published")
+        assert entries(disk) == ["filler"]

@@ -3,7 +3,11 @@ tests (tests/reliability/test_rel_output_*.py), and the verdict they share."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -63,3 +67,28 @@ def refused(argv: list, capsys: pytest.CaptureFixture, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
+
+
+@contextmanager
+def small_disk(path: Path, free_kib: int = 0) -> Iterator[Path]:
+    """A 64 KiB tmpfs mounted at ``path`` and filled until ``free_kib`` KiB are left (0: to
+    the last block, ENOSPC), or a skip that prints why none can be mounted here."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        reason = f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}"
+        print(reason)
+        pytest.skip(reason)
+    try:
+        with open(path / "filler", "wb", buffering=0) as fh:
+            try:
+                for _ in range(64 - free_kib):
+                    fh.write(b"\0" * 1024)
+                while not free_kib:
+                    fh.write(b"\0" * 1024)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC and not free_kib, exc
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
