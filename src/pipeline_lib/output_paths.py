@@ -38,8 +38,8 @@ from .errors import UsageError
 
 @dataclass(frozen=True)
 class OutputKind:
-    """What a single-file output holds: its extensions and how to recognise a file of the
-    kind (one this command, or an earlier run of it, wrote)."""
+    """What a single-file output holds: its extensions (none: any name) and how to
+    recognise a file of the kind (one this command, or an earlier run of it, wrote)."""
 
     name: str
     suffixes: tuple[str, ...]
@@ -85,6 +85,7 @@ TABLE = OutputKind("a Parquet table", (".parquet",), _starts_with(b"PAR1"))
 FIGURE = OutputKind("a figure (PNG, SVG or PDF)", (".png", ".svg", ".pdf"),
                     _starts_with(b"\x89PNG", b"<?xml", b"<svg", b"%PDF"))
 PAGE = OutputKind("a Markdown page", (".md",), _starts_with(b""))  # markers: results_doc
+SQLITE = OutputKind("a SQLite database", (), _starts_with(b"SQLite format 3\x00"))  # any name
 
 # Folders no command writes into. The names agree with checkpoint.manifest.MANIFEST_NAME,
 # the data pack's metadata.json and tokens.bin, and the export's config.json and modelling
@@ -210,7 +211,7 @@ def _check_kind(out: Output) -> None:
     assert kind is not None
     if path.is_dir():
         raise UsageError(f"{out.what} {path} is a directory, not a file; pass a file path")
-    if path.suffix.lower() not in kind.suffixes:
+    if kind.suffixes and path.suffix.lower() not in kind.suffixes:
         raise UsageError(f"{out.what} {path} must end in {' or '.join(kind.suffixes)} (it is "
                          f"{kind.name}); pass such a path")
     if path.is_file() and path.stat().st_size > 0 and not kind.recognise(path):

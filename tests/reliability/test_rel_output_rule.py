@@ -66,6 +66,14 @@ def test_summarize_heff_onto_its_own_input_is_refused(ready, capsys, option):
     assert hashes(ready) == before
 
 
+def test_a_tracking_store_inside_a_snapshot_is_refused(ready, capsys):
+    before = hashes(ready)
+    refused(["sync-tracking", "--config", ready / "c.yaml", "--uri",
+             f"sqlite:///{ready / SNAPSHOT / 'store.db'}"], capsys,
+            f"tracking store {ready / SNAPSHOT / 'store.db'} lies inside a snapshot")
+    assert hashes(ready) == before
+
+
 def test_heff_onto_a_users_yaml_or_json_is_refused_its_own_result_replaced(ready, tmp_path,
                                                                             capsys):
     (ready / "mine.json").write_text('{"my": "settings"}\n')
