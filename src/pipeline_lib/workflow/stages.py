@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
+from ..fsio import write_text_atomic
+from ..output_paths import BENCH_JSON, FIGURE, HEFF_JSON, RECORD_JSON, TABLE
+from ..output_set import output_set
 from ..run_layout import RunLayout, job_benchmarks
 from .final_results import bench_values, heff_values, is_final
 
@@ -110,8 +113,6 @@ def update_parent(cfg: Config, run: str, run_dir: Path, data_id: str, out: Path)
     config artifact: :func:`pipeline_lib.tracking.init_parent_run`); record in ``out`` the
     config hash it now carries."""
     from ..config import config_hash
-    from ..fsio import write_text_atomic
-    from ..output_paths import RECORD_JSON
     from ..tracking import init_parent_run
 
     check_stage_outputs(cfg, run_dir, [(out, RECORD_JSON)])
@@ -136,8 +137,6 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     goes to the parent run (``heff/final_loss`` at step = H_eff, see :mod:`.final_results`)."""
     from ..evaluate.adaptive import AdaptiveSpec
     from ..evaluate.heff import parse_h_eff, run_heff
-    from ..output_paths import HEFF_JSON
-    from ..output_set import output_set
     from ..tracking import start_stage
 
     h_effs = parse_h_eff(cfg.eval.h_eff, "eval.h_eff")
@@ -178,8 +177,6 @@ def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[
     sections, when those paths are given), logged as ``eval_summary``. Returns the rows
     written per table; ``title`` (default: named after ``run``) heads both figures."""
     from ..evaluate.heff_summary import summarize_heff
-    from ..output_paths import FIGURE, TABLE
-    from ..output_set import output_set
     from ..tracking import start_stage
 
     check_stage_outputs(cfg, run_dir, [(table, TABLE), (plot, FIGURE), (adaptive_table, TABLE),
@@ -220,8 +217,6 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
     from ..bench.scoring import bench_metrics
     from ..bench.tasks import check_tasks_dir
     from ..checkpoint.manifest import verify_snapshot
-    from ..output_paths import BENCH_JSON
-    from ..output_set import output_set
     from ..tracking import start_stage
 
     check_stage_outputs(cfg, run_dir, [(out, BENCH_JSON)], [("--snapshot", snapshot)])
@@ -257,8 +252,6 @@ def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence
     """Long table + accuracy heatmaps over the benchmarked snapshots (``bench_summary``).
     Returns the rows written per table."""
     from ..bench import summarize_bench
-    from ..output_paths import FIGURE, TABLE
-    from ..output_set import output_set
     from ..tracking import start_stage
 
     check_stage_outputs(cfg, run_dir, [(table, TABLE), (plot, FIGURE)],
@@ -332,8 +325,6 @@ def finish_run(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
     ``out`` records when and which parent."""
     import time
 
-    from ..fsio import write_text_atomic
-    from ..output_paths import RECORD_JSON
     from ..tracking import finish_parent
 
     check_stage_outputs(cfg, run_dir, [(out, RECORD_JSON)])
