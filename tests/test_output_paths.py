@@ -30,9 +30,9 @@ def test_protected_folders_are_named_as_their_writers_name_them() -> None:
     from pipeline_lib.export.hf import CONFIG_JSON, MODELING_FILE
 
     names = dict(_PROTECTED)
-    assert names["a snapshot"] == (MANIFEST_NAME,)
-    assert names["an export"] == (CONFIG_JSON, MODELING_FILE)
-    assert names["a data pack"] == ("metadata.json", "tokens.bin")  # data.pack writes these
+    assert names["snapshot"] == (MANIFEST_NAME,)
+    assert names["export"] == (CONFIG_JSON, MODELING_FILE)
+    assert names["data pack"] == ("metadata.json", "tokens.bin")  # data.pack writes these
 
 
 def test_the_kinds_recognise_real_outputs_and_nothing_else(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_a_path_inside_a_snapshot_is_found_through_a_symbolic_link(tmp_path: Pat
     (snap / "MANIFEST.json").write_text("{}")
     (tmp_path / "snapshots" / "final").symlink_to("step_1")
     assert protected_folder(tmp_path / "snapshots" / "final" / "eval" / "x.json") == (
-        "a snapshot", snap)
+        "snapshot", snap)
     assert protected_folder(tmp_path / "snapshots" / "x.json") is None
 
 

@@ -90,9 +90,9 @@ SQLITE = OutputKind("a SQLite database", (), _starts_with(b"SQLite format 3\x00"
 # Folders no command writes into. The names agree with checkpoint.manifest.MANIFEST_NAME,
 # the data pack's metadata.json and tokens.bin, and the export's config.json and modelling
 # file (tests/test_output_paths.py checks it).
-_PROTECTED = (("a snapshot", ("MANIFEST.json",)),
-              ("a data pack", ("metadata.json", "tokens.bin")),
-              ("an export", ("config.json", "modeling_loopline.py")))
+_PROTECTED = (("snapshot", ("MANIFEST.json",)),
+              ("data pack", ("metadata.json", "tokens.bin")),
+              ("export", ("config.json", "modeling_loopline.py")))
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def check_outputs(outputs: Sequence[Output], inputs: Sequence[tuple[str, Path]] 
         claimed[real] = out
         inside = protected_folder(out.path)
         if inside is not None:
-            raise UsageError(f"{out.what} {out.path} lies inside {inside[0]} ({inside[1]}), "
+            raise UsageError(f"{out.what} {out.path} lies inside the {inside[0]} {inside[1]}, "
                              "which no command writes into; pass a path outside it")
         if out.kind is not None:
             _check_kind(out)

@@ -101,7 +101,7 @@ def test_an_output_where_it_must_not_go_is_one_line_and_changes_nothing(
     suffix = kind.suffixes[0] if kind is not None else ""
     target, fragment = {
         "in_snapshot": (ready / SNAPSHOT / "MANIFEST.json",
-                        f"lies inside a snapshot ({ready / SNAPSHOT})"),
+                        f"lies inside the snapshot {ready / SNAPSHOT}"),
         "own_input": (in_path, f"is also the command's input {in_flag}"),
         "full_disk": (disk / f"out{suffix}" if disk else None,
                       f"no space left on the disk of {disk}"),

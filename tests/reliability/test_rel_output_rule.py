@@ -42,7 +42,7 @@ def test_heff_onto_a_snapshot_manifest_is_refused_and_the_snapshot_still_loads(r
 
     before = hashes(ready)
     refused(_heff(ready, ready / SNAPSHOT / "MANIFEST.json"), capsys,
-            f"lies inside a snapshot ({ready / SNAPSHOT})")
+            f"lies inside the snapshot {ready / SNAPSHOT}")
     assert hashes(ready) == before
     verify_snapshot(ready / SNAPSHOT)
 
@@ -51,7 +51,7 @@ def test_bench_onto_a_pack_metadata_is_refused(ready, capsys):
     before = hashes(ready)
     refused(["bench", "--snapshot", ready / SNAPSHOT, "--out", ready / "data" / "metadata.json",
              "--no-track", "--config", ready / "c.yaml"], capsys,
-            f"lies inside a data pack ({ready / 'data'})")
+            f"lies inside the data pack {ready / 'data'}")
     assert hashes(ready) == before
 
 
@@ -70,7 +70,7 @@ def test_a_tracking_store_inside_a_snapshot_is_refused(ready, capsys):
     before = hashes(ready)
     refused(["sync-tracking", "--config", ready / "c.yaml", "--uri",
              f"sqlite:///{ready / SNAPSHOT / 'store.db'}"], capsys,
-            f"tracking store {ready / SNAPSHOT / 'store.db'} lies inside a snapshot")
+            f"tracking store {ready / SNAPSHOT / 'store.db'} lies inside the snapshot")
     assert hashes(ready) == before
 
 
