@@ -30,8 +30,8 @@ STORAGE_ERRNOS = WRITE_ERRNOS | {errno.EACCES, errno.EPERM}
 
 def storage_error(exc: OSError, path: Path | str | None = None) -> str:
     """The one line of a storage failure ``exc`` while writing ``path`` (default: the file
-    ``exc`` names)."""
-    where = path if path is not None else exc.filename
+    ``exc`` names; of a copy or a rename, its destination, ``filename2``)."""
+    where = path if path is not None else (exc.filename2 or exc.filename)
     target = f" {where}" if where else " an output (the system named no file)"
     reason = exc.strerror or str(exc)
     if exc.errno in (errno.EACCES, errno.EPERM):
@@ -98,14 +98,15 @@ class OutputSet:
     def failed_target(self, exc: OSError) -> Path | str | None:
         """The output a storage failure ``exc`` hit (all of them when the system named no
         file); None when ``exc`` came from something else (reading an input)."""
-        name = str(exc.filename or "")
+        names = [str(n) for n in (exc.filename2, exc.filename) if n]  # a copy's destination
         pairs = self._files + self._folders
-        if name:
-            for tmp, target in pairs:
-                if name.startswith((str(tmp), str(target))):
-                    return target
-            if any(name == str(d) for d in self._made):
-                return name
+        if names:
+            for name in names:
+                for tmp, target in pairs:
+                    if name.startswith((str(tmp), str(target))):
+                        return target
+                if any(name == str(d) for d in self._made):
+                    return name
             return None
         if exc.errno in STORAGE_ERRNOS:
             return ", ".join(str(target) for _, target in pairs) or None

@@ -178,3 +178,22 @@ def test_export_onto_a_disk_that_fills_is_one_line_and_leaves_nothing(ready, tmp
         assert_one_line_error(result, f"cannot write export {disk / 'e'}",
                               "No space left on device", "nothing was published")
         assert entries(disk) == ["filler"]
+
+
+def test_a_full_disk_outside_an_output_set_is_one_line_naming_the_file(tmp_path):
+    """results-doc copies the comparison's figures (tens of KiB each) into --docs: a write
+    failure there, outside any output set, is the CLI's one storage line, not a traceback."""
+    from test_compare import depth_results
+
+    from pipeline_lib.compare import compare_runs, run_dir_inputs
+
+    results = tmp_path / "results"
+    runs = depth_results(results)
+    compare_runs({n: run_dir_inputs(d) for n, d in runs.items()}, results / "compare")
+    page = tmp_path / "README.md"
+    page.write_text("# r\n<!-- results:begin -->\n<!-- results:end -->\n")
+    result = run_cli(tmp_path, "results-doc", "--results", results, "--doc", page, "--docs",
+                     tmp_path / "docs", limit_file_bytes=20_000)
+    line = assert_one_line_error(result, f"cannot write {tmp_path / 'docs'}", "File too large",
+                                 "free space there")
+    assert line.split(":")[1].strip().endswith(".png"), line
