@@ -35,7 +35,7 @@ def storage_error(exc: OSError, path: Path | str | None = None) -> str:
     target = f" {where}" if where else " an output (the system named no file)"
     reason = exc.strerror or str(exc)
     if exc.errno in (errno.EACCES, errno.EPERM):
-        fix = "fix its permissions or pass a path in a writable directory"
+        fix = "fix its permissions or pass another path"
     elif exc.errno == errno.EROFS:
         fix = "pass a path on a writable disk"
     else:
