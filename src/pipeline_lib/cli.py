@@ -2,7 +2,10 @@
 
 Command modules import only argparse-level code at parser build time (so ``--help`` is
 fast); the stage itself is imported when the command runs. A :class:`PipelineError` is
-printed as one line and exits with status 2; anything else is a bug and keeps its traceback.
+printed as one line and exits with status 2, and so is a storage failure (a full disk, a
+read-only mount, a permission: :data:`pipeline_lib.output_set.STORAGE_ERRNOS`) wherever it
+happens; anything else is a bug and keeps its traceback. Before a command runs, its declared
+outputs pass the output rule (:mod:`pipeline_lib.output_paths`).
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="STAGE", required=True)
     for module in _command_modules():
         command = module.register(sub)
-        command.set_defaults(_run=module.run)
+        labels = {a.dest: a.option_strings[0] if a.option_strings else a.dest
+                  for a in command._actions}
+        command.set_defaults(_run=module.run, _labels=labels)
     return parser
 
 
@@ -83,11 +88,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from .commands._common import check_command_paths
+    from .output_set import STORAGE_ERRNOS, storage_error
+
     try:
+        check_command_paths(args, args._labels)
         return int(args._run(args) or 0)
     except Preempted as exc:  # not a failure of the input: a retry continues
         print(f"stopped: {exc}", file=sys.stderr)
         return PREEMPTED_EXIT
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a storage failure outside a stage's own outputs (an outbox, …)
+        if exc.errno not in STORAGE_ERRNOS:
+            raise
+        print(f"error: {storage_error(exc)}", file=sys.stderr)
         return 2

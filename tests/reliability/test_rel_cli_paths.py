@@ -29,18 +29,11 @@ UNWRITABLE = Path("/proc/self/loopline")
 @pytest.fixture(scope="module")
 def ready(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pack and a snapshot (four steps, no tracking), made with the commands themselves."""
-    from support.rel_messages import write_yaml
+    from support.output_rule import write_tiny_config
 
     root = tmp_path_factory.mktemp("cli_paths")
-    cfg = write_yaml(root / "c.yaml", {
-        "data": {"sources": [{"type": "reasoning", "num_docs": 60, "max_difficulty": 2}],
-                 "seq_len": 16, "epochs": 1, "val_fraction": 0.5, "curriculum_fraction": 0},
-        "model": {"d_model": 16, "n_heads": 2, "loops": 1},
-        "train": {"total_steps": 4, "steps_per_segment": 4, "global_batch_rows": 8,
-                  "micro_batch_rows": 8, "eval_interval": 0, "diagnostics_interval": 0,
-                  "sample_tokens": 0, "warmup_steps": 2, "objective": "last"},
-        "eval": {"h_eff": [1]}, "bench": {"tasks": ["loopline_parity"], "h_eff": [1]},
-        "tracking": {"enabled": False}, "runs": {}})
+    cfg = write_tiny_config(root / "c.yaml", bench={"tasks": ["loopline_parity"], "h_eff": [1]},
+                            tracking={"enabled": False})
     assert main(["pack", "--config", str(cfg), "--out", str(root / "data")]) == 0
     assert main(["train", "--config", str(cfg), "--data", str(root / "data"), "--resume-from",
                  "none", "--until-step", "4", "--out", str(root / "run" / "snapshots" /

@@ -102,7 +102,7 @@ def test_pack_past_a_file_size_limit_keeps_the_previous_pack(tmp_path):
 def test_pack_below_a_file_is_one_line(tmp_path):
     (tmp_path / "results").write_text("not a directory\n")
     result = run_cli(tmp_path, "pack", "--config", TINY, "--out", tmp_path / "results" / "d")
-    assert_one_line_error(result, f"data pack output {tmp_path / 'results' / 'd'}",
+    assert_one_line_error(result, f"--out {tmp_path / 'results' / 'd'}",
                           f"{tmp_path / 'results'} is a file, not a directory")
     assert (tmp_path / "results").read_text() == "not a directory\n"
 

@@ -21,21 +21,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.rel_messages import assert_one_line_error, entries, run_cli, write_yaml
+from support.output_rule import write_tiny_config
+from support.rel_messages import assert_one_line_error, entries, run_cli
 
 SNAPSHOT = Path("results") / "r" / "snapshots" / "step_0000004"
 
 
 def _config(path: Path) -> Path:
     """Pack and a four-step segment take about a second each on this config."""
-    return write_yaml(path, {
-        "data": {"sources": [{"type": "reasoning", "num_docs": 60, "max_difficulty": 2}],
-                 "seq_len": 16, "epochs": 1, "val_fraction": 0.5, "curriculum_fraction": 0},
-        "model": {"d_model": 16, "n_heads": 2, "loops": 1},
-        "train": {"total_steps": 4, "steps_per_segment": 4, "global_batch_rows": 8,
-                  "micro_batch_rows": 8, "eval_interval": 0, "diagnostics_interval": 0,
-                  "sample_tokens": 0, "warmup_steps": 2, "objective": "last"},
-        "eval": {"h_eff": [1]}, "runs": {}})
+    return write_tiny_config(path)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +86,7 @@ def test_pack_refuses_a_file_where_its_directory_goes(work: Path) -> None:
     (work / "blocker").write_text("keep\n")
     result = run_cli(work, "pack", "--config", "c.yaml", "--out", "blocker")
     assert result.returncode == 2
-    assert_one_line_error(result, "data pack output blocker is a file, not a directory")
+    assert_one_line_error(result, "--out blocker is a file, not a directory")
     assert (work / "blocker").read_text() == "keep\n"
 
 
@@ -134,7 +128,7 @@ def test_heff_into_a_directory_is_refused_before_the_sweep(work: Path) -> None:
     result = run_cli(work, "heff", "--snapshot", SNAPSHOT, "--data", "data", "--out",
                      "out.json", "--no-track")
     assert result.returncode == 2
-    assert_one_line_error(result, "output out.json is a directory, not a file")
+    assert_one_line_error(result, "--out out.json is a directory, not a file")
     assert "H_eff sweep of" not in result.stderr
     assert entries(work / "out.json") == []
 

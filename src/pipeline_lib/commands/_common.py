@@ -21,7 +21,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def add_tracking_args(parser: argparse.ArgumentParser, run_dir_help: str) -> None:
     """``--run-dir`` (whose MLflow parent run the stage's child run joins) and ``--no-track``."""
-    parser.add_argument("--run-dir", type=Path, default=None, help=run_dir_help)
+    add_output(parser, "--run-dir", default=None, help=run_dir_help)
     parser.add_argument("--no-track", action="store_true",
                         help="a plain local run: log nothing to MLflow (tracking.enabled=false)")
 
@@ -63,3 +63,33 @@ def tracking_run_dir(args: argparse.Namespace, command: str) -> Path:
 
     raise ConfigError(f"{command} logs to the MLflow run of a run directory: pass --run-dir "
                       "results/<run>, or --no-track for a plain local run")
+
+
+def add_output(parser: argparse.ArgumentParser, *flags: str, kind=None, **kwargs):
+    """An output option (``kind``: an :class:`~pipeline_lib.output_paths.OutputKind` for a
+    file, None for a directory). Declared outputs pass the output rule
+    (:func:`check_command_paths`) before the command runs."""
+    action = parser.add_argument(*flags, type=Path, **kwargs)
+    declared = [*(parser.get_default("_outputs") or ()), (action.dest, flags[0], kind)]
+    parser.set_defaults(_outputs=declared)
+    return action
+
+
+def check_command_paths(args: argparse.Namespace, labels: dict[str, str]) -> None:
+    """:func:`pipeline_lib.output_paths.check_outputs` on the command's declared outputs,
+    every other path argument counting as an input (``labels``: option string per dest)."""
+    from ..output_paths import Output, check_outputs
+
+    declared = getattr(args, "_outputs", None) or ()
+    outputs = [Output(getattr(args, dest), flag, kind) for dest, flag, kind in declared
+               if getattr(args, dest) is not None]
+    mine = {dest for dest, _, _ in declared}
+    inputs = []
+    for dest, value in vars(args).items():
+        if dest in mine or dest.startswith("_"):
+            continue
+        items = value if isinstance(value, list) else [value]
+        if dest == "config":  # merging one file twice changes nothing: no refusal
+            items = list(dict.fromkeys(items))
+        inputs += [(labels.get(dest, dest), item) for item in items if isinstance(item, Path)]
+    check_outputs(outputs, inputs)

@@ -8,7 +8,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from ._common import add_config_args, add_tracking_args, config_from_args
+from ..output_paths import BENCH_JSON
+from ._common import add_config_args, add_output, add_tracking_args, config_from_args
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -21,8 +22,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "Without --config the snapshot's own config.yaml is used.")
     parser.add_argument("--snapshot", type=Path, required=True, help="snapshot directory")
     add_config_args(parser)
-    parser.add_argument("--out", type=Path, required=True, help="result JSON to write")
-    parser.add_argument("--tasks-dir", type=Path, default=None,
+    add_output(parser, "--out", kind=BENCH_JSON, required=True, help="result JSON to write")
+    add_output(parser, "--tasks-dir", default=None,
                         help="where the built-in task files go (default: <out dir>/tasks)")
     parser.add_argument("--h-eff", default=None,
                         help="comma-separated loop counts, overriding bench.h_eff (e.g. 1,4,8)")

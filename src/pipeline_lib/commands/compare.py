@@ -6,13 +6,14 @@ import argparse
 from pathlib import Path
 
 from ..run_layout import ResultsLayout
+from ._common import add_output
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("compare", help="compare finished runs (results/{run} directories)")
     parser.add_argument("run_dirs", type=Path, nargs="+", help="run directories to compare")
-    parser.add_argument("--out", type=Path, default=ResultsLayout(Path("results")).compare_dir,
-                        help="output dir")
+    add_output(parser, "--out", default=ResultsLayout(Path("results")).compare_dir,
+               help="output dir")
     return parser
 
 

@@ -11,7 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ._common import add_config_args, config_from_args
+from ..output_paths import DEVICE_JSON
+from ._common import add_config_args, add_output, config_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="tiny CPU-sized workloads, no FlexAttention compile or Triton "
                              "interpreter (seconds; for tests)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    add_output(parser, "--out", kind=DEVICE_JSON, default=None, help="also write the JSON here")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S,
                         help=f"skip the checks that would start after this many seconds "
                              f"(default {BUDGET_S:.0f})")
@@ -39,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="the GPU's dense bf16 peak, when its name is not in the table")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where the checks write their packs and runs (default: a "
-                             "temporary directory, removed afterwards)")
+                             "temporary directory, removed afterwards; a check that cannot "
+                             "write there fails alone and is reported)")
     add_config_args(parser)
     return parser
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..output_paths import PAGE
+from ._common import add_output
+
 DEFAULT_REPORT = Path("docs/device/device_check.json")
 DEFAULT_DOC = Path("docs/performance.md")
 
@@ -15,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                  f"markers, in {DEFAULT_DOC}) from a device check's JSON")
     parser.add_argument("--report", type=Path, default=DEFAULT_REPORT,
                         help=f"the JSON `device-check --out` wrote (default {DEFAULT_REPORT})")
-    parser.add_argument("--doc", "--readme", dest="doc", type=Path, default=DEFAULT_DOC,
+    add_output(parser, "--doc", "--readme", dest="doc", kind=PAGE, default=DEFAULT_DOC,
                         help="page holding the <!-- results:device:begin/end --> markers "
                              f"(default {DEFAULT_DOC}; --readme is the same option)")
     return parser

@@ -8,6 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ._common import add_output
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
@@ -22,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "verified first; --out appears complete or not at all.")
     parser.add_argument("--snapshot", type=Path, required=True,
                         help="snapshot directory (unsharded or sharded)")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="export directory (new, or a previous export to replace)")
+    add_output(parser, "--out", required=True,
+               help="export directory (new, or a previous export to replace)")
     parser.add_argument("--use-ema", action="store_true",
                         help="export the EMA weights (train.ema_decay > 0) instead of the model's")
     parser.add_argument("--tokenizer", type=Path, default=None,

@@ -8,7 +8,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ._common import add_config_args, add_tracking_args, config_from_args
+from ..output_paths import HEFF_JSON
+from ._common import add_config_args, add_output, add_tracking_args, config_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--data", type=Path, required=True, help="packed data directory")
     parser.add_argument("--h-eff", default=None,
                         help="loop counts, e.g. 1,2,4,8 (default: eval.h_eff of the config)")
-    parser.add_argument("--out", type=Path, required=True, help="output JSON file")
+    add_output(parser, "--out", kind=HEFF_JSON, required=True, help="output JSON file")
     add_config_args(parser)
     add_tracking_args(parser, "run directory whose MLflow parent run the sweep joins "
                               "(default: the run the snapshot belongs to)")

@@ -8,6 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ._common import add_output
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
@@ -21,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "(with one loop: the original model). --out appears complete or not at all.")
     parser.add_argument("--source", type=Path, required=True,
                         help="Hugging Face model directory or .gguf file")
-    parser.add_argument("--out", type=Path, required=True, help="snapshot directory (new)")
+    add_output(parser, "--out", required=True, help="snapshot directory (new)")
     parser.add_argument("--prelude", default=None, metavar="A:B", help="prelude layers")
     parser.add_argument("--core", default=None, metavar="C:D", help="looped core layers")
     parser.add_argument("--coda", default=None, metavar="E:F", help="coda layers")

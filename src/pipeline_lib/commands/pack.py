@@ -4,9 +4,8 @@ same :func:`pipeline_lib.data.pack.pack_corpus`)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from ._common import add_config_args, config_from_args
+from ._common import add_config_args, add_output, config_from_args
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -17,8 +16,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "(a previous pack there is replaced atomically; any other non-empty "
                     "directory is refused).")
     add_config_args(parser)
-    parser.add_argument("--out", type=Path, required=True,
-                        help="data directory to create (e.g. results/data/<data_id>)")
+    add_output(parser, "--out", required=True,
+               help="data directory to create (e.g. results/data/<data_id>)")
     return parser
 
 

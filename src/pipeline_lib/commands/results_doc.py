@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..output_paths import PAGE
+from ._common import add_output
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("results-doc",
@@ -12,16 +15,16 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                  "markers) from results/")
     parser.add_argument("--results", type=Path, default=Path("results"),
                         help="results directory of the finished run (with compare/)")
-    parser.add_argument("--doc", "--readme", dest="doc", type=Path,
-                        default=Path("docs/results.md"),
+    add_output(parser, "--doc", "--readme", dest="doc", kind=PAGE,
+               default=Path("docs/results.md"),
                         help="page holding the <!-- results:begin/end --> markers (default "
                              "docs/results.md; --readme is the same option)")
-    parser.add_argument("--docs", type=Path, default=Path("docs/results"),
+    add_output(parser, "--docs", default=Path("docs/results"),
                         help="folder the figures are copied into (linked relative to the page)")
     parser.add_argument("--section", default="",
                         help="fill the markers <!-- results:SECTION:begin/end --> instead "
                              "(a second results section, e.g. of a longer experiment)")
-    parser.add_argument("--summary", type=Path, default=None,
+    add_output(parser, "--summary", kind=PAGE, default=None,
                         help="also rewrite this page's <!-- results:summary:begin/end --> "
                              "(the front page, README.md): a short summary linking the page")
     return parser

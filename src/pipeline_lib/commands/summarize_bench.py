@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import add_config_args, add_tracking_args, config_from_args, tracking_run_dir
+from ..output_paths import FIGURE, TABLE
+from ._common import (
+    add_config_args,
+    add_output,
+    add_tracking_args,
+    config_from_args,
+    tracking_run_dir,
+)
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -19,8 +26,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "--no-track).")
     parser.add_argument("--inputs", type=Path, nargs="+", required=True,
                         help="bench JSON files (results/{run}/bench/step_*.json)")
-    parser.add_argument("--out-parquet", type=Path, required=True, help="summary table to write")
-    parser.add_argument("--out-png", type=Path, required=True, help="figure to write")
+    add_output(parser, "--out-parquet", kind=TABLE, required=True, help="summary table to write")
+    add_output(parser, "--out-png", kind=FIGURE, required=True,
+               help="figure to write (.png, .svg or .pdf)")
     add_config_args(parser)
     add_tracking_args(parser, "run directory (results/<run>) whose MLflow parent run the "
                               "summary joins; required unless --no-track")

@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import add_config_args, add_tracking_args, config_from_args, tracking_run_dir
+from ..output_paths import FIGURE, TABLE
+from ._common import (
+    add_config_args,
+    add_output,
+    add_tracking_args,
+    config_from_args,
+    tracking_run_dir,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -15,13 +22,14 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                         "child run eval_summary of --run-dir's MLflow parent "
                                         "run (or nothing with --no-track).")
     parser.add_argument("--inputs", type=Path, nargs="+", required=True, help="sweep JSON files")
-    parser.add_argument("--out-table", type=Path, required=True, help="output .parquet")
-    parser.add_argument("--out-plot", type=Path, required=True, help="output .png")
+    add_output(parser, "--out-table", kind=TABLE, required=True, help="output .parquet")
+    add_output(parser, "--out-plot", kind=FIGURE, required=True,
+               help="output .png (or .svg, .pdf)")
     parser.add_argument("--title", default=None,
                         help="figure title (default: named after the run directory)")
-    parser.add_argument("--out-adaptive-table", type=Path, default=None,
+    add_output(parser, "--out-adaptive-table", kind=TABLE, default=None,
                         help="also the adaptive-exit table (.parquet; with --out-adaptive-plot)")
-    parser.add_argument("--out-adaptive-plot", type=Path, default=None,
+    add_output(parser, "--out-adaptive-plot", kind=FIGURE, default=None,
                         help="also the adaptive-exit figure (.png): loss vs loops used")
     add_config_args(parser)
     add_tracking_args(parser, "run directory (results/<run>) whose MLflow parent run the "

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..credentials import redact_uri
     from ..errors import TrackingError
-    from ..output_paths import check_creatable
+    from ..output_paths import SQLITE, Output, check_outputs
     from ..tracking import outbox_dirs, sync_outbox
     from ..tracking.health import check_sqlite_file
     from ..tracking.store import StoreUnavailable, resolve_uri, sqlite_path, store_uri
@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     db = sqlite_path(uri)
     if db is not None:  # before any outbox is read: a store that can be opened or made
         check_sqlite_file(db)
-        check_creatable(db, "tracking store")
+        check_outputs([Output(db, "tracking store", SQLITE)],
+                      [("--run-dir", run_dir) for run_dir in args.run_dir or ()])
     run_dirs = args.run_dir or outbox_dirs(Path(cfg.experiment.results_dir))
     if not run_dirs:
         print(f"no tracking outbox under {cfg.experiment.results_dir}; nothing to sync")

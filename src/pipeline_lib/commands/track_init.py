@@ -11,15 +11,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import add_config_args, config_from_args
+from ._common import add_config_args, add_output, config_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "track-init", help="create (or find) a run's MLflow parent run; write tracking.json")
     add_config_args(parser)
-    parser.add_argument("--run-dir", type=Path, required=True,
-                        help="run directory, results/{run}; tracking.json is written there")
+    add_output(parser, "--run-dir", required=True,
+               help="run directory, results/{run}; tracking.json is written there")
     parser.add_argument("--data", type=Path, required=True,
                         help="the run's packed data directory (results/data/<data_id>), "
                              "logged as the pack child run")

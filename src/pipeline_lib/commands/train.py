@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import add_config_args, config_from_args
+from ._common import add_config_args, add_output, config_from_args
 
 
 def _resume(text: str) -> Path | None:
@@ -31,11 +31,11 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="snapshot to resume, or 'none' to start from scratch")
     parser.add_argument("--until-step", type=int, required=True, metavar="N",
                         help="train until this many optimizer steps are done")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="snapshot directory to write (e.g. results/<run>/snapshots/"
+    add_output(parser, "--out", required=True,
+               help="snapshot directory to write (e.g. results/<run>/snapshots/"
                              "step_0000100)")
-    parser.add_argument("--run-dir", type=Path, default=None,
-                        help="run directory for logs (default: the parent of the snapshots/ "
+    add_output(parser, "--run-dir", default=None,
+               help="run directory for logs (default: the parent of the snapshots/ "
                              "directory holding --out)")
     parser.add_argument("--warm-start", type=Path, default=None, metavar="SNAPSHOT_DIR",
                         help="with --resume-from none: start from this snapshot's weights only "

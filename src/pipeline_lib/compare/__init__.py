@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..output_paths import check_output_dir, check_output_file
+from ..output_paths import DEPTH_JSON, Output, check_output_dir, check_outputs
+from ..output_set import output_set
 from .depth import TARGET_MARGIN, compare_examples, depth_check, depth_markdown, variant_kind
 from .markdown import summary_markdown, verdict
-from .plots import plot_comparison, plot_val_loss_curves
+from .plots import LOOPS_PLOT, plot_comparison, plot_val_loss_curves
 from .runs import (
     COLUMNS,
     TAIL_STEPS,
@@ -63,8 +64,8 @@ def check_compare_outputs(out_dir: Path, depth_json: Path | None = None) -> None
     check's file can be written (one line each)."""
     check_output_dir(Path(out_dir), "compare output", owned=is_compare_dir,
                      kind="a comparison (no summary.md, summary.parquet or its plots)")
-    check_output_file(Path(depth_json) if depth_json is not None
-                      else Path(out_dir) / DEPTH_CHECK_JSON, "depth check output")
+    depth = Path(depth_json) if depth_json is not None else Path(out_dir) / DEPTH_CHECK_JSON
+    check_outputs([Output(depth, "depth check output", DEPTH_JSON)])
 
 
 def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
@@ -74,19 +75,24 @@ def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
     snapshot holds)}.
 
     Writes ``summary.md``, ``summary.parquet``, the plots and the depth check
-    (``depth_json``, default ``out_dir/depth_check.json``) into ``out_dir``; returns the
-    table rows.
+    (``depth_json``, default ``out_dir/depth_check.json``) into ``out_dir``, all together
+    once every one is written (:mod:`pipeline_lib.output_set`); returns the table rows.
     """
     out_dir = Path(out_dir)
     depth_json = Path(depth_json) if depth_json is not None else out_dir / DEPTH_CHECK_JSON
     check_compare_outputs(out_dir, depth_json)
     runs = load_runs(inputs)
     rows = comparison_rows(runs)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_table(rows, out_dir / "summary.parquet")
-    depth = depth_check(runs)
-    depth_json.write_text(json.dumps(depth, indent=1) + "\n")
-    (out_dir / "summary.md").write_text(summary_markdown(runs, depth))
-    plot_comparison(runs, out_dir)
+    with output_set() as outputs:
+        staged = outputs.folder(out_dir)
+        write_table(rows, staged / "summary.parquet")
+        depth = depth_check(runs)
+        depth_file = (staged / depth_json.name if depth_json.parent == out_dir
+                      else outputs.file(depth_json))
+        depth_file.write_text(json.dumps(depth, indent=1) + "\n")
+        (staged / "summary.md").write_text(summary_markdown(runs, depth))
+        plot_comparison(runs, staged)
+    if not any(r.adaptive for r in runs):  # a stale figure of an earlier comparison
+        (out_dir / LOOPS_PLOT).unlink(missing_ok=True)
     log.info("compared %d runs → %s", len(runs), out_dir)
     return rows

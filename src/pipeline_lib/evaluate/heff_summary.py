@@ -26,8 +26,9 @@ _TYPES = {"step": "int64", "h_eff": "int64", "loss": "float64", "perplexity": "f
 
 
 def read_sweeps(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    """Sweep JSON documents, sorted by step; a malformed one is named in the error."""
-    sweeps = []
+    """Sweep JSON documents, sorted by step; a malformed one, or two of one snapshot, are
+    named in the error."""
+    sweeps, seen = [], {}
     for path in paths:
         try:
             doc = json.loads(Path(path).read_text())
@@ -35,6 +36,10 @@ def read_sweeps(paths: Sequence[Path]) -> list[dict[str, Any]]:
         except (OSError, ValueError, KeyError, AttributeError) as exc:
             raise DataError(f"{path} is not an H_eff sweep result ({exc}); rerun its eval_heff "
                             "job") from None
+        if doc.get("step") in seen:  # a file named twice, or a copy: one row set per step
+            raise DataError(f"{path} and {seen[doc.get('step')]} are sweeps of the same "
+                            f"snapshot (step {doc.get('step')}); pass each snapshot's sweep once")
+        seen[doc.get("step")] = path
         sweeps.append(doc)
     return sorted(sweeps, key=lambda d: (d.get("step") is None, d.get("step") or 0))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -140,13 +141,26 @@ def _check_out(out: Path, snapshot: Path) -> None:
                          "remove it")
 
 
-def _write_export(tmp: Path, loaded: Any, provenance: dict[str, Any]) -> None:
+def _save_weights(state: dict[str, Any], path: Path) -> None:
+    """safetensors' ``save_file``, whose failure to write (a full disk) is an OSError like
+    every other write here (it raises its own SafetensorError naming the os error)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    try:
+        save_file(state, str(path), metadata={"format": "pt"})
+    except SafetensorError as exc:
+        code = re.search(r"I/O error: (.*) \(os error (\d+)\)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(2)), code.group(1), str(path)) from None
+
+
+def _write_export(tmp: Path, loaded: Any, provenance: dict[str, Any]) -> None:
     from ..data.tokenizer import bos_id, eos_id, pad_id
 
     tok, cfg = loaded.tokenizer, loaded.config
-    save_file(export_state(loaded.model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    _save_weights(export_state(loaded.model), tmp / WEIGHTS_FILE)
     config = hf_config(cfg, eos_id(tok), pad_id(tok), provenance, bos=bos_id(tok))
     (tmp / CONFIG_JSON).write_text(json.dumps(config, indent=2) + "\n")
     generation = {"eos_token_id": config["eos_token_id"],

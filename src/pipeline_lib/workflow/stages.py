@@ -16,6 +16,8 @@ from typing import Any
 
 from ..config import Config
 from ..fsio import write_text_atomic
+from ..output_paths import BENCH_JSON, FIGURE, HEFF_JSON, RECORD_JSON, TABLE
+from ..output_set import output_set
 from ..run_layout import RunLayout, job_benchmarks
 from .final_results import bench_values, heff_values, is_final
 
@@ -26,16 +28,18 @@ def _step_name(step: int | None) -> str:
     return "final" if step is None else f"step_{step:07d}"
 
 
-def check_stage_outputs(cfg: Config, run_dir: Path, files: Sequence[Path | None] = ()) -> None:
-    """Before a stage's work: every output file can be written, and with tracking on the
-    run directory can take tracking.json and the outbox and the store is the one
-    tracking.json expects (:func:`pipeline_lib.tracking.health.check_store`). One line
-    each, nothing written."""
-    from ..output_paths import check_output_file, check_output_location
+def check_stage_outputs(cfg: Config, run_dir: Path, files: Sequence[tuple[Path | None, Any]] = (),
+                        inputs: Sequence[tuple[str, Path]] = ()) -> None:
+    """Before a stage's work: every output file (path, :class:`~pipeline_lib.output_paths.
+    OutputKind`) passes the output rule against the stage's ``inputs``
+    (:func:`pipeline_lib.output_paths.check_outputs`), and with tracking on the run
+    directory can take tracking.json and the outbox and the store is the one tracking.json
+    expects (:func:`pipeline_lib.tracking.health.check_store`). One line each, nothing
+    written."""
+    from ..output_paths import Output, check_output_location, check_outputs
 
-    for path in files:
-        if path is not None:
-            check_output_file(Path(path), "output")
+    check_outputs([Output(Path(path), "output", kind) for path, kind in files
+                   if path is not None], [(what, Path(p)) for what, p in inputs])
     if cfg.tracking.enabled:
         from ..tracking.health import check_store
 
@@ -117,7 +121,7 @@ def update_parent(cfg: Config, run: str, run_dir: Path, data_id: str, out: Path)
     from ..config import config_hash
     from ..tracking import init_parent_run
 
-    check_stage_outputs(cfg, run_dir, [out])
+    check_stage_outputs(cfg, run_dir, [(out, RECORD_JSON)])
     info = init_parent_run(cfg, run, Path(run_dir), data_id)
     doc = {"config_hash": config_hash(cfg), "parent_run_id": info["parent_run_id"]}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -142,13 +146,15 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     from ..tracking import start_stage
 
     h_effs = parse_h_eff(cfg.eval.h_eff, "eval.h_eff")
-    check_stage_outputs(cfg, run_dir, [out])
-    result = run_heff(Path(snapshot), Path(data_dir), h_effs, Path(out),
-                      max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
-                      use_ema=cfg.eval.use_ema,
-                      adaptive=AdaptiveSpec.all_from_eval_config(cfg.eval),
-                      device=cfg.experiment.device, precision=cfg.experiment.precision,
-                      objective=cfg.train.objective)
+    check_stage_outputs(cfg, run_dir, [(out, HEFF_JSON)],
+                        [("--snapshot", snapshot), ("--data", data_dir)])
+    with output_set() as outputs:
+        result = run_heff(Path(snapshot), Path(data_dir), h_effs, outputs.file(out),
+                          max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
+                          use_ema=cfg.eval.use_ema,
+                          adaptive=AdaptiveSpec.all_from_eval_config(cfg.eval),
+                          device=cfg.experiment.device, precision=cfg.experiment.precision,
+                          objective=cfg.train.objective)
     step = result["step"]
     with start_stage(cfg, run_dir, f"eval_heff/{_step_name(step)}",
                      params={"eval.h_eff": h_effs, "eval.max_tokens": cfg.eval.max_tokens,
@@ -179,16 +185,21 @@ def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[
     from ..evaluate.heff_summary import summarize_heff
     from ..tracking import start_stage
 
-    check_stage_outputs(cfg, run_dir, [table, plot, adaptive_table, adaptive_plot])
-    rows = {Path(table): len(summarize_heff(list(inputs), Path(table), Path(plot), title=(
-        f"{run}: validation loss vs H_eff" if title is None else title)))}
+    check_stage_outputs(cfg, run_dir, [(table, TABLE), (plot, FIGURE), (adaptive_table, TABLE),
+                                       (adaptive_plot, FIGURE)],
+                        [("--inputs", path) for path in inputs])
     extra: list[Path] = []
-    if adaptive_table is not None and adaptive_plot is not None:
-        from ..evaluate.adaptive_summary import summarize_adaptive
+    with output_set() as outputs:  # the tables and figures appear together or not at all
+        rows = {Path(table): len(summarize_heff(
+            list(inputs), outputs.file(table), outputs.file(plot),
+            title=f"{run}: validation loss vs H_eff" if title is None else title))}
+        if adaptive_table is not None and adaptive_plot is not None:
+            from ..evaluate.adaptive_summary import summarize_adaptive
 
-        extra = [Path(adaptive_table), Path(adaptive_plot)]
-        rows[extra[0]] = len(summarize_adaptive(list(inputs), *extra, title=(
-            f"{run}: adaptive exit vs fixed H_eff" if title is None else title)))
+            extra = [Path(adaptive_table), Path(adaptive_plot)]
+            rows[extra[0]] = len(summarize_adaptive(
+                list(inputs), outputs.file(extra[0]), outputs.file(extra[1]),
+                title=f"{run}: adaptive exit vs fixed H_eff" if title is None else title))
     with start_stage(cfg, run_dir, "eval_summary") as stage:
         stage.log_artifact(table, "eval")
         stage.log_artifact(plot, "eval")
@@ -214,11 +225,13 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
     from ..checkpoint.manifest import verify_snapshot
     from ..tracking import start_stage
 
-    check_stage_outputs(cfg, run_dir, [out])
+    check_stage_outputs(cfg, run_dir, [(out, BENCH_JSON)], [("--snapshot", snapshot)])
     check_tasks_dir(Path(tasks_dir))
     verify_snapshot(Path(snapshot), hash_files=())  # before the task files are written
-    result = run_benchmarks(Path(snapshot), cfg.bench, Path(tasks_dir), Path(out),
-                            device=cfg.experiment.device, precision=cfg.experiment.precision)
+    with output_set() as outputs:
+        result = run_benchmarks(Path(snapshot), cfg.bench, Path(tasks_dir), outputs.file(out),
+                                device=cfg.experiment.device,
+                                precision=cfg.experiment.precision)
     step = result.get("step")
     with start_stage(cfg, run_dir, f"bench/{_step_name(step)}",
                      params={"bench.tasks": cfg.bench.tasks, "bench.h_eff": cfg.bench.h_eff,
@@ -247,8 +260,11 @@ def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence
     from ..bench import summarize_bench
     from ..tracking import start_stage
 
-    check_stage_outputs(cfg, run_dir, [table, plot])
-    rows = {Path(table): len(summarize_bench([Path(p) for p in inputs], Path(table), Path(plot)))}
+    check_stage_outputs(cfg, run_dir, [(table, TABLE), (plot, FIGURE)],
+                        [("--inputs", path) for path in inputs])
+    with output_set() as outputs:  # the table and the figure appear together or not at all
+        rows = {Path(table): len(summarize_bench([Path(p) for p in inputs],
+                                                 outputs.file(table), outputs.file(plot)))}
     with start_stage(cfg, run_dir, "bench_summary") as stage:
         stage.log_artifact(table, "bench")
         stage.log_artifact(plot, "bench")
@@ -289,7 +305,7 @@ def export_stage(cfg: Config, run: str, run_dir: Path, snapshot: Path, out: Path
     from ..tracking.lineage import pack_digest
     from .final_results import model_spec
 
-    check_stage_outputs(cfg, run_dir)
+    check_stage_outputs(cfg, run_dir, inputs=[("--snapshot", snapshot)])
     provenance = export_snapshot(Path(snapshot), Path(out), use_ema=use_ema)
     dataset = None
     if data_dir is not None and (Path(data_dir) / "metadata.json").is_file():
@@ -317,7 +333,7 @@ def finish_run(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
 
     from ..tracking import finish_parent
 
-    check_stage_outputs(cfg, run_dir, [out])
+    check_stage_outputs(cfg, run_dir, [(out, RECORD_JSON)])
     parent = finish_parent(cfg, Path(run_dir), "FINISHED")
     doc = {"parent_run_id": parent, "status": "FINISHED",
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
