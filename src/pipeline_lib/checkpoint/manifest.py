@@ -197,6 +197,19 @@ def snapshot_entries(path: Path) -> tuple[set[str], set[str]]:
 TOOL_MARKERS = (".snakemake_timestamp",)
 
 
+def _unlisted(path: Path, name: str) -> str:
+    """Why ``name`` in snapshot ``path`` is not in its manifest, and the fix: a file every
+    snapshot writes means the manifest is damaged (deleting the file would lose the
+    weights); anything else was put there later and is moved out."""
+    if name in _SNAPSHOT_FILES | {"tokenizer.json"}:
+        return (f"snapshot {path}: {MANIFEST_NAME} does not list {name}, a file every snapshot "
+                f"writes, so {MANIFEST_NAME} is damaged; keep {name}, and rerun the segment that "
+                "writes the snapshot (or restore it from a copy)")
+    return (f"snapshot {path} holds {name}, which {MANIFEST_NAME} does not list; if you put it "
+            "there, move it out of the snapshot (snapshots are written whole, never edited); "
+            f"if not, {MANIFEST_NAME} is damaged: rerun the segment that writes the snapshot")
+
+
 def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None) -> dict[str, Any]:
     """Check a snapshot directory against its manifest and return the manifest.
 
@@ -211,8 +224,7 @@ def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None
     present, dirs = snapshot_entries(path)
     listed_dirs = {parent.as_posix() for name in files for parent in Path(name).parents} - {"."}
     for name in sorted((present - set(files)) | (dirs - listed_dirs)):
-        raise CheckpointError(f"snapshot {path} holds {name}, which {MANIFEST_NAME} does not "
-                              "list; remove it (snapshots are written whole, never edited)")
+        raise CheckpointError(_unlisted(path, name))
     to_hash = set(files) if hash_files is None else set(hash_files)
     for name in sorted(files):
         record = files[name]

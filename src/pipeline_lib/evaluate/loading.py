@@ -42,15 +42,35 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
     from ..data.tokenizer import load_tokenizer
     from ..run_layout import ResultsLayout
 
-    if override not in (None, ""):
-        return load_tokenizer(Path(str(override)))
     stored = path / TOKENIZER_FILE
+    if override not in (None, ""):
+        return _override_tokenizer(path, cfg, Path(str(override)), option)
     if not stored.is_file():
         pack = ResultsLayout(cfg.experiment.results_dir).data_dir(data_id(cfg.data))
         raise CheckpointError(f"snapshot {path} has no {TOKENIZER_FILE} (written before "
                               "snapshots carried their tokenizer); retrain its segment, or pass "
                               f"{option.format(pack / TOKENIZER_FILE)} (its data pack's)")
     return load_tokenizer(stored)
+
+
+def _override_tokenizer(path: Path, cfg: Any, override: Path, option: str) -> Any:
+    """The tokenizer passed instead of the snapshot's own: it must exist and be the one the
+    snapshot was trained on (by identity; by size for a snapshot without tokenizer.json)."""
+    from ..data.tokenizer import load_tokenizer
+    from ..data.tokenizer_identity import check_same_tokenizer, identify, snapshot_identity
+
+    given = option.format(override)
+    if not override.is_file():
+        what = "is a directory" if override.is_dir() else "does not exist"
+        raise CheckpointError(f"{given}: {override} {what}; pass a tokenizer.json file, or "
+                              f"leave it out to use the snapshot's own {TOKENIZER_FILE}")
+    tok = load_tokenizer(override)
+    check_same_tokenizer(snapshot_identity(path, cfg), identify(override, None,
+                                                               tok.get_vocab_size()),
+                         use=given, model_name=f"snapshot {path}", data_name=str(override),
+                         fix=f"leave it out (the snapshot's own {TOKENIZER_FILE} is the one it "
+                             "was trained on) or pass that tokenizer")
+    return tok
 
 
 def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
@@ -72,7 +92,7 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     if not path.is_dir():
         raise CheckpointError(f"snapshot {path} does not exist or is not a directory; pass "
                               "snapshot=DIR of a finished training segment")
-    hashed = ["config.yaml", "trainer_state.json"] + ([TOKENIZER_FILE] if with_tokenizer else [])
+    hashed = ["config.yaml", "trainer_state.json", TOKENIZER_FILE]  # its identity is compared
     verify_snapshot(path, hash_files=hashed)
     cfg = snapshot_config(path)
     if cfg.model.vocab_size < 1:

@@ -70,6 +70,22 @@ def check_segment_outputs(out: Path, run_dir: Path | None) -> None:
                           "run directory (training logs)")
 
 
+def _check_tokenizer(trainer: Trainer, resume_from: Path | None,
+                     warm_start: Path | None) -> None:
+    """The snapshot resumed or warm-started from was trained on the pack's tokenizer."""
+    from ..checkpoint.compat import snapshot_config
+    from ..data.tokenizer_identity import TOKENIZER_FILE, check_model_fits_pack
+
+    if resume_from is not None:
+        check_model_fits_pack(resume_from, snapshot_config(resume_from), trainer.data,
+                              use="resume", fix="pass --data the pack this run was trained on")
+    elif warm_start is not None:
+        check_model_fits_pack(
+            warm_start, snapshot_config(warm_start), trainer.data, use="warm start",
+            fix=f"pack the corpus with the snapshot's tokenizer (data.tokenizer: {{type: file, "
+                f"path: {Path(warm_start) / TOKENIZER_FILE}}}) and pass that pack as --data")
+
+
 def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                   out: Path, run_dir: Path | None = None, attempt: int = 1, *,
                   world_size: int = 1, rank: int = 0, warm_start: Path | None = None) -> Path:
@@ -102,6 +118,7 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
                     input_step=int(stopped["segment_start"]) if stopped else 0)
     if warm_start is not None and stopped is None:
         trainer.warm_start(Path(warm_start))
+    _check_tokenizer(trainer, resume_from, None if stopped else warm_start)
     _check_steps(until_step, trainer, resume_from)
     job_start = trainer.resume_step
     stage = (start_tracking(trainer.cfg, trainer.state, run_dir,
