@@ -157,3 +157,18 @@ def check_adaptive_exit(eval_cfg: Any, train: Any, model: Any) -> None:
             and not model.exit_gate):
         raise ConfigError("eval.adaptive_criteria lists gate, but model.exit_gate is false; set "
                           "model.exit_gate=true or remove gate from the criteria")
+
+
+def check_exit_gate_trained(train: Any, model: Any) -> None:
+    """A config about to train: ``model.exit_gate`` only with the objective that trains it.
+
+    Only ``expected_exit`` puts the gate in the loss; under any other objective it keeps its
+    initial weights, and a gate exit would read noise. Checked where a run is planned and
+    where a segment starts, not when a snapshot's config is read: snapshots trained before
+    this rule still load (their gate is refused by the gate criterion instead)."""
+    if model.exit_gate and train.objective != "expected_exit":
+        raise ConfigError(f"model.exit_gate = true, but train.objective = {train.objective} "
+                          "never trains the gate (only expected_exit does), so its exits "
+                          "would be noise; set train.objective=expected_exit, or "
+                          "model.exit_gate=false")
+

@@ -73,6 +73,21 @@ def _override_tokenizer(path: Path, cfg: Any, override: Path, option: str) -> An
     return tok
 
 
+def untrained_gate(path: Path, cfg: Any, step: Any) -> str | None:
+    """Why the exit gate of the snapshot at ``path`` was never trained, or None (no gate, or
+    a trained one). What the snapshot records decides: only ``train.objective =
+    expected_exit`` trains the gate, and only in steps actually taken (an imported snapshot
+    is at step 0)."""
+    if not cfg.model.exit_gate:
+        return None
+    if cfg.train.objective != "expected_exit":
+        return (f"snapshot {path} was trained with train.objective = {cfg.train.objective}, "
+                "which never trains the gate")
+    if not step:
+        return f"snapshot {path} has taken no training step (its gate is as initialised)"
+    return None
+
+
 def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
                   with_tokenizer: bool = True,
                   tokenizer_option: str = "tokenizer={} in --model_args",
@@ -109,6 +124,7 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     model.eval()
     trainer_state = json.loads((path / "trainer_state.json").read_text())
     step = trainer_state.get("step")
+    model.untrained_exit_gate = untrained_gate(path, cfg, step)  # read by the gate criterion
     tok = snapshot_tokenizer(path, cfg, tokenizer, tokenizer_option) if with_tokenizer else None
     if tok is not None and tok.get_vocab_size() > cfg.model.vocab_size:
         raise CheckpointError(f"tokenizer of snapshot {path} has {tok.get_vocab_size()} tokens "

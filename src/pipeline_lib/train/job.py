@@ -24,6 +24,7 @@ from ..run_layout import RunLayout, run_dir_of
 from . import rollback
 from .metrics import TrainLog
 from .preempt import StopRequest
+from .run_logs import check_run_logs, claim_run_logs
 from .run_tracking import log_artifacts, log_final, start_tracking
 from .trainer import Trainer
 
@@ -106,6 +107,8 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
         raise ConfigError("--warm-start and --resume-from exclude each other: resume "
                           "continues a run exactly, a warm start begins a new one")
     check_segment_outputs(out, run_dir)
+    if rank == 0:
+        check_run_logs(run_dir, out, resume_from)
     if rank == 0 and cfg.tracking.enabled:  # a lost or corrupt store: one line, before work
         from ..tracking.health import check_store
 
@@ -144,6 +147,8 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
 def _run(trainer: Trainer, until_step: int, out: Path, run_dir: Path, attempt: int,
          stage: Any, *, point: Path, job_start: int, wall_start: float) -> None:
     """The step loop and the save (or the resume point when asked to stop)."""
+    if trainer.rank == 0:
+        claim_run_logs(run_dir, out)
     train_log = TrainLog(run_dir, trainer.state.step, stage=stage, enabled=trainer.rank == 0)
     train_log.carry(trainer.carried_files)
     trainer.guard.event_sink = train_log.event

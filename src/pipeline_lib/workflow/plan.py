@@ -27,6 +27,7 @@ from ..config import (
     merge_config_files,
     to_dict,
 )
+from ..config_rules import check_exit_gate_trained
 from ..data.identity import data_id as compute_data_id
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
@@ -141,6 +142,7 @@ class WorkflowPlan:
         cfg = config_for_run(self.config, name) if self.config.runs else self.config
         try:
             cfg = resolve_init_from(cfg)
+            check_exit_gate_trained(cfg.train, cfg.model)
         except PipelineError as exc:
             raise type(exc)(f"runs.{name}: {exc}" if self.config.runs else str(exc)) from None
         # the vocabulary only matters for a token budget (and may mean reading a file)
