@@ -32,6 +32,7 @@ from .config_files import merge_config_files as merge_config_files
 from .config_rules import (
     EXIT_CRITERIA,
     FREEZE_PARTS,
+    MAX_TEST_LOOPS,
     check_activation_checkpointing,
     check_adaptive_exit,
     check_finite_thresholds,
@@ -368,7 +369,7 @@ class TrainConfig:
     val_h_eff: list[int] = _f(
         [], "Loop counts each in-training validation also reads out, from the same pass "
         "(logged as val/loss_h{H}; val_loss stays at model.loops); empty = eval.h_eff.",
-        items={"minimum": 1})
+        items={"minimum": 1, "maximum": MAX_TEST_LOOPS})
     diagnostics_interval: int = _f(50, "Per-block grad norm / activation RMS every N steps (0 = off).",
                                    minimum=0)
     compile: bool = _f(False, "torch.compile the model (off by default on the CPU).")
@@ -398,7 +399,7 @@ class EvalConfig:
     """H_eff sweep: validation loss at several test-time loop counts, one pass per batch."""
 
     h_eff: list[int] = _f([1, 2, 4, 8], "Loop counts read out (may exceed model.loops).",
-                          min_items=1, items={"minimum": 1})
+                          min_items=1, items={"minimum": 1, "maximum": MAX_TEST_LOOPS})
     max_tokens: int = _f(65536, "Validation tokens evaluated per snapshot.", minimum=1)
     batch_rows: int = _f(16, "Rows per evaluation batch.", minimum=1)
     use_ema: bool = _f(False, "Evaluate the EMA weights when the snapshot has them.")
@@ -423,7 +424,7 @@ class EvalConfig:
         "criterion not listed use): argmax_stable takes loop counts n (0 = never exit), gate "
         "cumulative exit probabilities in [0, 1] (1 = never exit).")
     adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (0 = the largest "
-                                 "eval.h_eff).", minimum=0)
+                                 "eval.h_eff).", minimum=0, maximum=MAX_TEST_LOOPS)
 
 
 @dataclass
@@ -434,7 +435,7 @@ class BenchConfig:
                           "Task names: built-in loopline_* tasks, tasks of bench.include_path "
                           "or any installed lm-eval task.")
     h_eff: list[int] = _f([1, 4, 8], "Loop counts at which every task is scored.", min_items=1,
-                          items={"minimum": 1})
+                          items={"minimum": 1, "maximum": MAX_TEST_LOOPS})
     snapshots: str = _f("final", "Benchmark the final snapshot only, or every kept one.",
                         choices=["final", "kept"])
     examples_per_level: int = _f(40, "Built-in tasks: examples per difficulty level.", minimum=1)
@@ -461,7 +462,7 @@ class BenchConfig:
         "kl", "Adaptive exit criterion of the benchmarks (as eval.adaptive_criterion).",
         choices=list(EXIT_CRITERIA))
     adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (MAX; 0 = the "
-                                 "largest bench.h_eff).", minimum=0)
+                                 "largest bench.h_eff).", minimum=0, maximum=MAX_TEST_LOOPS)
 
 
 @dataclass

@@ -21,6 +21,19 @@ ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/ans
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
 # adaptive-exit criteria (pipeline_lib.evaluate.exit_criteria computes them)
 EXIT_CRITERIA = ("kl", "entropy", "latent_diff", "cosine", "argmax_stable", "gate")
+# Most loops read out at test time (H_eff, an adaptive exit's MAX): far past any depth a
+# loop count is trained or extrapolated to here, and a typo (200000) is an error, not a
+# run that never ends (each loop is one core-block pass per token).
+MAX_TEST_LOOPS = 1024
+
+
+def check_test_loops(value: int, key: str) -> None:
+    """A loop count read out at test time (``key`` names where it was given): 1 to
+    :data:`MAX_TEST_LOOPS`."""
+    if not 1 <= value <= MAX_TEST_LOOPS:
+        raise ConfigError(f"{key} = {value}: a test-time loop count must lie between 1 and "
+                          f"{MAX_TEST_LOOPS}; pass a smaller one (each loop is one more pass "
+                          "of the core block per token)")
 
 
 def model_parts(model: Any) -> list[str]:

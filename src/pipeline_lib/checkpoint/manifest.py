@@ -124,12 +124,29 @@ def describe_non_snapshot(path: Path, option: str = "--resume-from") -> str:
     if steps:
         return (f"{path} holds snapshots but is not one; pass one of them, e.g. "
                 f"{path / steps[-1]}")
+    if "config.json" in names and "config.yaml" not in names:
+        return _describe_model_directory(path, option)
     if names & _SNAPSHOT_FILES:
         return (f"snapshot {path} is incomplete: {MANIFEST_NAME} is missing (its write was "
                 "interrupted or it was deleted); resume from an earlier snapshot or rerun the "
                 "segment that writes it")
     return (f"{path} is not a snapshot (no {MANIFEST_NAME}, no snapshot files); pass a snapshot "
             "directory (…/snapshots/step_NNNNNNN)")
+
+
+def _describe_model_directory(path: Path, option: str) -> str:
+    """A directory with a Hugging Face ``config.json``: loopline's export of a snapshot, or
+    another model (which import-hf turns into a snapshot)."""
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type == "loopline":
+        return (f"{path} is a Hugging Face export of a snapshot (config.json with model_type "
+                f"'loopline'), not a snapshot; load it with transformers "
+                f"(trust_remote_code=True), or pass as {option} the snapshot it was exported from")
+    return (f"{path} is a Hugging Face model directory (config.json), not a snapshot; turn it "
+            f"into one with python -m pipeline_lib import-hf, and pass that as {option}")
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config_rules import EXIT_CRITERIA, check_exit_threshold
+from ..config_rules import EXIT_CRITERIA, check_exit_threshold, check_test_loops
 from ..errors import ConfigError
 
 CRITERIA = EXIT_CRITERIA
@@ -98,6 +98,8 @@ def parse_adaptive_spec(text: str, key: str = "h_eff", criterion: str = "kl"
         raise ConfigError(f"{exc}; {fix}") from None
     if max_loops is not None and max_loops < 1:
         raise ConfigError(f"{key}={text!r}: MAX must be at least 1 loop; {fix}")
+    if max_loops is not None:
+        check_test_loops(max_loops, f"{key}={text!r}: MAX")
     return criterion, threshold, max_loops
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config_rules import check_test_loops
 from ..data.tokenizer_identity import check_model_fits_pack
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
@@ -44,6 +45,7 @@ def parse_h_eff(text: str | Sequence[int], name: str = "--h-eff") -> list[int]:
             from None
     if not values or values[0] < 1:
         raise ConfigError(f"{name} {text!r} needs loop counts of at least 1, e.g. 1,2,4,8")
+    check_test_loops(values[-1], name)
     return values
 
 

@@ -99,7 +99,7 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     ``tokenizer_option`` names the caller's way to pass one (see :func:`snapshot_tokenizer`).
     """
     from ..checkpoint.compat import snapshot_config
-    from ..checkpoint.manifest import verify_snapshot
+    from ..checkpoint.manifest import MANIFEST_NAME, describe_non_snapshot, verify_snapshot
     from ..checkpoint.snapshot import load_model_state
     from ..model.looped import LoopedLM
 
@@ -107,6 +107,8 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     if not path.is_dir():
         raise CheckpointError(f"snapshot {path} does not exist or is not a directory; pass "
                               "snapshot=DIR of a finished training segment")
+    if not (path / MANIFEST_NAME).is_file():  # an export, a pack, a run directory, …
+        raise CheckpointError(describe_non_snapshot(path, "--snapshot"))
     hashed = ["config.yaml", "trainer_state.json", TOKENIZER_FILE]  # its identity is compared
     verify_snapshot(path, hash_files=hashed)
     cfg = snapshot_config(path)
