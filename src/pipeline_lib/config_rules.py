@@ -13,6 +13,7 @@ the vocabulary of ``train.freeze``; what each part holds in the model is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import ConfigError
@@ -34,6 +35,24 @@ def check_test_loops(value: int, key: str) -> None:
         raise ConfigError(f"{key} = {value}: a test-time loop count must lie between 1 and "
                           f"{MAX_TEST_LOOPS}; pass a smaller one (each loop is one more pass "
                           "of the core block per token)")
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def sources_have_levels(sources: Any) -> bool:
+    """Whether any of ``data.sources`` (dataclasses or plain mappings) gives documents a
+    difficulty level: a reasoning source, or a ``level_field``."""
+    return any(_field(s, "type") == "reasoning" or _field(s, "level_field")
+               for s in sources or [])
+
+
+def sources_have_answers(sources: Any) -> bool:
+    """Whether any of ``data.sources`` gives answer spans: a reasoning source, or an
+    ``answer_field``."""
+    return any(_field(s, "type") == "reasoning" or _field(s, "answer_field")
+               for s in sources or [])
 
 
 def model_parts(model: Any) -> list[str]:

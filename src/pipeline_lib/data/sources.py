@@ -151,6 +151,12 @@ def check_source(index: int, src: SourceConfig, *, warn: bool = False) -> list[P
         hint = "a directory; use a glob such as DIR/*" if os.path.isdir(src.path) else "no files"
         raise DataError(f"{_where(index, src)} matches {hint}; point data.sources[{index}].path "
                         "at existing files")
+    for path in files:  # every file opens (permissions) before the pack starts
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise DataError(_unreadable(index, src, path, exc)) from None
     if src.type == "parquet":
         for path in files:
             _check_parquet_schema(index, src, path, _open_parquet(index, src, path))
@@ -349,9 +355,19 @@ def _jsonl_error(index: int, src: SourceConfig, path: Path, exc: BaseException) 
             f"or data.sources[{index}].{_field_key(src, _text_fields(src)[0])}")
 
 
+def _unreadable(index: int | None, src: SourceConfig | None, path: Path, exc: OSError) -> str:
+    where = f"{_where(index, src)}: " if src is not None and index is not None else ""
+    return (f"{where}cannot read {path} ({exc.strerror or exc}); make it readable by this user "
+            "(e.g. chmod a+r) or remove it from the source's files")
+
+
 def _file_documents(files: list[Path], stats: SourceStats) -> Iterator[RawDocument]:
     for path in files:
-        yield RawDocument(decode_utf8(path.read_bytes(), stats, path), file=str(path))
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:  # changed since check_source opened it, or an I/O error
+            raise DataError(_unreadable(None, None, path, exc)) from None
+        yield RawDocument(decode_utf8(raw, stats, path), file=str(path))
 
 
 def _stdlib_documents(src: SourceConfig, stats: SourceStats) -> Iterator[RawDocument]:

@@ -27,6 +27,7 @@ from ..config import (
     merge_config_files,
     to_dict,
 )
+from ..config_files import apply_data_defaults, user_keys
 from ..config_rules import check_exit_gate_trained
 from ..data.identity import data_id as compute_data_id
 from ..data.tokenizer_files import source_vocab_size
@@ -387,6 +388,7 @@ def plan_for_snakemake(config: dict[str, Any], configfiles: Sequence[Any] = (),
     try:
         last = (overrides or {}) if configfiles else config
         merged = merge_config_dicts(merge_config_files(configfiles, DEFAULT_CONFIG_PATH), dict(last))
+        apply_data_defaults(merged, user_keys(configfiles, DEFAULT_CONFIG_PATH, overrides))
         config.clear()
         config.update(merged)
         return WorkflowPlan(config, " + ".join(names) or "config/config.yaml")
