@@ -143,3 +143,12 @@ def merge_config_files(paths: Sequence[str | Path], default: Path) -> dict[str, 
         assert isinstance(data, dict)
         merged = merge_config_dicts(merged, data)
     return merged
+
+
+def merge_user_config(paths: Sequence[str | Path], default: Path, last: Mapping[str, Any],
+                      overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The Snakefile's config: ``default`` ← ``paths`` ← ``last`` (Snakemake's ``--config``,
+    or its whole config when no file was given), with the defaults that follow the data set
+    where the user (``paths`` and ``overrides``) did not set them."""
+    merged = merge_config_dicts(merge_config_files(paths, default), dict(last))
+    return apply_data_defaults(merged, user_keys(paths, default, overrides))
