@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 from support.rel_messages import (
     TINY,
+    assert_ok,
     assert_one_line_error,
     entries,
+    plain_corpus,
+    quick_config,
     run_cli,
     run_snakemake,
     write_yaml,
@@ -26,35 +29,16 @@ from support.rel_messages import (
 BPE = ["data.tokenizer.type=bpe", "data.tokenizer.vocab_size=300"]
 
 
-def _config(path: Path, corpus: Path, **train: object) -> Path:
-    """A plain-text config on which pack and a 5-step training run take about a second."""
-    return write_yaml(path, {
-        "data": {"sources": [{"type": "text", "path": str(corpus / "*.txt")}], "seq_len": 32,
-                 "epochs": 1, "val_fraction": 0.5, "curriculum_fraction": 0},
-        "model": {"d_model": 16, "n_heads": 2, "loops": 1},
-        "train": {"total_steps": 10, "steps_per_segment": 5, "global_batch_rows": 8,
-                  "micro_batch_rows": 8, "eval_interval": 0, "diagnostics_interval": 0,
-                  "sample_tokens": 0, "warmup_steps": 2, "objective": "last", **train},
-        "eval": {"h_eff": [1]}, "runs": {}})
-
-
-def _ok(result) -> None:
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``byte/`` and ``bpe/`` packs of one corpus, and ``run/bpe_snap``: 5 steps on ``bpe``."""
     root = tmp_path_factory.mktemp("identity")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(24):
-        (corpus / f"{i}.txt").write_text(f"plain text number {i}, with words to learn {i * 7}\n")
-    cfg = _config(root / "c.yaml", corpus)
-    _ok(run_cli(root, "pack", "--config", cfg, "--out", root / "byte"))
-    _ok(run_cli(root, "pack", "--config", cfg, "--out", root / "bpe", *BPE))
-    _ok(run_cli(root, "train", "--config", cfg, "--data", root / "bpe", "--resume-from", "none",
-                "--until-step", "5", "--out", root / "run" / "bpe_snap", "--no-track", *BPE))
+    cfg = quick_config(root / "c.yaml", plain_corpus(root / "corpus"), total_steps=10)
+    assert_ok(run_cli(root, "pack", "--config", cfg, "--out", root / "byte"))
+    assert_ok(run_cli(root, "pack", "--config", cfg, "--out", root / "bpe", *BPE))
+    assert_ok(run_cli(root, "train", "--config", cfg, "--data", root / "bpe", "--resume-from",
+                      "none", "--until-step", "5", "--out", root / "run" / "bpe_snap",
+                      "--no-track", *BPE))
     return root
 
 
@@ -72,10 +56,10 @@ def test_heff_of_a_snapshot_on_a_pack_of_another_tokenizer_names_both(packs, tmp
     assert entries(tmp_path) == []
     # the fix it names works: the corpus packed with the snapshot's own tokenizer
     cfg = packs / "c.yaml"
-    _ok(run_cli(tmp_path, "pack", "--config", cfg, "--out", tmp_path / "same",
-                "data.tokenizer.type=file", f"data.tokenizer.path={snap / 'tokenizer.json'}"))
-    _ok(run_cli(tmp_path, "heff", "--snapshot", snap, "--data", tmp_path / "same", "--out",
-                tmp_path / "h.json", "--no-track"))
+    assert_ok(run_cli(tmp_path, "pack", "--config", cfg, "--out", tmp_path / "same",
+                      "data.tokenizer.type=file", f"data.tokenizer.path={snap / 'tokenizer.json'}"))
+    assert_ok(run_cli(tmp_path, "heff", "--snapshot", snap, "--data", tmp_path / "same", "--out",
+                      tmp_path / "h.json", "--no-track"))
     assert json.loads((tmp_path / "h.json").read_text())["tokens"] > 0
 
 
@@ -124,7 +108,7 @@ def test_a_snapshot_without_a_recorded_tokenizer_is_judged_by_size_as_before(pac
     old = write_model_snapshot(tmp_path / "old", random_model("gqa"), None, with_tokenizer=False)
     result = run_cli(tmp_path, "heff", "--snapshot", old, "--data", packs / "byte", "--out",
                      tmp_path / "h.json", "--no-track")
-    _ok(result)  # 258 ids in 258 rows, no identity to compare
+    assert_ok(result)  # 258 ids in 258 rows, no identity to compare
     refused = run_cli(tmp_path, "heff", "--snapshot", old, "--data", packs / "bpe", "--out",
                       tmp_path / "g.json", "--no-track")
     assert_one_line_error(refused, f"the pack {packs / 'bpe'} has 300 token ids",
@@ -170,7 +154,7 @@ def test_gate_exits_from_a_gate_that_was_never_trained_are_refused(tmp_path):
     assert result.stdout == ""
     other = run_cli(tmp_path, "generate", "--snapshot", snap, "--prompt", "a=1;",
                     "--adaptive", "kl:0.5", "--max-new-tokens", "2")
-    _ok(other)  # the rest of the snapshot is usable
+    assert_ok(other)  # the rest of the snapshot is usable
 
 
 # ---------------------------------------------------------------- a run's own logs
@@ -178,27 +162,28 @@ def test_gate_exits_from_a_gate_that_was_never_trained_are_refused(tmp_path):
 
 def test_two_runs_in_one_folder_keep_their_own_logs(packs, tmp_path):
     cfg, byte, folder = packs / "c.yaml", packs / "byte", tmp_path / "runs"
-    common = ["--config", cfg, "--data", byte, "--no-track"]
-    _ok(run_cli(tmp_path, "train", *common, "--resume-from", "none", "--until-step", "5",
-                "--out", folder / "a"))
-    _ok(run_cli(tmp_path, "train", *common, "--resume-from", folder / "a", "--until-step", "10",
-                "--out", folder / "b"))  # the same run goes on: its log grows
+    common = ["train", "--config", cfg, "--data", byte, "--no-track"]
+    first, then = ["--resume-from", "none", "--until-step", "5"], ["--until-step", "10"]
+    assert_ok(run_cli(tmp_path, *common, *first, "--out", folder / "a"))
+    resume = ["--resume-from", folder / "a", *then, "--out", folder / "b"]
+    assert_ok(run_cli(tmp_path, *common, *resume))  # the same run goes on: its log grows
     log = folder / "train" / "metrics.jsonl"
     before = log.read_bytes()
     assert [json.loads(x)["step"] for x in before.splitlines()] == list(range(1, 11))
-    second = run_cli(tmp_path, "train", *common, "--resume-from", "none", "--until-step", "5",
-                     "--out", folder / "c", "train.lr=0.01")
+    second = run_cli(tmp_path, *common, *first, "--out", folder / "c", "train.lr=0.01")
     assert_one_line_error(second, f"run directory {folder} holds the training logs",
                           "of another run (snapshot a, b)", "pass --run-dir")
     assert log.read_bytes() == before and not (folder / "c").exists()
     # its fix: logs of its own
-    _ok(run_cli(tmp_path, "train", *common, "--resume-from", "none", "--until-step", "5",
-                "--out", folder / "c", "--run-dir", folder / "c.run", "train.lr=0.01"))
+    assert_ok(run_cli(tmp_path, *common, *first, "--out", folder / "c", "--run-dir",
+                      folder / "c.run", "train.lr=0.01"))
     assert log.read_bytes() == before
     assert len((folder / "c.run" / "train" / "metrics.jsonl").read_text().splitlines()) == 5
     # a rerun of the first run's segment is still the first run's: it replaces its own tail
     shutil.rmtree(folder / "b")
-    _ok(run_cli(tmp_path, "train", *common, "--resume-from", folder / "a", "--until-step", "10",
-                "--out", folder / "b"))
-    rows = lambda blob: [(r["step"], r["loss"]) for r in map(json.loads, blob.splitlines())]  # noqa: E731
+    assert_ok(run_cli(tmp_path, *common, *resume))
+
+    def rows(blob: bytes) -> list[tuple[int, float]]:
+        return [(r["step"], r["loss"]) for r in map(json.loads, blob.splitlines())]
+
     assert rows(log.read_bytes()) == rows(before)

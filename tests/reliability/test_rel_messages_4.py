@@ -18,42 +18,27 @@ from pathlib import Path
 
 import pytest
 from support.rel_messages import (
+    assert_ok,
     assert_one_line_error,
     command_env,
     entries,
+    plain_corpus,
+    quick_config,
     run_cli,
     run_snakemake,
     write_yaml,
 )
 
 
-def _ok(result) -> None:
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
-def _corpus(where: Path, n: int = 24) -> Path:
-    where.mkdir(parents=True, exist_ok=True)
-    for i in range(n):
-        (where / f"{i}.txt").write_text(f"plain text number {i}, with words to learn {i * 7}\n")
-    return where
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte pack, ``snap`` (5 steps, no EMA) and ``export`` (its Hugging Face export)."""
     root = tmp_path_factory.mktemp("messages4")
-    cfg = write_yaml(root / "c.yaml", {
-        "data": {"sources": [{"type": "text", "path": str(_corpus(root / "corpus") / "*.txt")}],
-                 "seq_len": 32, "epochs": 1, "val_fraction": 0.5, "curriculum_fraction": 0},
-        "model": {"d_model": 16, "n_heads": 2, "loops": 2},
-        "train": {"total_steps": 5, "steps_per_segment": 5, "global_batch_rows": 8,
-                  "micro_batch_rows": 8, "eval_interval": 0, "diagnostics_interval": 0,
-                  "sample_tokens": 0, "warmup_steps": 2, "objective": "last"},
-        "eval": {"h_eff": [1]}, "runs": {}})
-    _ok(run_cli(root, "pack", "--config", cfg, "--out", root / "data"))
-    _ok(run_cli(root, "train", "--config", cfg, "--data", root / "data", "--resume-from", "none",
-                "--until-step", "5", "--out", root / "snap", "--no-track"))
-    _ok(run_cli(root, "export", "--snapshot", root / "snap", "--out", root / "export"))
+    cfg = quick_config(root / "c.yaml", plain_corpus(root / "corpus"), loops=2)
+    assert_ok(run_cli(root, "pack", "--config", cfg, "--out", root / "data"))
+    assert_ok(run_cli(root, "train", "--config", cfg, "--data", root / "data", "--resume-from",
+                      "none", "--until-step", "5", "--out", root / "snap", "--no-track"))
+    assert_ok(run_cli(root, "export", "--snapshot", root / "snap", "--out", root / "export"))
     return root
 
 
@@ -74,11 +59,11 @@ def _generate(workdir: Path, snap: Path, *args: str | bytes, stdin: bytes | None
 def test_a_tiny_temperature_samples_the_top_token(run, tmp_path):
     greedy = run_cli(tmp_path, "generate", "--snapshot", run / "snap", "--prompt", "plain",
                      "--max-new-tokens", "6")
-    _ok(greedy)
+    assert_ok(greedy)
     for temperature in ("1e-300", "5e-324"):  # 1/T overflows; the smallest subnormal
         tiny = run_cli(tmp_path, "generate", "--snapshot", run / "snap", "--prompt", "plain",
                        "--max-new-tokens", "6", "--temperature", temperature)
-        _ok(tiny)
+        assert_ok(tiny)
         assert tiny.stdout == greedy.stdout  # no tie in these logits: the top token each time
 
 
@@ -161,16 +146,16 @@ def test_prompts_that_are_not_utf8_are_one_line(run, tmp_path):
     assert piped.stdout == given.stdout == ""
     fine = _generate(tmp_path, run / "snap", "--max-new-tokens", "2",
                      stdin="héllo\n".encode())
-    _ok(fine)
+    assert_ok(fine)
     assert json.loads(fine.stdout)["prompt"] == "héllo"
 
 
 def test_a_corpus_file_that_cannot_be_read_is_one_line_before_the_pack(tmp_path):
     """chmod 000 stops only other users: as root, the pack runs as nobody (uid 65534)."""
-    root = Path(tempfile.mkdtemp(prefix="unreadable", dir="/tmp"))  # nobody can enter it
+    root = Path(tempfile.mkdtemp(prefix="unreadable", dir="/tmp"))  # tmp_path is root-only
     try:
         os.chmod(root, 0o777)
-        corpus = _corpus(root / "corpus", 4)
+        corpus = plain_corpus(root / "corpus", 4)
         os.chmod(corpus / "2.txt", 0o000)
         cfg = write_yaml(root / "c.yaml", {"data": {"sources": [
             {"type": "text", "path": str(corpus / "*.txt")}], "curriculum_fraction": 0},
@@ -218,8 +203,8 @@ def test_a_yaml_syntax_error_gives_its_line_and_column(tmp_path):
 def test_defaults_that_need_levels_and_answers_follow_a_plain_corpus(tmp_path):
     """``data.sources`` alone: the default curriculum and answer objective stand down."""
     cfg = write_yaml(tmp_path / "plain.yaml", {"data": {"sources": [
-        {"type": "text", "path": str(_corpus(tmp_path / "corpus") / "*.txt")}]}})
-    _ok(run_cli(tmp_path, "pack", "--config", cfg, "--out", tmp_path / "data"))
+        {"type": "text", "path": str(plain_corpus(tmp_path / "corpus") / "*.txt")}]}})
+    assert_ok(run_cli(tmp_path, "pack", "--config", cfg, "--out", tmp_path / "data"))
     from pipeline_lib.config import load_config
 
     resolved = load_config(cfg)
@@ -235,7 +220,7 @@ def test_defaults_that_need_levels_and_answers_follow_a_plain_corpus(tmp_path):
 @pytest.mark.slow  # a Snakemake dry run (~3 s)
 def test_defaults_follow_a_plain_corpus_under_snakemake(tmp_path):
     cfg = write_yaml(tmp_path / "plain.yaml", {"data": {"sources": [
-        {"type": "text", "path": str(_corpus(tmp_path / "corpus") / "*.txt")}]}})
+        {"type": "text", "path": str(plain_corpus(tmp_path / "corpus") / "*.txt")}]}})
     result = run_snakemake(tmp_path, "--configfile", cfg)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "error:" not in result.stderr
