@@ -62,7 +62,9 @@ def read_prompts(args: argparse.Namespace) -> tuple[list[str], bool]:
         raise UsageError("no prompt: pass --prompt TEXT or --prompts-file FILE, or pipe prompts "
                          "into stdin (one per line)")
     if name in (None, "-"):
-        text, name = _utf8(sys.stdin.buffer.read(), "stdin"), "stdin"
+        raw = getattr(sys.stdin, "buffer", None)  # a text stream in place of stdin has none
+        text = _utf8(raw.read(), "stdin") if raw is not None else sys.stdin.read()
+        name = "stdin"
     else:
         if Path(name).is_dir():
             raise UsageError(f"--prompts-file {name} is a directory; pass a text file with one "

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..checkpoint.compat import check_snapshot_fits_pack
 from ..config_rules import check_test_loops
-from ..data.tokenizer_identity import check_model_fits_pack
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
 from .adaptive import AdaptiveLosses, AdaptiveSpec, adaptive_section
@@ -72,7 +72,7 @@ def _check_pack(data: Any, data_dir: Path, snapshot: Path, cfg: Any,
     """The objective whose tokens are scored (``objective``, else the snapshot's), once the
     pack fits the snapshot: its tokenizer, and answer spans for an ``answer_*`` one (a
     model trained on answer tokens only is scored on them only)."""
-    check_model_fits_pack(snapshot, cfg, data, use="H_eff sweep")
+    check_snapshot_fits_pack(snapshot, data, use="H_eff sweep", cfg=cfg)
     objective = objective or cfg.train.objective
     if objective.startswith("answer_") and not data.has_answer_spans:
         raise ConfigError(_no_answers(objective, data_dir, "has no answer spans"))

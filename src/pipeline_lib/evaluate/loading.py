@@ -109,7 +109,7 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
                               "snapshot=DIR of a finished training segment")
     if not (path / MANIFEST_NAME).is_file():  # an export, a pack, a run directory, …
         raise CheckpointError(describe_non_snapshot(path, "--snapshot"))
-    hashed = ["config.yaml", "trainer_state.json", TOKENIZER_FILE]  # its identity is compared
+    hashed = ["config.yaml", "trainer_state.json"] + ([TOKENIZER_FILE] if with_tokenizer else [])
     verify_snapshot(path, hash_files=hashed)
     cfg = snapshot_config(path)
     if cfg.model.vocab_size < 1:

@@ -74,15 +74,15 @@ def check_segment_outputs(out: Path, run_dir: Path | None) -> None:
 def _check_tokenizer(trainer: Trainer, resume_from: Path | None,
                      warm_start: Path | None) -> None:
     """The snapshot resumed or warm-started from was trained on the pack's tokenizer."""
-    from ..checkpoint.compat import snapshot_config
-    from ..data.tokenizer_identity import TOKENIZER_FILE, check_model_fits_pack
+    from ..checkpoint.compat import check_snapshot_fits_pack
+    from ..data.tokenizer_identity import TOKENIZER_FILE
 
     if resume_from is not None:
-        check_model_fits_pack(resume_from, snapshot_config(resume_from), trainer.data,
-                              use="resume", fix="pass --data the pack this run was trained on")
+        check_snapshot_fits_pack(resume_from, trainer.data, use="resume",
+                                 fix="pass --data the pack this run was trained on")
     elif warm_start is not None:
-        check_model_fits_pack(
-            warm_start, snapshot_config(warm_start), trainer.data, use="warm start",
+        check_snapshot_fits_pack(
+            warm_start, trainer.data, use="warm start",
             fix=f"pack the corpus with the snapshot's tokenizer (data.tokenizer: {{type: file, "
                 f"path: {Path(warm_start) / TOKENIZER_FILE}}}) and pass that pack as --data")
 
