@@ -63,6 +63,19 @@ def test_heff_of_a_snapshot_on_a_pack_of_another_tokenizer_names_both(packs, tmp
     assert json.loads((tmp_path / "h.json").read_text())["tokens"] > 0
 
 
+def test_a_damaged_tokenizer_file_is_named_as_damaged_not_as_another_tokenizer(packs,
+                                                                              tmp_path):
+    snap = tmp_path / "snap"
+    shutil.copytree(packs / "run" / "bpe_snap", snap)
+    blob = bytearray((snap / "tokenizer.json").read_bytes())
+    blob[len(blob) // 2] ^= 1
+    (snap / "tokenizer.json").write_bytes(bytes(blob))
+    result = run_cli(tmp_path, "heff", "--snapshot", snap, "--data", packs / "bpe", "--out",
+                     tmp_path / "h.json", "--no-track")
+    line = assert_one_line_error(result, "tokenizer.json fails its sha256 check")
+    assert "trained on" not in line and not (tmp_path / "h.json").exists()
+
+
 def test_resume_and_warm_start_on_a_pack_of_another_tokenizer_are_refused(packs, tmp_path):
     snap, byte, cfg = packs / "run" / "bpe_snap", packs / "byte", packs / "c.yaml"
     resumed = run_cli(tmp_path, "train", "--config", cfg, "--data", byte, "--resume-from", snap,
