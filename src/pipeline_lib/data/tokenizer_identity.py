@@ -21,6 +21,7 @@ training resume and warm start call.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -83,8 +84,6 @@ def identify(directory_or_file: Path, settings: Mapping[str, Any] | None,
 
 def snapshot_identity(snapshot: Path, cfg: Any) -> TokenizerIdentity:
     """The tokenizer a snapshot was trained on (``cfg``: its resolved config)."""
-    import dataclasses
-
     return identify(Path(snapshot), dataclasses.asdict(cfg.data.tokenizer),
                     cfg.model.vocab_size)
 
@@ -126,5 +125,6 @@ def check_model_fits_pack(snapshot: Path, cfg: Any, data: Any, *, use: str,
                          fix=fix)
 
 
-__all__ = ["check_model_fits_pack", "TokenizerIdentity", "check_same_tokenizer", "describe_settings", "identify",
-           "pack_identity", "snapshot_identity", "tokenizer_digest"]
+__all__ = ["TokenizerIdentity", "check_model_fits_pack", "check_same_tokenizer",
+           "describe_settings", "identify", "pack_identity", "snapshot_identity",
+           "tokenizer_digest"]
