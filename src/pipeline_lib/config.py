@@ -23,21 +23,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config_errors import explain_omegaconf_error
+from .config_errors import explain_omegaconf_error, mistyped_section
 from .config_fields import check_field_constraints
 from .config_fields import config_field as _f
-from .config_files import config_paths, read_yaml
+from .config_files import apply_data_defaults, config_paths, data_defaults, read_yaml, set_keys
 from .config_files import merge_config_dicts as merge_config_dicts  # the merge rules, as data
 from .config_files import merge_config_files as merge_config_files
 from .config_rules import (
     EXIT_CRITERIA,
     FREEZE_PARTS,
+    MAX_TEST_LOOPS,
     check_activation_checkpointing,
     check_adaptive_exit,
     check_finite_thresholds,
     check_optimizer_and_freeze,
     check_source_fields,
     check_tokenizer,
+    sources_have_answers,
+    sources_have_levels,
 )
 from .credentials import redact_config, redact_text
 from .errors import ConfigError
@@ -389,7 +392,7 @@ class TrainConfig:
     val_h_eff: list[int] = _f(
         [], "Loop counts each in-training validation also reads out, from the same pass "
         "(logged as val/loss_h{H}; val_loss stays at model.loops); empty = eval.h_eff.",
-        items={"minimum": 1})
+        items={"minimum": 1, "maximum": MAX_TEST_LOOPS})
     diagnostics_interval: int = _f(50, "Per-block grad norm / activation RMS every N steps (0 = off).",
                                    minimum=0)
     compile: bool = _f(False, "torch.compile the model (off by default on the CPU).")
@@ -419,7 +422,7 @@ class EvalConfig:
     """H_eff sweep: validation loss at several test-time loop counts, one pass per batch."""
 
     h_eff: list[int] = _f([1, 2, 4, 8], "Loop counts read out (may exceed model.loops).",
-                          min_items=1, items={"minimum": 1})
+                          min_items=1, items={"minimum": 1, "maximum": MAX_TEST_LOOPS})
     max_tokens: int = _f(65536, "Validation tokens evaluated per snapshot.", minimum=1)
     batch_rows: int = _f(16, "Rows per evaluation batch.", minimum=1)
     use_ema: bool = _f(False, "Evaluate the EMA weights when the snapshot has them.")
@@ -444,7 +447,7 @@ class EvalConfig:
         "criterion not listed use): argmax_stable takes loop counts n (0 = never exit), gate "
         "cumulative exit probabilities in [0, 1] (1 = never exit).")
     adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (0 = the largest "
-                                 "eval.h_eff).", minimum=0)
+                                 "eval.h_eff).", minimum=0, maximum=MAX_TEST_LOOPS)
 
 
 @dataclass
@@ -455,7 +458,7 @@ class BenchConfig:
                           "Task names: built-in loopline_* tasks, tasks of bench.include_path "
                           "or any installed lm-eval task.")
     h_eff: list[int] = _f([1, 4, 8], "Loop counts at which every task is scored.", min_items=1,
-                          items={"minimum": 1})
+                          items={"minimum": 1, "maximum": MAX_TEST_LOOPS})
     snapshots: str = _f("final", "Benchmark the final snapshot only, or every kept one.",
                         choices=["final", "kept"])
     examples_per_level: int = _f(40, "Built-in tasks: examples per difficulty level.", minimum=1)
@@ -482,7 +485,7 @@ class BenchConfig:
         "kl", "Adaptive exit criterion of the benchmarks (as eval.adaptive_criterion).",
         choices=list(EXIT_CRITERIA))
     adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (MAX; 0 = the "
-                                 "largest bench.h_eff).", minimum=0)
+                                 "largest bench.h_eff).", minimum=0, maximum=MAX_TEST_LOOPS)
 
 
 @dataclass
@@ -539,8 +542,9 @@ def _merge(base: Any, update: Any, source: str) -> Any:
     except OmegaConfBaseException as exc:
         raise ConfigError(explain_omegaconf_error(exc, source, Config, update)) from None
     except TypeError as exc:  # e.g. a section given as a list, a list as a mapping
-        raise ConfigError(f"{source}: {exc}; give sections as mappings and lists (such as "
-                          "data.sources) whole, e.g. data.sources=[{type: stdlib}]") from None
+        raise ConfigError(mistyped_section(source, Config, update) or (
+            f"{source}: {exc}; give sections as mappings and lists (such as data.sources) "
+            "whole, e.g. data.sources=[{type: stdlib}]")) from None
 
 
 def _to_object(cfg: Any, source: str) -> Config:
@@ -566,6 +570,17 @@ def _structured(data: Mapping[str, Any] | Any, source: str) -> Config:
     return cfg
 
 
+def _follow_data(cfg: Any, updates: Sequence[Any]) -> None:
+    """Set in ``cfg`` (merged, OmegaConf) the defaults that follow the data and that none of
+    ``updates`` (the user's files and overrides) sets (see :func:`data_defaults`)."""
+    OmegaConf = _omegaconf()
+    explicit = set().union(*(set_keys(OmegaConf.to_container(u, resolve=False))
+                             for u in updates))
+    for key, value in data_defaults(OmegaConf.to_container(cfg, resolve=False),
+                                    explicit).items():
+        OmegaConf.update(cfg, key, value)
+
+
 def load_config(
     path: str | Path | Sequence[str | Path] | None = None,
     overrides: Sequence[str] = (),
@@ -582,11 +597,13 @@ def load_config(
     cfg = OmegaConf.structured(Config)
     if base is not None and Path(base).is_file():
         cfg = _merge(cfg, read_yaml(Path(base)), str(base))
+    updates = []  # what the user set: files and overrides
     for file in config_paths(path, base):
         update = read_yaml(file)
         if "runs" in update:
             cfg.runs = {}
         cfg = _merge(cfg, update, str(file))
+        updates.append(update)
     if overrides:
         for item in overrides:
             if "=" not in item:
@@ -597,6 +614,9 @@ def load_config(
             raise ConfigError(redact_text(f"cannot parse overrides {list(overrides)}: {exc}")
                               ) from None
         cfg = _merge(cfg, dotlist, "command-line override")
+        updates.append(dotlist)
+    if base is not None:  # defaults that depend on the data follow it (complete configs stay)
+        _follow_data(cfg, updates)
     # where an interpolation that does not resolve was written (interpolations resolve here)
     files = [str(p) for p in config_paths(path, base)] or [str(base or "config")]
     source = ("command-line override" if any("${" in item for item in overrides)
@@ -636,7 +656,8 @@ def config_for_run(cfg: Config, run: str) -> Config:
         raise ConfigError(f"runs.{run} is {variant!r}; a variant is a mapping of sections, "
                           "e.g. {model: {loops: 4}}")
     try:
-        return _structured(merge_config_dicts(base, variant), f"runs.{run}")
+        merged = apply_data_defaults(merge_config_dicts(base, variant), set_keys(variant))
+        return _structured(merged, f"runs.{run}")
     except ConfigError as exc:  # a cross-field rule broken by the variant: name it
         text = str(exc)
         raise ConfigError(text if text.startswith(f"runs.{run}") else f"runs.{run}: {text}") \
@@ -736,13 +757,11 @@ def validate_config(cfg: Config) -> None:
     if not d.sources:
         raise ConfigError("data.sources is empty; list at least one corpus source")
     check_tokenizer(d.tokenizer)
-    if d.curriculum_fraction > 0 and not any(s.type == "reasoning" or s.level_field
-                                             for s in d.sources):
+    if d.curriculum_fraction > 0 and not sources_have_levels(d.sources):
         raise ConfigError(f"data.curriculum_fraction = {d.curriculum_fraction} orders documents "
                           "by level, but no source has levels; add a reasoning source or set "
                           "level_field on a jsonl/parquet source, or set it to 0")
-    if t.objective.startswith("answer_") and not any(
-            s.type == "reasoning" or s.answer_field for s in d.sources):
+    if t.objective.startswith("answer_") and not sources_have_answers(d.sources):
         raise ConfigError(f"train.objective = {t.objective} scores answer tokens only, but no "
                           "source has answers; add a reasoning source or set prompt_field and "
                           "answer_field on a jsonl/parquet source, or use last/deep_supervision")

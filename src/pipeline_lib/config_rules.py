@@ -13,6 +13,7 @@ the vocabulary of ``train.freeze``; what each part holds in the model is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import ConfigError
@@ -21,6 +22,37 @@ ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/ans
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
 # adaptive-exit criteria (pipeline_lib.evaluate.exit_criteria computes them)
 EXIT_CRITERIA = ("kl", "entropy", "latent_diff", "cosine", "argmax_stable", "gate")
+# Most loops read out at test time (H_eff, an adaptive exit's MAX): far past any depth a
+# loop count is trained or extrapolated to here, and a typo (200000) is an error, not a
+# run that never ends (each loop is one core-block pass per token).
+MAX_TEST_LOOPS = 1024
+
+
+def check_test_loops(value: int, key: str) -> None:
+    """A loop count read out at test time (``key`` names where it was given): 1 to
+    :data:`MAX_TEST_LOOPS`."""
+    if not 1 <= value <= MAX_TEST_LOOPS:
+        raise ConfigError(f"{key} = {value}: a test-time loop count must lie between 1 and "
+                          f"{MAX_TEST_LOOPS}; pass a smaller one (each loop is one more pass "
+                          "of the core block per token)")
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def sources_have_levels(sources: Any) -> bool:
+    """Whether any of ``data.sources`` (dataclasses or plain mappings) gives documents a
+    difficulty level: a reasoning source, or a ``level_field``."""
+    return any(_field(s, "type") == "reasoning" or _field(s, "level_field")
+               for s in sources or [])
+
+
+def sources_have_answers(sources: Any) -> bool:
+    """Whether any of ``data.sources`` gives answer spans: a reasoning source, or an
+    ``answer_field``."""
+    return any(_field(s, "type") == "reasoning" or _field(s, "answer_field")
+               for s in sources or [])
 
 
 def model_parts(model: Any) -> list[str]:
@@ -159,3 +191,18 @@ def check_adaptive_exit(eval_cfg: Any, train: Any, model: Any) -> None:
             and not model.exit_gate):
         raise ConfigError("eval.adaptive_criteria lists gate, but model.exit_gate is false; set "
                           "model.exit_gate=true or remove gate from the criteria")
+
+
+def check_exit_gate_trained(train: Any, model: Any) -> None:
+    """A config about to train: ``model.exit_gate`` only with the objective that trains it.
+
+    Only ``expected_exit`` puts the gate in the loss; under any other objective it keeps its
+    initial weights, and a gate exit would read noise. Checked where a run is planned and
+    where a segment starts, not when a snapshot's config is read: snapshots trained before
+    this rule still load (their gate is refused by the gate criterion instead)."""
+    if model.exit_gate and train.objective != "expected_exit":
+        raise ConfigError(f"model.exit_gate = true, but train.objective = {train.objective} "
+                          "never trains the gate (only expected_exit does), so its exits "
+                          "would be noise; set train.objective=expected_exit, or "
+                          "model.exit_gate=false")
+

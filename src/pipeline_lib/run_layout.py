@@ -14,6 +14,7 @@
         snapshots/transient/step_{step:07d}/  # temporary ones (Snakemake temp())
         snapshots/index.json  snapshots/final  snapshots/best/
         train/metrics.jsonl  train/spike_events.jsonl  train/rollback.json  tensorboard/
+        train/owners.json                    # loose snapshots only: whose logs these are
         train/resume/step_{step:07d}/          # a stopped segment job's resume point
         train/launch/step_{step:07d}.yaml      # config read by a multi-process job's workers
         train/anchors/step_{step:07d}.tsv      # a long temporary chain's anchor (its benchmark)
@@ -169,6 +170,11 @@ class RunLayout:
     @property
     def spike_log(self) -> Path:
         return self.train_dir / "spike_events.jsonl"
+
+    @property
+    def log_owners(self) -> Path:
+        """The loose snapshots whose segments wrote this directory's training logs."""
+        return self.train_dir / "owners.json"
 
     def resume_point(self, step: int | str) -> Path:
         """Where a stopped segment job ending at ``step`` leaves its resume point (outside

@@ -59,6 +59,32 @@ def write_yaml(path: Path, data: dict) -> Path:
     return path
 
 
+def plain_corpus(where: Path, n: int = 24) -> Path:
+    """``n`` one-line text files in ``where`` (a plain corpus: no levels, no answers)."""
+    where.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        (where / f"{i}.txt").write_text(f"plain text number {i}, with words to learn {i * 7}\n")
+    return where
+
+
+def quick_config(path: Path, corpus: Path, *, loops: int = 1, **train: object) -> Path:
+    """A config over the text files of ``corpus`` on which pack and a 5-step segment take
+    about a second each (``train`` keys override)."""
+    return write_yaml(path, {
+        "data": {"sources": [{"type": "text", "path": str(corpus / "*.txt")}], "seq_len": 32,
+                 "epochs": 1, "val_fraction": 0.5, "curriculum_fraction": 0},
+        "model": {"d_model": 16, "n_heads": 2, "loops": loops},
+        "train": {"total_steps": 5, "steps_per_segment": 5, "global_batch_rows": 8,
+                  "micro_batch_rows": 8, "eval_interval": 0, "diagnostics_interval": 0,
+                  "sample_tokens": 0, "warmup_steps": 2, "objective": "last", **train},
+        "eval": {"h_eff": [1]}, "runs": {}})
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> None:
+    """The command succeeded (its stderr's tail shown when not)."""
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
     """The command failed with exactly one ``error: …`` line holding every fragment, and
     printed no Python traceback (stdout and stderr); returns that line."""

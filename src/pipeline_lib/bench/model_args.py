@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..config_rules import check_test_loops
 from ..errors import ConfigError, DeviceError
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,9 @@ def check_h_eff(value: Any) -> Any:
     if is_adaptive(value):
         parse_adaptive_h_eff(value)
         return value
-    return as_int("h_eff", value, 1)
+    loops = as_int("h_eff", value, 1)
+    check_test_loops(loops, "loopline model_args h_eff")
+    return loops
 
 
 def model_device(device: Any) -> torch.device:

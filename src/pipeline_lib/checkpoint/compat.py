@@ -128,6 +128,19 @@ def snapshot_config(path: Path, overrides: Sequence[str] = (), *,
     return load_config(config_file, overrides, base=None)
 
 
+def check_snapshot_fits_pack(snapshot: Path, data: Any, *, use: str, fix: str | None = None,
+                             cfg: Config | None = None) -> None:
+    """The pack ``data`` (a PackedData) holds the tokenizer ``snapshot`` was trained on
+    (:func:`~pipeline_lib.data.tokenizer_identity.check_model_fits_pack`), the snapshot's
+    ``tokenizer.json`` verified first: a damaged file is named as such, not as another
+    tokenizer. ``cfg``: the snapshot's config when the caller has it."""
+    from ..data.tokenizer_identity import TOKENIZER_FILE, check_model_fits_pack
+    from .manifest import verify_snapshot
+
+    verify_snapshot(snapshot, hash_files=[TOKENIZER_FILE])
+    check_model_fits_pack(snapshot, cfg or snapshot_config(snapshot), data, use=use, fix=fix)
+
+
 def load_weights_only(snapshot_dir: str | Path, model: Any, *, which: str = "model",
                       strict: bool = True) -> dict[str, Any]:
     """Warm start: copy a snapshot's weights into ``model`` and nothing else.

@@ -124,12 +124,29 @@ def describe_non_snapshot(path: Path, option: str = "--resume-from") -> str:
     if steps:
         return (f"{path} holds snapshots but is not one; pass one of them, e.g. "
                 f"{path / steps[-1]}")
+    if "config.json" in names and "config.yaml" not in names:
+        return _describe_model_directory(path, option)
     if names & _SNAPSHOT_FILES:
         return (f"snapshot {path} is incomplete: {MANIFEST_NAME} is missing (its write was "
                 "interrupted or it was deleted); resume from an earlier snapshot or rerun the "
                 "segment that writes it")
     return (f"{path} is not a snapshot (no {MANIFEST_NAME}, no snapshot files); pass a snapshot "
             "directory (…/snapshots/step_NNNNNNN)")
+
+
+def _describe_model_directory(path: Path, option: str) -> str:
+    """A directory with a Hugging Face ``config.json``: loopline's export of a snapshot, or
+    another model (which import-hf turns into a snapshot)."""
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type == "loopline":
+        return (f"{path} is a Hugging Face export of a snapshot (config.json with model_type "
+                f"'loopline'), not a snapshot; load it with transformers "
+                f"(trust_remote_code=True), or pass as {option} the snapshot it was exported from")
+    return (f"{path} is a Hugging Face model directory (config.json), not a snapshot; turn it "
+            f"into one with python -m pipeline_lib import-hf, and pass that as {option}")
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -197,6 +214,19 @@ def snapshot_entries(path: Path) -> tuple[set[str], set[str]]:
 TOOL_MARKERS = (".snakemake_timestamp",)
 
 
+def _unlisted(path: Path, name: str) -> str:
+    """Why ``name`` in snapshot ``path`` is not in its manifest, and the fix: a file every
+    snapshot writes means the manifest is damaged (deleting the file would lose the
+    weights); anything else was put there later and is moved out."""
+    if name in _SNAPSHOT_FILES | {"tokenizer.json"}:
+        return (f"snapshot {path}: {MANIFEST_NAME} does not list {name}, a file every snapshot "
+                f"writes, so {MANIFEST_NAME} is damaged; keep {name}, and rerun the segment that "
+                "writes the snapshot (or restore it from a copy)")
+    return (f"snapshot {path} holds {name}, which {MANIFEST_NAME} does not list; if you put it "
+            "there, move it out of the snapshot (snapshots are written whole, never edited); "
+            f"if not, {MANIFEST_NAME} is damaged: rerun the segment that writes the snapshot")
+
+
 def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None) -> dict[str, Any]:
     """Check a snapshot directory against its manifest and return the manifest.
 
@@ -211,8 +241,7 @@ def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None
     present, dirs = snapshot_entries(path)
     listed_dirs = {parent.as_posix() for name in files for parent in Path(name).parents} - {"."}
     for name in sorted((present - set(files)) | (dirs - listed_dirs)):
-        raise CheckpointError(f"snapshot {path} holds {name}, which {MANIFEST_NAME} does not "
-                              "list; remove it (snapshots are written whole, never edited)")
+        raise CheckpointError(_unlisted(path, name))
     to_hash = set(files) if hash_files is None else set(hash_files)
     for name in sorted(files):
         record = files[name]

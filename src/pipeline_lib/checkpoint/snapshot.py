@@ -192,7 +192,10 @@ def load_model_state(path: str | Path, *, which: str = "model",
     if fname not in manifest["files"]:
         have = sorted({n.removesuffix(".safetensors") for n, r in manifest["files"].items()
                        if r.get("role") == "extra_tensors"} | (set(sets) - {"model", "optimizer"}))
+        fix = ("leave out --use-ema (use_ema=true in model_args) to use its trained weights, "
+               "or keep an EMA when training (train.ema_decay, e.g. 0.999)" if which == "ema"
+               else "use its trained weights")
         raise CheckpointError(f"snapshot {path} has no '{which}' weights (extra tensor sets: "
-                              f"{have or 'none'}); use which='model' or train with it enabled")
+                              f"{have or 'none'}): it was trained without them; {fix}")
     tensors, _ = read_safetensors(path / fname, device=map_location)
     return tensors

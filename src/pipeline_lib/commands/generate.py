@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,23 +55,22 @@ def read_prompts(args: argparse.Namespace) -> tuple[list[str], bool]:
 
     if args.prompt is not None and args.prompts_file is not None:
         raise UsageError("--prompt and --prompts-file both given; pass one")
-    if args.prompt is not None:
-        return [args.prompt], True
+    if args.prompt is not None:  # argv keeps undecodable bytes as surrogates: check them
+        return [_utf8(os.fsencode(args.prompt), "--prompt")], True
     name = args.prompts_file
     if name is None and sys.stdin.isatty():
         raise UsageError("no prompt: pass --prompt TEXT or --prompts-file FILE, or pipe prompts "
                          "into stdin (one per line)")
     if name in (None, "-"):
-        text, name = sys.stdin.read(), "stdin"
+        raw = getattr(sys.stdin, "buffer", None)  # a text stream in place of stdin has none
+        text = _utf8(raw.read(), "stdin") if raw is not None else sys.stdin.read()
+        name = "stdin"
     else:
         if Path(name).is_dir():
             raise UsageError(f"--prompts-file {name} is a directory; pass a text file with one "
                              "prompt per line (or a .jsonl file with {\"prompt\": …} per line)")
-        try:  # utf-8-sig: a byte order mark (Windows editors) is not part of the first prompt
-            text = Path(name).read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"--prompts-file {name} is not UTF-8 text (byte {exc.start}: "
-                             f"{exc.reason}); save it as UTF-8") from None
+        try:
+            text = _utf8(Path(name).read_bytes(), f"--prompts-file {name}")
         except OSError as exc:
             raise UsageError(f"cannot read --prompts-file {name}: {exc.strerror or exc}; pass "
                              "a readable text file with one prompt per line") from None
@@ -80,6 +80,18 @@ def read_prompts(args: argparse.Namespace) -> tuple[list[str], bool]:
     if str(name).endswith(".jsonl"):
         return [_json_prompt(name, n, line) for n, line in lines], False
     return [line for _, line in lines], False
+
+
+def _utf8(data: bytes, name: str) -> str:
+    """``data`` as UTF-8 text (a byte order mark, as Windows editors write, is not part of
+    the first prompt); a UsageError naming ``name`` and the first bad byte otherwise."""
+    from ..errors import UsageError
+
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{name} is not UTF-8 text (byte {exc.start}: {exc.reason}); give "
+                         "prompts as UTF-8") from None
 
 
 def _json_prompt(name: str, n: int, line: str) -> str:

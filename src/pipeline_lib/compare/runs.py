@@ -261,6 +261,12 @@ def run_dir_inputs(run_dir: Path) -> dict[str, Path]:
     """The inputs of :func:`load_run_results` inside a finished ``results/{run}`` directory:
     H_eff table, final bench JSON, training log and the final snapshot's config."""
     layout = RunLayout.at(run_dir)
+    if not Path(run_dir).is_dir() or not layout.snapshots_dir.is_dir():
+        what = ("is a file" if Path(run_dir).is_file() else "does not exist"
+                if not Path(run_dir).exists() else "has no snapshots/ folder")
+        raise DataError(f"compare takes run directories (results/<run>, where training wrote "
+                        f"snapshots/); {run_dir} {what}: pass the run directories to compare, "
+                        "e.g. results/loop1 results/loop4")
     if not layout.index.is_file():
         raise DataError(f"{layout.index} is missing; finish training run {layout.run} first")
     final = int(_read_json(layout.index)["final_step"])

@@ -69,8 +69,7 @@ def _tally(table: dict[str, int], file: str) -> None:
 
 
 def decode_utf8(raw: bytes, stats: SourceStats, file: str | Path = "") -> str:
-    """Decode UTF-8; invalid sequences become U+FFFD and are counted in ``stats`` (per
-    ``file`` too, when given)."""
+    """Decode UTF-8; invalid sequences become U+FFFD, counted in ``stats`` (and per ``file``)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -151,6 +150,8 @@ def check_source(index: int, src: SourceConfig, *, warn: bool = False) -> list[P
         hint = "a directory; use a glob such as DIR/*" if os.path.isdir(src.path) else "no files"
         raise DataError(f"{_where(index, src)} matches {hint}; point data.sources[{index}].path "
                         "at existing files")
+    for path in (p for p in files if not os.access(p, os.R_OK)):  # the OS says why, early
+        read_corpus_file(path, f"{_where(index, src)}: ")
     if src.type == "parquet":
         for path in files:
             _check_parquet_schema(index, src, path, _open_parquet(index, src, path))
@@ -349,9 +350,18 @@ def _jsonl_error(index: int, src: SourceConfig, path: Path, exc: BaseException) 
             f"or data.sources[{index}].{_field_key(src, _text_fields(src)[0])}")
 
 
+def read_corpus_file(path: Path, where: str = "") -> bytes:
+    """The bytes of a corpus file, or a DataError naming it (permissions, an I/O error)."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{where}cannot read {path} ({exc.strerror or exc}); make it readable by "
+                        "this user (chmod a+r) or remove it from the source") from None
+
+
 def _file_documents(files: list[Path], stats: SourceStats) -> Iterator[RawDocument]:
     for path in files:
-        yield RawDocument(decode_utf8(path.read_bytes(), stats, path), file=str(path))
+        yield RawDocument(decode_utf8(read_corpus_file(path), stats, path), file=str(path))
 
 
 def _stdlib_documents(src: SourceConfig, stats: SourceStats) -> Iterator[RawDocument]:
@@ -364,8 +374,7 @@ def _stdlib_documents(src: SourceConfig, stats: SourceStats) -> Iterator[RawDocu
 
 
 def iter_documents(index: int, src: SourceConfig, stats: SourceStats) -> Iterator[RawDocument]:
-    """Stream the documents of ``data.sources[index]`` that have text (not empty or
-    whitespace only), at most ``max_docs``."""
+    """Stream the documents of ``data.sources[index]`` with text (not blank), ≤ ``max_docs``."""
     if src.type == "reasoning":
         for problem in iter_reasoning_problems(src):
             stats.num_docs += 1

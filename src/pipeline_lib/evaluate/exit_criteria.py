@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config_rules import EXIT_CRITERIA, check_exit_threshold
+from ..config_rules import EXIT_CRITERIA, check_exit_threshold, check_test_loops
 from ..errors import ConfigError
 
 CRITERIA = EXIT_CRITERIA
@@ -57,10 +57,18 @@ def exit_threshold(criterion: str, threshold: float) -> float:
 
 def check_model_criterion(model: Any, criterion: str, key: str = "eval.adaptive_criteria"
                           ) -> None:
-    """The gate criterion needs a snapshot trained with the exit gate."""
-    if criterion == "gate" and getattr(model, "exit_gate", None) is None:
+    """The gate criterion needs a snapshot trained with the exit gate (a model loaded from a
+    snapshot whose gate was never trained carries why in ``untrained_exit_gate``)."""
+    if criterion != "gate":
+        return
+    if getattr(model, "exit_gate", None) is None:
         raise ConfigError(f"{key}: criterion gate needs a snapshot with the learned exit gate "
                           "(model.exit_gate: true); pick another criterion for this snapshot")
+    untrained = getattr(model, "untrained_exit_gate", None)
+    if untrained:
+        raise ConfigError(f"{key}: criterion gate reads the learned exit gate, but {untrained}; "
+                          "its exits would be noise: train it (warm-start from this snapshot "
+                          "with train.objective=expected_exit) or pick another criterion")
 
 
 def parse_adaptive_spec(text: str, key: str = "h_eff", criterion: str = "kl"
@@ -90,6 +98,8 @@ def parse_adaptive_spec(text: str, key: str = "h_eff", criterion: str = "kl"
         raise ConfigError(f"{exc}; {fix}") from None
     if max_loops is not None and max_loops < 1:
         raise ConfigError(f"{key}={text!r}: MAX must be at least 1 loop; {fix}")
+    if max_loops is not None:
+        check_test_loops(max_loops, f"{key}={text!r}: MAX")
     return criterion, threshold, max_loops
 
 

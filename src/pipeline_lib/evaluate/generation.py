@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..config_rules import check_test_loops
 from ..errors import ConfigError, UsageError
 from .exit_criteria import CRITERIA, parse_adaptive_spec
 
@@ -74,6 +75,7 @@ def parse_depth(h_eff: str | None, adaptive: str | None, train_loops: int,
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"--h-eff {h_eff!r} is not a loop count; use --h-eff N with N >= 1 "
                           "(e.g. 4), or --h-eff adaptive:THRESHOLD[:MAX]")
+    check_test_loops(int(text), "--h-eff")
     return Depth(int(text))
 
 
@@ -102,7 +104,10 @@ def pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
     """Next token per row of ``logits`` [n, V] (fp32 on the CPU)."""
     if sampling.greedy:
         return logits.argmax(dim=-1).tolist()
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    # shifted so the top logit is 0, in float64: a temperature as small as 1e-300 (or a
+    # subnormal one) divides to 0 and -inf, never inf - inf, so it samples the top token(s)
+    shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)
+    probs = torch.softmax(shifted / sampling.temperature, dim=-1)
     sorted_p, order = probs.sort(dim=-1, descending=True)
     before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of the more likely tokens
     sorted_p = sorted_p.masked_fill(before >= sampling.top_p, 0.0)  # the top one always stays

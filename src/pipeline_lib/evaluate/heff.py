@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..checkpoint.compat import check_snapshot_fits_pack
+from ..config_rules import check_test_loops
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
 from .adaptive import AdaptiveLosses, AdaptiveSpec, adaptive_section
@@ -43,6 +45,7 @@ def parse_h_eff(text: str | Sequence[int], name: str = "--h-eff") -> list[int]:
             from None
     if not values or values[0] < 1:
         raise ConfigError(f"{name} {text!r} needs loop counts of at least 1, e.g. 1,2,4,8")
+    check_test_loops(values[-1], name)
     return values
 
 
@@ -67,12 +70,9 @@ def _check_out(out: Path) -> None:
 def _check_pack(data: Any, data_dir: Path, snapshot: Path, cfg: Any,
                 objective: str | None) -> str:
     """The objective whose tokens are scored (``objective``, else the snapshot's), once the
-    pack fits the snapshot: its vocabulary, and answer spans for an ``answer_*`` one (a
+    pack fits the snapshot: its tokenizer, and answer spans for an ``answer_*`` one (a
     model trained on answer tokens only is scored on them only)."""
-    if data.vocab_size > cfg.model.vocab_size:
-        raise ConfigError(f"data {data_dir} has vocab {data.vocab_size} but snapshot {snapshot} "
-                          f"was trained with {cfg.model.vocab_size}; pass the run's own data "
-                          "directory")
+    check_snapshot_fits_pack(snapshot, data, use="H_eff sweep", cfg=cfg)
     objective = objective or cfg.train.objective
     if objective.startswith("answer_") and not data.has_answer_spans:
         raise ConfigError(_no_answers(objective, data_dir, "has no answer spans"))

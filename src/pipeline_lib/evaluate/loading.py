@@ -42,15 +42,50 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
     from ..data.tokenizer import load_tokenizer
     from ..run_layout import ResultsLayout
 
-    if override not in (None, ""):
-        return load_tokenizer(Path(str(override)))
     stored = path / TOKENIZER_FILE
+    if override not in (None, ""):
+        return _override_tokenizer(path, cfg, Path(str(override)), option)
     if not stored.is_file():
         pack = ResultsLayout(cfg.experiment.results_dir).data_dir(data_id(cfg.data))
         raise CheckpointError(f"snapshot {path} has no {TOKENIZER_FILE} (written before "
                               "snapshots carried their tokenizer); retrain its segment, or pass "
                               f"{option.format(pack / TOKENIZER_FILE)} (its data pack's)")
     return load_tokenizer(stored)
+
+
+def _override_tokenizer(path: Path, cfg: Any, override: Path, option: str) -> Any:
+    """The tokenizer passed instead of the snapshot's own: it must exist and be the one the
+    snapshot was trained on (by identity; by size for a snapshot without tokenizer.json)."""
+    from ..data.tokenizer import load_tokenizer
+    from ..data.tokenizer_identity import check_same_tokenizer, identify, snapshot_identity
+
+    given = option.format(override)
+    if not override.is_file():
+        what = "is a directory" if override.is_dir() else "does not exist"
+        raise CheckpointError(f"{given}: {override} {what}; pass a tokenizer.json file, or "
+                              f"leave it out to use the snapshot's own {TOKENIZER_FILE}")
+    tok = load_tokenizer(override)
+    check_same_tokenizer(snapshot_identity(path, cfg), identify(override, None,
+                                                               tok.get_vocab_size()),
+                         use=given, model_name=f"snapshot {path}", data_name=str(override),
+                         fix=f"leave it out (the snapshot's own {TOKENIZER_FILE} is the one it "
+                             "was trained on) or pass that tokenizer")
+    return tok
+
+
+def untrained_gate(path: Path, cfg: Any, step: Any) -> str | None:
+    """Why the exit gate of the snapshot at ``path`` was never trained, or None (no gate, or
+    a trained one). What the snapshot records decides: only ``train.objective =
+    expected_exit`` trains the gate, and only in steps actually taken (an imported snapshot
+    is at step 0)."""
+    if not cfg.model.exit_gate:
+        return None
+    if cfg.train.objective != "expected_exit":
+        return (f"snapshot {path} was trained with train.objective = {cfg.train.objective}, "
+                "which never trains the gate")
+    if not step:
+        return f"snapshot {path} has taken no training step (its gate is as initialised)"
+    return None
 
 
 def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
@@ -64,7 +99,7 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     ``tokenizer_option`` names the caller's way to pass one (see :func:`snapshot_tokenizer`).
     """
     from ..checkpoint.compat import snapshot_config
-    from ..checkpoint.manifest import verify_snapshot
+    from ..checkpoint.manifest import MANIFEST_NAME, describe_non_snapshot, verify_snapshot
     from ..checkpoint.snapshot import load_model_state
     from ..model.looped import LoopedLM
 
@@ -72,6 +107,8 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     if not path.is_dir():
         raise CheckpointError(f"snapshot {path} does not exist or is not a directory; pass "
                               "snapshot=DIR of a finished training segment")
+    if not (path / MANIFEST_NAME).is_file():  # an export, a pack, a run directory, …
+        raise CheckpointError(describe_non_snapshot(path, "--snapshot"))
     hashed = ["config.yaml", "trainer_state.json"] + ([TOKENIZER_FILE] if with_tokenizer else [])
     verify_snapshot(path, hash_files=hashed)
     cfg = snapshot_config(path)
@@ -89,6 +126,7 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     model.eval()
     trainer_state = json.loads((path / "trainer_state.json").read_text())
     step = trainer_state.get("step")
+    model.untrained_exit_gate = untrained_gate(path, cfg, step)  # read by the gate criterion
     tok = snapshot_tokenizer(path, cfg, tokenizer, tokenizer_option) if with_tokenizer else None
     if tok is not None and tok.get_vocab_size() > cfg.model.vocab_size:
         raise CheckpointError(f"tokenizer of snapshot {path} has {tok.get_vocab_size()} tokens "

@@ -24,6 +24,7 @@ from ..run_layout import RunLayout, run_dir_of
 from . import rollback
 from .metrics import TrainLog
 from .preempt import StopRequest
+from .run_logs import check_run_logs, claim_run_logs
 from .run_tracking import log_artifacts, log_final, start_tracking
 from .trainer import Trainer
 
@@ -70,6 +71,22 @@ def check_segment_outputs(out: Path, run_dir: Path | None) -> None:
                           "run directory (training logs)")
 
 
+def _check_tokenizer(trainer: Trainer, resume_from: Path | None,
+                     warm_start: Path | None) -> None:
+    """The snapshot resumed or warm-started from was trained on the pack's tokenizer."""
+    from ..checkpoint.compat import check_snapshot_fits_pack
+    from ..data.tokenizer_identity import TOKENIZER_FILE
+
+    if resume_from is not None:
+        check_snapshot_fits_pack(resume_from, trainer.data, use="resume",
+                                 fix="pass --data the pack this run was trained on")
+    elif warm_start is not None:
+        check_snapshot_fits_pack(
+            warm_start, trainer.data, use="warm start",
+            fix=f"pack the corpus with the snapshot's tokenizer (data.tokenizer: {{type: file, "
+                f"path: {Path(warm_start) / TOKENIZER_FILE}}}) and pass that pack as --data")
+
+
 def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                   out: Path, run_dir: Path | None = None, attempt: int = 1, *,
                   world_size: int = 1, rank: int = 0, warm_start: Path | None = None) -> Path:
@@ -90,6 +107,8 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
         raise ConfigError("--warm-start and --resume-from exclude each other: resume "
                           "continues a run exactly, a warm start begins a new one")
     check_segment_outputs(out, run_dir)
+    if rank == 0:
+        check_run_logs(run_dir, out, resume_from)
     if rank == 0 and cfg.tracking.enabled:  # a lost or corrupt store: one line, before work
         from ..tracking.health import check_store
 
@@ -102,6 +121,7 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
                     input_step=int(stopped["segment_start"]) if stopped else 0)
     if warm_start is not None and stopped is None:
         trainer.warm_start(Path(warm_start))
+    _check_tokenizer(trainer, resume_from, None if stopped else warm_start)
     _check_steps(until_step, trainer, resume_from)
     job_start = trainer.resume_step
     stage = (start_tracking(trainer.cfg, trainer.state, run_dir,
@@ -127,6 +147,8 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
 def _run(trainer: Trainer, until_step: int, out: Path, run_dir: Path, attempt: int,
          stage: Any, *, point: Path, job_start: int, wall_start: float) -> None:
     """The step loop and the save (or the resume point when asked to stop)."""
+    if trainer.rank == 0:
+        claim_run_logs(run_dir, out)
     train_log = TrainLog(run_dir, trainer.state.step, stage=stage, enabled=trainer.rank == 0)
     train_log.carry(trainer.carried_files)
     trainer.guard.event_sink = train_log.event

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..config import Config
+from ..config_rules import check_exit_gate_trained
 from ..data.loader import DataCursor, PackedData
 from ..errors import CheckpointError, ConfigError, DataError
 from ..model.looped import LoopedLM
@@ -117,7 +118,8 @@ def build_model(cfg: Config, device: torch.device) -> LoopedLM:
 
 def resolve_config(cfg: Config, data: PackedData) -> Config:
     """``cfg`` with ``model.vocab_size`` taken from the pack when 0; the pack's sequence
-    length must be ``data.seq_len``, and an answer_* objective needs answer spans."""
+    length must be ``data.seq_len``, an answer_* objective needs answer spans, and an exit
+    gate needs the objective that trains it."""
     if data.seq_len != cfg.data.seq_len:
         raise DataError(f"data directory {data.data_dir} is packed with seq_len {data.seq_len}, "
                         f"config data.seq_len is {cfg.data.seq_len}; pass the data directory "
@@ -127,6 +129,7 @@ def resolve_config(cfg: Config, data: PackedData) -> Config:
                           f"but the pack {data.data_dir} has no answer spans; add a reasoning "
                           "source or prompt_field/answer_field to a data source, or use "
                           "train.objective last or deep_supervision")
+    check_exit_gate_trained(cfg.train, cfg.model)
     vocab = cfg.model.vocab_size or data.vocab_size
     if vocab < data.vocab_size:
         raise DataError(f"model.vocab_size = {vocab} is smaller than the tokenizer's "

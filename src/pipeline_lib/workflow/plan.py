@@ -23,10 +23,10 @@ from ..config import (
     config_for_run,
     config_from_dict,
     config_hash,
-    merge_config_dicts,
-    merge_config_files,
     to_dict,
 )
+from ..config_files import merge_user_config
+from ..config_rules import check_exit_gate_trained
 from ..data.identity import data_id as compute_data_id
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
@@ -141,6 +141,7 @@ class WorkflowPlan:
         cfg = config_for_run(self.config, name) if self.config.runs else self.config
         try:
             cfg = resolve_init_from(cfg)
+            check_exit_gate_trained(cfg.train, cfg.model)
         except PipelineError as exc:
             raise type(exc)(f"runs.{name}: {exc}" if self.config.runs else str(exc)) from None
         # the vocabulary only matters for a token budget (and may mean reading a file)
@@ -222,8 +223,7 @@ class WorkflowPlan:
         return [str(p) for p in source_files(self.runs[run].config.model.init_from.source)]
 
     def init_snapshot(self, run: str, step: int) -> list[str]:
-        """The imported snapshot the segment ending at ``step`` warm-starts from: only the
-        first segment of an ``init_from`` run has one."""
+        """The imported snapshot the segment ending at ``step`` warm-starts from (first only)."""
         if not self.has_init(run) or self._previous_end(run, step) is not None:
             return []
         return [str(self.layout.run(run).init_dir)]
@@ -378,13 +378,13 @@ def plan_for_snakemake(config: dict[str, Any], configfiles: Sequence[Any] = (),
     """The Snakefile's plan, ``config`` rebuilt in place by loopline's rules (not Snakemake's
     recursive merge, which adds a later file's ``runs:`` to the earlier ones): the default ←
     ``configfiles`` in order, as the commands' ``--config A --config B`` ← ``overrides``
-    (``--config``; without files ``config`` is all the user gave). A user error ends
-    Snakemake with the one line the commands print (``error: …``, naming the file or the
-    ``runs:`` variant), never with a traceback or a dump of the JSON schema."""
+    (``--config``; without files ``config`` is all the user gave). A user error ends Snakemake
+    with the one line the commands print (``error: …``, naming the file or the ``runs:``
+    variant), never with a traceback or a dump of the JSON schema."""
     names = [_shown(Path(f)) for f in configfiles] + (["--config"] if overrides else [])
     try:
         last = (overrides or {}) if configfiles else config
-        merged = merge_config_dicts(merge_config_files(configfiles, DEFAULT_CONFIG_PATH), dict(last))
+        merged = merge_user_config(configfiles, DEFAULT_CONFIG_PATH, last, overrides)
         config.clear()
         config.update(merged)
         return WorkflowPlan(config, " + ".join(names) or "config/config.yaml")
