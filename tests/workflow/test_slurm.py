@@ -4,8 +4,7 @@ slurmdbd + mariadb on this machine, two partitions, an account), as a cluster us
 
 One module, one workdir, the steps in order (each a defect a real scheduler showed):
 Ctrl-C during the first local rules, then a run whose segments are signalled (SIGUSR1,
-SIGTERM to the whole job as at its time limit, ``scontrol requeue``, SIGTERM to the steps as
-a preemption), then ``kill -9`` of Snakemake while a segment runs and an immediate rerun,
+SIGTERM to the job's steps as at a preemption or the time limit, ``scontrol requeue``), then ``kill -9`` of Snakemake while a segment runs and an immediate rerun,
 then the run that finishes. The end: weights, H_eff results and depth_check.json identical
 to the same config run locally, every MLflow step exactly once, every job in the configured
 partition and account with the configured resources. And a cluster without accounting
@@ -181,7 +180,7 @@ def cluster_run(slurm, local: Path, tmp_path_factory: pytest.TempPathFactory) ->
     # 2. a run whose segments are signalled one way each
     proc = _start(workdir)
     seen["usr1"] = _signal_segment(workdir, 1, ["scancel", "--signal=USR1"])
-    seen["wall_time"] = _signal_segment(workdir, 2, ["scancel", "--full", "--signal=TERM"])
+    seen["term"] = _signal_segment(workdir, 2, ["scancel", "--signal=TERM"])
     seen["requeue"] = _signal_segment(workdir, 3, ["scontrol", "requeue"], requeued=True)
     # 3. the last segment's job held, Snakemake killed (a lost login session), a rerun at once
     seen["orphan"] = _signal_segment(workdir, 4, ["scontrol", "suspend"])
@@ -250,21 +249,18 @@ def test_every_job_in_the_configured_partition_and_account(cluster_run: dict) ->
     expected = {"01:00:00": "3500M", "00:20:00": "3000M"}
     assert {(j.timelimit, j.req_mem, j.cpus) for j in jobs} == \
         {(limit, mem, 1) for limit, mem in expected.items()}, jobs
-    assert {cluster_run[k] for k in ("usr1", "wall_time", "requeue", "orphan")} <= \
+    assert {cluster_run[k] for k in ("usr1", "term", "requeue", "orphan")} <= \
         {j.id for j in jobs if j.timelimit == "01:00:00"}
 
 
 def test_a_stopped_segment_exits_75_and_nothing_retries_inside_a_job(cluster_run: dict) -> None:
     usr1 = sacct("-D", "-j", cluster_run["usr1"])
-    # SIGUSR1 reaches the job's steps only: the whole job exits 75 (a RequeueExit=75 could
-    # requeue it); Snakemake resubmits it
-    assert any(j.id == cluster_run["usr1"] and j.exit_code == "75:0" for j in usr1), usr1
-    # SIGTERM to the whole job, as at its time limit: the batch shell dies of it (0:15), the
-    # step stops with a resume point within KillWait and exits 75; Snakemake retries the job
-    wall = sacct("-D", "-j", cluster_run["wall_time"])
-    assert any(j.id == f"{cluster_run['wall_time']}.0" and j.exit_code == "75:0"
-               for j in wall), wall
-    for instances in (usr1, wall):
+    term = sacct("-D", "-j", cluster_run["term"])
+    # the job's steps get the signal: the whole job exits 75; Snakemake resubmits it
+    for key, instances in (("usr1", usr1), ("term", term)):
+        assert any(j.id == cluster_run[key] and j.exit_code == "75:0" for j in instances), \
+            instances
+    for instances in (usr1, term):
         # one Snakemake step per allocation: no retry in the minutes the allocation had left
         steps = [j.id for j in instances if "." in j.id and not j.id.endswith(("batch", "extern"))]
         assert steps and all(s.endswith(".0") for s in steps), instances
