@@ -75,3 +75,13 @@ def test_a_requeued_slurm_job_takes_its_own_lease(monkeypatch: pytest.MonkeyPatc
 
 def test_a_process_on_another_host_counts_as_running() -> None:
     assert holder_alive({"slurm_job_id": None, "pid": 1, "host": "another-node"})
+
+
+def test_a_job_that_wrote_nothing_leaves_no_folder(tmp_path: Path) -> None:
+    run = tmp_path / "new" / "loop4"
+    with pytest.raises(RuntimeError), run_lease(run, 20):
+        raise RuntimeError("a bad input, refused before any work")
+    assert not (tmp_path / "new").exists()
+    with run_lease(run, 20):
+        (RunLayout.at(run).train_dir / "metrics.jsonl").write_text("{}\n")
+    assert (RunLayout.at(run).train_dir / "metrics.jsonl").exists()  # what the job wrote stays

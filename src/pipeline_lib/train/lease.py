@@ -95,6 +95,7 @@ def run_lease(run_dir: Path, until_step: int) -> Iterator[dict[str, Any]]:
     """Hold ``run_dir``'s training lease while the block runs (see the module docstring);
     a live holder raises :class:`TrainingError` naming it and the command that stops it."""
     path = RunLayout.at(Path(run_dir)).lease
+    made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     mine = _me(until_step)
     text = json.dumps(mine, indent=2) + "\n"
@@ -125,6 +126,9 @@ def run_lease(run_dir: Path, until_step: int) -> Iterator[dict[str, Any]]:
     finally:
         if _read(path) == mine:
             path.unlink(missing_ok=True)
+        for folder in made:  # a job that wrote nothing else leaves nothing behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 __all__ = ["holder_alive", "run_lease"]
