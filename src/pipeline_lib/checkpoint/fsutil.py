@@ -57,8 +57,11 @@ def _owner_alive(name: str, mark: str) -> bool:
         pid = int(parts[1])
     except ValueError:
         return False
-    if pid == os.getpid():
-        return False
+    return pid != os.getpid() and pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (one that is not ours to signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

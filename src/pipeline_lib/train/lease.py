@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.fsutil import pid_alive
 from ..errors import TrainingError
 from ..run_layout import RunLayout
 
@@ -52,16 +53,6 @@ def _slurm_job_state(job_id: str) -> str | None:
     return state or None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def holder_alive(lease: dict[str, Any]) -> bool:
     """Whether the lease's holder still runs (as far as this machine can tell)."""
     job = lease.get("slurm_job_id")
@@ -71,7 +62,7 @@ def holder_alive(lease: dict[str, Any]) -> bool:
         return _slurm_job_state(str(job)) in LIVE_STATES
     if lease.get("host") != socket.gethostname():
         return True  # another machine's process: nothing here can tell; assume it runs
-    return _pid_alive(int(lease.get("pid", -1)))
+    return pid_alive(int(lease.get("pid", -1)))
 
 
 def _holder(lease: dict[str, Any]) -> tuple[str, str]:

@@ -70,10 +70,11 @@ def _ignore(signum: int, frame: Any) -> None:
     """SIGUSR1 in Snakemake's own process: the stage's to act on, not Snakemake's to die of."""
 
 
-def enter_cluster_job(workflow: Any, plan: Any, argv: Sequence[str] = tuple(sys.argv)) -> None:
+def enter_cluster_job(workflow: Any, plan: Any, argv: Sequence[str] | None = None) -> None:
     """Called by the Snakefile in a job's Snakemake (``workflow.remote_exec``): see the
-    module docstring."""
+    module docstring. ``argv``: the job's Snakemake command line (default ``sys.argv``)."""
     started = time.time()
+    argv = sys.argv if argv is None else argv
     for rule in workflow.rules:
         rule.restart_times = 0
     signal.signal(signal.SIGUSR1, _ignore)
