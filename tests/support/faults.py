@@ -16,9 +16,10 @@ environment variables (production modules never read them):
   flat row index ``epoch·rows_per_epoch + row``, lies in ``[A, B)``, X nats are added to the
   loss. The gradient is unchanged (only the spike guard notices), and since the spikes are
   tied to data, a rollback that skips that data really avoids them;
-- ``pause_step=S`` (+ ``pause_s=T``, default 60; ``pause_file=PATH``): before step S runs,
-  touch PATH (so a test knows the moment) and sleep T seconds, a window to SIGKILL the
-  process in the middle of the step loop.
+- ``pause_step=S`` or ``pause_step=A:B`` (+ ``pause_s=T``, default 60; ``pause_file=PATH``):
+  before step S (each step A..B) runs, touch PATH (so a test knows the moment) and sleep T
+  seconds, a window to SIGKILL the process in the middle of the step loop, or a segment
+  that outlasts a SLURM time limit without computing more.
 
 ``LOOPLINE_TEST_SNAPSHOT_PAUSE_S=T``: the snapshot writer sleeps T seconds after each file
 it reports, a window to SIGKILL it in the middle of a snapshot write.
@@ -56,7 +57,7 @@ class FaultPlan(StepHooks):
     nan_step: int | None = None
     spike_rows: tuple[int, int] | None = None
     spike_nats: float = 50.0
-    pause_step: int | None = None
+    pause_step: tuple[int, int] | None = None  # first and last step that pause
     pause_s: float = 60.0
     pause_file: Path | None = None
     nan_rank: int | None = None
@@ -89,7 +90,7 @@ class FaultPlan(StepHooks):
                 nan_step=int(items["nan_step"]) if "nan_step" in items else None,
                 spike_rows=spike,
                 spike_nats=float(items.get("spike_nats", 50.0)),
-                pause_step=int(items["pause_step"]) if "pause_step" in items else None,
+                pause_step=_step_range(items["pause_step"]) if "pause_step" in items else None,
                 pause_s=float(items.get("pause_s", 60.0)),
                 pause_file=Path(items["pause_file"]) if "pause_file" in items else None,
                 nan_rank=int(items["nan_rank"]) if "nan_rank" in items else None,
@@ -116,7 +117,7 @@ class FaultPlan(StepHooks):
 
     def maybe_pause(self, step: int) -> None:
         """Sleep before ``step`` when asked (a window to kill the process mid-loop)."""
-        if self.pause_step is None or step != self.pause_step:
+        if self.pause_step is None or not self.pause_step[0] <= step <= self.pause_step[1]:
             return
         log.warning("fault injection: pausing %.0f s before step %d", self.pause_s, step)
         if self.pause_file is not None:
@@ -130,6 +131,12 @@ class FaultPlan(StepHooks):
 
     def before_step(self, step: int) -> None:
         self.maybe_pause(step)
+
+
+def _step_range(text: str) -> tuple[int, int]:
+    """``S`` → (S, S); ``A:B`` → (A, B)."""
+    first, _, last = text.partition(":")
+    return int(first), int(last or first)
 
 
 def snapshot_pause(seconds: float) -> Callable[[Path], None]:

@@ -43,6 +43,18 @@ def test_pause_touches_its_file(tmp_path: Path) -> None:
     assert marker.read_text() == "2\n"
 
 
+def test_a_pause_range_pauses_every_step_in_it(tmp_path: Path) -> None:
+    marker = tmp_path / "paused"
+    plan = FaultPlan.from_env({FAULT_ENV: f"pause_step=2:3,pause_s=0,pause_file={marker}"})
+    for step in range(1, 5):
+        plan.maybe_pause(step)
+        if step in (2, 3):
+            assert marker.read_text() == f"{step}\n"
+            marker.unlink()
+        else:
+            assert not marker.exists()
+
+
 @pytest.mark.parametrize("text", ["nan_step", "bogus=1", "nan_step=x", "spike_rows=a:b"])
 def test_malformed_values_name_the_variable(text: str) -> None:
     with pytest.raises(ConfigError, match=FAULT_ENV):

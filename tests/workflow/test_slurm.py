@@ -5,7 +5,7 @@ slurmdbd + mariadb on this machine, two partitions, an account), as a cluster us
 One module, one workdir, the steps in order (each a defect a real scheduler showed):
 Ctrl-C during the first local rules, then a run whose segments are signalled (SIGUSR1,
 SIGTERM to the job's steps as at a preemption or the time limit, ``scontrol requeue``), then ``kill -9`` of Snakemake while a segment runs and an immediate rerun,
-then the run that finishes. The end: weights, H_eff results and depth_check.json identical
+then the run that finishes; separately, a segment that outlasts its time limit. The end: weights, H_eff results and depth_check.json identical
 to the same config run locally, every MLflow step exactly once, every job in the configured
 partition and account with the configured resources. And a cluster without accounting
 fails in one line naming the fix.
@@ -44,16 +44,19 @@ TINY = ROOT / "config" / "experiments" / "tiny.yaml"
 RUN = "loops2"
 SEGMENT, STEPS = 8, 32
 PREFIX = f"lltest{os.getpid()}"
-CONFIG = f"""
+
+
+def _config(steps: int, segment: int, train_extra: str = "") -> str:
+    return f"""
 experiment: {{name: loopline-slurm}}
 data:
   sources:
     - {{type: reasoning, num_docs: 300, max_difficulty: 2}}
 train:
-  total_steps: {STEPS}
-  steps_per_segment: {SEGMENT}  # four segments, each signalled differently
+  total_steps: {steps}
+  steps_per_segment: {segment}
   micro_batch_rows: 1  # eight passes per step: a segment lasts long enough to be signalled
-  eval_interval: {SEGMENT}
+  eval_interval: {segment}{train_extra}
   eval_rows: 16
 snapshots: {{keep_last: 2}}
 eval: {{h_eff: [1, 2], max_tokens: 512}}
@@ -65,6 +68,9 @@ runs:
 """
 
 
+CONFIG = _config(STEPS, SEGMENT)  # four segments, each signalled differently
+
+
 def _env(workdir: Path) -> dict[str, str]:
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "HF_HOME": str(workdir / ".hf"), "OMP_NUM_THREADS": "1"}
@@ -72,12 +78,12 @@ def _env(workdir: Path) -> dict[str, str]:
     return env
 
 
-def _command(workdir: Path, *extra: str, slurm: bool = True) -> list[str]:
+def _command(workdir: Path, *extra: str, slurm: bool = True, prefix: str = PREFIX) -> list[str]:
     cmd = [str(SNAKEMAKE), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--configfile", str(TINY), str(workdir / "slurm.yaml")]
     if slurm:  # the profile as users give it; only the first status check comes sooner
         cmd += ["--profile", str(ROOT / "profiles" / "slurm"), "--slurm-jobname-prefix",
-                PREFIX, "--slurm-init-seconds-before-status-checks", "2"]
+                prefix, "--slurm-init-seconds-before-status-checks", "2"]
     else:
         cmd += ["--cores", "2"]
     return cmd + list(extra)
@@ -94,10 +100,10 @@ def _finish(workdir: Path, *extra: str, timeout: int = 900) -> subprocess.Comple
                           env=_env(workdir), cwd=workdir, timeout=timeout)
 
 
-def _workdir(tmp: Path, name: str) -> Path:
+def _workdir(tmp: Path, name: str, config: str = CONFIG) -> Path:
     workdir = tmp / name
     workdir.mkdir()
-    (workdir / "slurm.yaml").write_text(CONFIG)
+    (workdir / "slurm.yaml").write_text(config)
     return workdir
 
 
@@ -289,3 +295,53 @@ def test_ctrl_c_during_the_local_rules_leaves_a_run_that_builds_everything(
     second = sorted(wd.glob("snakemake.*.log"))[1].read_text()
     assert "1 of 1 steps (100%) done" not in second
     assert "rule train_segment" in second
+
+
+# A segment that outlasts its time limit: SLURM itself ends it. SLURM counts limits in whole
+# minutes and checks them every 30 s, so a 1-minute limit ends a job 60–90 s after it started
+# (SIGTERM to every process of the job, SIGKILL KillWait = 20 s later). No stop margin: no
+# early SIGUSR1 and no trainer clock, only the scheduler's SIGTERM. The first attempt of the
+# segment pauses 10 s before each step (support/fault_site: a slow segment that computes the
+# same numbers); the retry that resumes it runs at full speed.
+TL_STEPS = 16
+TL_CONFIG = _config(TL_STEPS, TL_STEPS,
+                    "\n  segment_runtime_minutes: 1\n  stop_margin_minutes: 0")
+TL_PREFIX = PREFIX + "tl"
+TL_TARGET = Path("results") / RUN / "snapshots" / f"step_{TL_STEPS:07d}"
+FAULT_SITE = Path(__file__).resolve().parents[1] / "support" / "fault_site"
+
+
+@pytest.fixture(scope="module")
+def time_limit_run(slurm, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("slurm_time_limit")
+    local = _workdir(tmp, "local", TL_CONFIG)
+    done = subprocess.run(_command(local, str(TL_TARGET), slurm=False), capture_output=True,
+                          text=True, env=_env(local), cwd=local, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    workdir = _workdir(tmp, "wd", TL_CONFIG)
+    env = {**_env(workdir), "PYTHONPATH": os.pathsep.join(
+        p for p in (str(FAULT_SITE), os.environ.get("PYTHONPATH", "")) if p),
+        "LOOPLINE_FAULT_INJECT": f"pause_step=1:{TL_STEPS},pause_s=10",
+        "LOOPLINE_TEST_FAULT_ONCE": str(workdir / "slow_attempt_started")}
+    run = subprocess.run(_command(workdir, str(TL_TARGET), prefix=TL_PREFIX),
+                         capture_output=True, text=True, env=env, cwd=workdir, timeout=900)
+    return {"local": local, "workdir": workdir, "run": run}
+
+
+def test_a_segment_past_its_time_limit_resumes_where_slurm_stopped_it(
+        time_limit_run: dict) -> None:
+    run, wd = time_limit_run["run"], time_limit_run["workdir"]
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
+    assert (wd / "slow_attempt_started").exists()  # the first attempt was the slow one
+    jobs = jobs_named(TL_PREFIX)
+    segments = [j for j in jobs if j.timelimit == "00:01:00"]
+    assert [j.state for j in segments] == ["TIMEOUT", "COMPLETED"], jobs
+    state = json.loads((wd / TL_TARGET / "trainer_state.json").read_text())
+    stops = [p for p in state["preemptions"] if p["reason"] == "SIGTERM"]
+    assert len(stops) == 1 and 1 < stops[0]["step"] < TL_STEPS, state["preemptions"]
+    metrics = wd / "results" / RUN / "train" / "metrics.jsonl"
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == \
+        list(range(1, TL_STEPS + 1))
+    local = time_limit_run["local"]
+    assert _bytes(wd / TL_TARGET / "model.safetensors") == \
+        _bytes(local / TL_TARGET / "model.safetensors")
