@@ -4,11 +4,12 @@ slurmdbd + mariadb on this machine, two partitions, an account), as a cluster us
 
 One module, one workdir, the steps in order (each a defect a real scheduler showed):
 Ctrl-C during the first local rules, then a run whose segments are signalled (SIGUSR1,
-SIGTERM to the job's steps as at a preemption or the time limit, ``scontrol requeue``), then ``kill -9`` of Snakemake while a segment runs and an immediate rerun,
-then the run that finishes; separately, a segment that outlasts its time limit. The end: weights, H_eff results and depth_check.json identical
-to the same config run locally, every MLflow step exactly once, every job in the configured
-partition and account with the configured resources. And a cluster without accounting
-fails in one line naming the fix.
+SIGTERM to the job's steps as at a preemption, ``scontrol requeue``), then ``kill -9`` of
+Snakemake while a segment runs and an immediate rerun, then the run that finishes; in a
+second workdir, a segment that outlasts its time limit. The end: weights, H_eff results and
+depth_check.json identical to the same config run locally, every MLflow step exactly once,
+every job in the configured partition and account with the configured resources. And a
+cluster without accounting fails in one line naming the fix.
 
 Where the cluster cannot be brought up (not root, no apt), the module is skipped with the
 script's reason; ``make test`` prints it (``-ra``).
