@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "lm_eval",
     "export",
     "import_hf",
+    "retrofit_plan",
     "generate",
     "track_init",
     "sync_tracking",

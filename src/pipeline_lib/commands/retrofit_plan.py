@@ -1,0 +1,62 @@
+"""`retrofit-plan`: measure prelude / core / coda choices of a pretrained model on held-out
+rows before training (:mod:`pipeline_lib.export.retrofit_plan`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._common import add_config_args, add_output
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "retrofit-plan", help="score a pretrained model's layer choices for a retrofit",
+        description="Run the source whole on the validation rows of a pack (its own "
+                    "tokenizer), measure how much each span of layers changes the stream "
+                    "(angular distance, block influence), pre-score every prelude / core / "
+                    "coda choice at the block budget, build the best few (and the config's own "
+                    "model.init_from choice) and score them at step 0 at every eval.h_eff: "
+                    "loss, paired difference to the original (95%% interval), loop drift, "
+                    "state scale, FLOPs. Prints the ranked table and the best choice as "
+                    "config; writes plan.json, plan.md and plan.png to --out. Loops, "
+                    "recurrence, injection and state init are the config's (model.*).")
+    parser.add_argument("--source", type=Path, default=None,
+                        help="Hugging Face model directory or .gguf file (default: the "
+                             "config's model.init_from.source)")
+    parser.add_argument("--data", type=Path, required=True,
+                        help="a pack made with the source's tokenizer (its validation rows)")
+    parser.add_argument("--rows", type=int, default=16, help="validation rows (default 16)")
+    parser.add_argument("--measure", type=int, default=6,
+                        help="candidates built and scored, best by pre-score (default 6)")
+    parser.add_argument("--budget-blocks", type=int, default=None,
+                        help="block applications per token (default: the source's layer "
+                             "count, its FLOPs)")
+    add_output(parser, "--out", required=True, help="plan directory (plan.json, .md, .png)")
+    add_config_args(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import config_for_run, load_config
+    from ..errors import ConfigError
+    from ..evaluate.heff import parse_h_eff
+    from ..export.retrofit_plan import plan, plan_inputs, write_plan
+    from ..export.retrofit_report import plan_markdown
+
+    cfg = load_config(args.config, args.overrides)
+    if args.run:
+        cfg = config_for_run(cfg, args.run)
+    source = args.source or cfg.model.init_from.source
+    if not source:
+        raise ConfigError("retrofit-plan needs a source: pass --source PATH or a config "
+                          "with model.init_from.source")
+    if args.measure < 1:
+        raise ConfigError(f"--measure {args.measure} must be at least 1")
+    inputs = plan_inputs(cfg, source, args.data, loops=cfg.model.loops,
+                         h_effs=parse_h_eff(cfg.eval.h_eff, "eval.h_eff"), rows=args.rows,
+                         budget=args.budget_blocks)
+    result = plan(inputs, args.measure)
+    write_plan(result, args.out)
+    print(plan_markdown(result))
+    return 0
