@@ -7,16 +7,20 @@ import dataclasses
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 
-from ...config import ModelConfig
-from .core import CheckResult, Context, alternated_ms, max_diff, ms
+from ..config import ModelConfig
+from ..model import flex as flex_mod
+from ..model import moe
+from ..model.attention import DocumentMask, document_attention
+from ..model.looped import LoopedLM
+from .core import CheckResult, Context, max_diff
+from .timing import alternated, median_ms
 
 LENGTHS = (100, 300, 517, 1000)  # rows FlexAttention sees padded to 256, 384, 640, 1024
 
 
 def _twins(ctx: Context) -> tuple[Any, Any]:
-    from ...model.looped import LoopedLM
-
     torch.manual_seed(0)
     base = ModelConfig(vocab_size=256, d_model=64, n_heads=4, loops=2, coda_layers=0)
     flex = LoopedLM(dataclasses.replace(base, attention="flex")).to(ctx.device)
@@ -44,7 +48,6 @@ def packed_doc_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
 
 def _kernel_timing(ctx: Context, backward: bool) -> dict[str, Any]:
     """Flex vs SDPA (dense document mask) alone at ``sizes.attn``: difference and ms each."""
-    from ...model.attention import DocumentMask, document_attention
 
     B, H, L, hd = ctx.sizes.attn
     doc = packed_doc_ids(B, L).to(ctx.device)
@@ -63,8 +66,8 @@ def _kernel_timing(ctx: Context, backward: bool) -> dict[str, Any]:
 
     with torch.set_grad_enabled(backward):
         diff = max_diff([(run("flex")(), run("sdpa")())])
-        times = alternated_ms({"flex": run("flex"), "sdpa": run("sdpa")}, ctx.device,
-                              ctx.sizes.repeats)
+        times = alternated({"flex": run("flex"), "sdpa": run("sdpa")}, ctx.sizes.repeats,
+                           ctx.device).median_ms()
     return {"shape": [B, H, L, hd], "pass": "fwd+bwd" if backward else "fwd",
             "max_diff": diff, "flex_ms": times["flex"], "sdpa_dense_ms": times["sdpa"],
             "flex_speedup": round(times["sdpa"] / max(times["flex"], 1e-9), 2)}
@@ -84,8 +87,6 @@ def _grad_diff(ctx: Context, flex: Any, sdpa: Any) -> float:
 
 def _lengths(ctx: Context, flex: Any, sdpa: Any) -> dict[str, Any]:
     """The twins at every length: largest difference, graphs compiled after the first."""
-    from torch._dynamo.utils import counters
-
     counters.clear()
     graphs, pairs = [], []
     with torch.no_grad(), ctx.autocast():
@@ -96,15 +97,14 @@ def _lengths(ctx: Context, flex: Any, sdpa: Any) -> dict[str, Any]:
         batch = _rows(LENGTHS[-1], ctx.device)
         return {"max_diff": max_diff(pairs), "graphs": graphs[-1],
                 "recompiles_after_first_length": graphs[-1] - graphs[0],
-                "flex_ms": ms(lambda: flex.logits_at(batch, 2), ctx.device),
-                "sdpa_ms": ms(lambda: sdpa.logits_at(batch, 2), ctx.device)}
+                "flex_ms": median_ms(lambda: flex.logits_at(batch, 2), ctx.device),
+                "sdpa_ms": median_ms(lambda: sdpa.logits_at(batch, 2), ctx.device)}
 
 
 def flex_attention(ctx: Context) -> CheckResult:
     """Compiled FlexAttention against SDPA with the document mask: a tiny model at four
     lengths (difference, no recompiles, ms), gradients off the CPU, then the kernel alone at
     ``sizes.attn`` (difference, ms each; forward and backward off the CPU)."""
-    from ...model import flex as flex_mod
 
     if ctx.quick:
         return CheckResult("flex_attention", "skip",
@@ -133,8 +133,6 @@ def flex_attention(ctx: Context) -> CheckResult:
 
 
 def _moe_layer(width: int, ctx: Context) -> Any:
-    from ...model import moe
-
     layer = moe.MoEFFN(64, width, 8, 2, 0.0, 0.0)
     layer.reset_parameters(0.1, 0.05)
     return layer.to(ctx.device, ctx.dtype())
@@ -143,7 +141,6 @@ def _moe_layer(width: int, ctx: Context) -> Any:
 def moe_grouped_mm(ctx: Context) -> CheckResult:
     """Grouped GEMM against the per-expert loop (forward and backward, difference, ms each) and
     an unaligned expert width (58) that must fall back to the loop."""
-    from ...model import moe
 
     if not hasattr(torch, "_grouped_mm"):
         return CheckResult("moe_grouped_mm", "skip", detail="torch has no _grouped_mm")
@@ -167,7 +164,7 @@ def moe_grouped_mm(ctx: Context) -> CheckResult:
                 y.float().square().mean().backward()
                 return [y, xi.grad, layer.w_gate.grad, layer.w_down.grad]
 
-            outs[impl], times[impl] = step(), ms(step, ctx.device)
+            outs[impl], times[impl] = step(), median_ms(step, ctx.device)
         with torch.no_grad():
             _moe_layer(58, ctx)(x)  # unaligned rows: the loop, after a warning
         paths = moe.expert_paths()

@@ -9,21 +9,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from ..checkpoint.manifest import verify_snapshot
+from ..checkpoint.snapshot import load_model_state
+from ..device import dist_backend
+from ..model.flex import decided_kernel
+from ..run_layout import RunLayout
+from ..train.job import train_segment
 from .core import STEPS, CheckResult, Context, first_line, max_diff
 
 
 def metrics(run: Path) -> list[dict[str, Any]]:
     """The rows of ``run``'s train/metrics.jsonl."""
-    from ...run_layout import RunLayout
 
     return [json.loads(line) for line in RunLayout.at(run).metrics.read_text().splitlines()]
 
 
 def whole_run(ctx: Context) -> Path:
     """The tiny run of :data:`STEPS` steps in one segment (trained once, in ``work/whole``)."""
-    from ...run_layout import RunLayout
-    from ...train.job import train_segment
 
     out = RunLayout.at(ctx.work / "whole").snapshot(STEPS)
     if not out.exists():
@@ -33,7 +37,6 @@ def whole_run(ctx: Context) -> Path:
 
 def train_steps(ctx: Context) -> CheckResult:
     """4 steps of a tiny looped MoE model: finite, falling losses; tokens/s of the step loop."""
-    from ...model.flex import decided_kernel
 
     out = whole_run(ctx)
     rows = metrics(out.parents[1])
@@ -50,7 +53,6 @@ def train_steps(ctx: Context) -> CheckResult:
 
 def _compare_runs(reference: Path, other: Path) -> dict[str, Any]:
     """Losses and final weights of two runs of the same steps: identical, largest differences."""
-    from ...checkpoint.snapshot import load_model_state
 
     a = [float(m["loss"]) for m in metrics(reference.parents[1])]
     b = [float(m["loss"]) for m in metrics(other.parents[1])]
@@ -82,9 +84,6 @@ def snapshot_resume(ctx: Context) -> CheckResult:
     """The same 4 steps as 2 + 2 segments (snapshot written, verified, resumed) against one
     segment, with ``train.deterministic``: bit-identical on the CPU; elsewhere the largest
     differences and whether identical."""
-    from ...checkpoint.manifest import verify_snapshot
-    from ...run_layout import RunLayout
-    from ...train.job import train_segment
 
     whole = whole_run(ctx)
     layout = RunLayout.at(ctx.work / "split")
@@ -101,13 +100,6 @@ def snapshot_resume(ctx: Context) -> CheckResult:
 def fsdp_segment(ctx: Context) -> CheckResult:
     """One segment sharded with FSDP2 by a one-rank process group (gloo on the CPU, nccl on
     CUDA): a sharded snapshot (``model_dcp/``) that verifies, against the unsharded run."""
-    import torch.distributed as dist
-
-    from ...checkpoint.manifest import verify_snapshot
-    from ...device import dist_backend
-    from ...run_layout import RunLayout
-    from ...train.job import train_segment
-
     if not dist.is_available():
         return CheckResult("fsdp_segment", "skip", detail="torch.distributed is not available")
     if dist.is_initialized():

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib.cli import main
-from pipeline_lib.workflow.device_check import CHECKS
-from pipeline_lib.workflow.device_check.peaks import bf16_peak
+from pipeline_lib.diagnostics import CHECKS
+from pipeline_lib.diagnostics.peaks import bf16_peak
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK_SKIPS = {
@@ -161,7 +161,7 @@ def test_the_benchmark_script_runs_every_check(tmp_path: Path) -> None:
 def test_a_run_cut_short_keeps_what_it_measured(tmp_path: Path, monkeypatch, capsys) -> None:
     """Each finished check is written to --out at once (``complete`` false) and its row goes
     to stderr: a device run killed by its time limit still leaves its figures."""
-    from pipeline_lib.workflow.device_check import runner
+    from pipeline_lib.diagnostics import runner
 
     def killed(ctx):  # what a time limit's interrupt looks like to the runner
         raise KeyboardInterrupt
@@ -207,7 +207,7 @@ def test_device_results_write_the_cpu_report_without_gpu_figures(quick, tmp_path
 
 def test_device_results_judge_each_gpu_target(quick, tmp_path) -> None:
     """On a CUDA report every target row shows what was measured and whether it holds."""
-    from pipeline_lib.workflow.device_check.doc import device_markdown
+    from pipeline_lib.diagnostics.doc import device_markdown
 
     doc = json.loads(json.dumps(quick[2]))
     doc.update(resolved="cuda:0", name="NVIDIA H200", complete=False)

@@ -10,8 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...config import Config, DataConfig, SourceConfig, load_config
+from ..config import Config, DataConfig, SourceConfig, load_config
+from ..data.sources import stdlib_files
+from ..run_layout import RunLayout
+from ..train.job import train_segment
 from .core import Context
+from .training import metrics
 
 RUN = ["train.objective=last", "train.warmup_steps=4", "train.eval_interval=0",
        "train.eval_rows=4", "train.diagnostics_interval=0", "train.sample_tokens=8",
@@ -32,7 +36,6 @@ class TrainedModel:
 def model_config(ctx: Context) -> Config:
     """The model of ``sizes.model`` on the checks' device, precision, attention and compile,
     trained ``sizes.steps`` steps on ``sizes.rows`` rows of ``sizes.seq_len`` tokens."""
-    from ...data.sources import stdlib_files
 
     s, base = ctx.sizes, ctx.cfg
     keep = [f"experiment.device={base.experiment.device}",
@@ -53,9 +56,6 @@ def model_config(ctx: Context) -> Config:
 def trained_model(ctx: Context) -> TrainedModel:
     """The throughput run, trained once per run of the checks (in ``work/model``)."""
     if "model" not in ctx.cache:
-        from ...run_layout import RunLayout
-        from ...train.job import train_segment
-        from .training import metrics
 
         cfg = model_config(ctx)
         pack = ctx.pack(cfg.data, "data_model")

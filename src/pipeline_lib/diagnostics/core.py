@@ -1,22 +1,21 @@
 """What every device check shares: the result row, the context (device, precision, work
-directory, packs built once), the workload sizes per device, timing and comparison helpers."""
+directory, packs built once), the workload sizes per device, comparison helpers (timing:
+:mod:`.timing`)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ...config import Config, DataConfig, SourceConfig, load_config
-from ...device import synchronize
-from ...precision import Precision
+from ..config import Config, DataConfig, SourceConfig, load_config
+from ..data.pack import pack_corpus
+from ..precision import Precision
 
 TINY = ["model.d_model=64", "model.n_heads=4", "model.loops=2", "model.prelude_layers=1",
         "model.core_layers=1", "model.coda_layers=0", "model.moe_experts=4", "model.moe_top_k=2",
@@ -126,7 +125,6 @@ class Context:
         """``data`` packed into ``work/name`` (once per run of the checks)."""
         key = f"pack:{name}"
         if key not in self.cache:
-            from ...data.pack import pack_corpus
 
             pack_corpus(data, self.work / name)
             self.cache[key] = self.work / name
@@ -139,35 +137,6 @@ def check_config(cfg: Config) -> Config:
             f"experiment.precision={cfg.experiment.precision}",
             f"train.compile={str(cfg.train.compile).lower()}"]
     return dataclasses.replace(load_config(None, [*TINY, *keep]), data=DATA)
-
-
-def ms(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
-    """Median wall time of ``fn`` in ms over ``repeats`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(max(1, repeats)):
-        synchronize(device)
-        started = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - started)
-    return round(statistics.median(times) * 1000, 3)
-
-
-def alternated_ms(fns: dict[str, Callable[[], Any]], device: torch.device,
-                  repeats: int) -> dict[str, float]:
-    """Median ms of each of ``fns``, run in turns (order reversed every round) after a warm-up."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for r in range(max(1, repeats)):
-        for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
-            synchronize(device)
-            started = time.perf_counter()
-            fns[name]()
-            synchronize(device)
-            times[name].append(time.perf_counter() - started)
-    return {name: round(statistics.median(t) * 1000, 3) for name, t in times.items()}
 
 
 def max_diff(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float:

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.compat import snapshot_config
+from ..model.size import flops_per_token, param_count
 from .core import CheckResult, Context
 from .peaks import bf16_peak
 from .workloads import trained_model
@@ -39,8 +41,6 @@ def train_throughput(ctx: Context) -> CheckResult:
     """Tokens/s of the trainer's steps (median after the warm-up) and, with a known bf16
     peak, model FLOP utilisation: 3 × forward FLOPs per token (matmuls of every block
     application and the head, plus full-context attention) × tokens/s ÷ peak."""
-    from ...checkpoint.compat import snapshot_config
-    from ...model.size import flops_per_token, param_count
 
     run = trained_model(ctx)
     model, seq_len = snapshot_config(run.snapshot).model, run.cfg.data.seq_len  # vocab resolved

@@ -20,8 +20,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...device import synchronize
-from .core import CheckResult, Context, alternated_ms, first_line, relative_diff
+import pipeline_lib
+
+from ..device import synchronize
+from ..model.loss import chunked_cross_entropy
+from ..model.triton_loss import triton_available
+from .core import CheckResult, Context, first_line, relative_diff
+from .timing import alternated
 
 METHODS = ("eager", "torch", "triton")
 INTERPRETED = (64, 16, 1024)  # tokens, width, vocabulary under TRITON_INTERPRET (slow)
@@ -39,7 +44,6 @@ def _inputs(n: int, d: int, v: int, device: torch.device, dtype: torch.dtype):
 def _step(method: str, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
           chunk_size: int) -> list[torch.Tensor]:
     """Loss and its gradients (hidden, weight) by ``method``."""
-    from ...model.loss import chunked_cross_entropy
 
     hidden.grad = weight.grad = None
     if method == "eager":
@@ -76,7 +80,7 @@ def compare(n: int, d: int, v: int, methods: tuple[str, ...], device: torch.devi
             results[m][1:], results["eager"][1:], strict=True))
     del results
     if repeats:
-        out.update({f"{m}_ms": t for m, t in alternated_ms(runs, device, repeats).items()})
+        out.update({f"{m}_ms": t for m, t in alternated(runs, repeats, device).median_ms().items()})
     if repeats and device.type == "cuda":
         for m, run in runs.items():
             out[f"{m}_peak_mb"] = _peak_mb(run, device, tensors)
@@ -94,12 +98,10 @@ def interpreted_main() -> None:
 
 def _interpreted(chunk_size: int) -> dict[str, Any]:
     """The three methods on the CPU at :data:`INTERPRETED`, Triton interpreted (child process)."""
-    import pipeline_lib
-
     src = str(Path(pipeline_lib.__file__).resolve().parents[1])
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    code = "from pipeline_lib.workflow.device_check.loss import interpreted_main; interpreted_main()"
+    code = "from pipeline_lib.diagnostics.loss import interpreted_main; interpreted_main()"
     arg = json.dumps({"shape": list(INTERPRETED), "chunk_size": chunk_size})
     done = subprocess.run([sys.executable, "-c", code, arg], env=env, capture_output=True,
                           text=True, timeout=300, check=False)
@@ -110,7 +112,6 @@ def _interpreted(chunk_size: int) -> dict[str, Any]:
 
 def _triton_missing(ctx: Context) -> str:
     """Why the Triton kernel cannot run here ('' when it can)."""
-    from ...model.triton_loss import triton_available
 
     if not triton_available():
         return "triton is not installed (the triton extra)"

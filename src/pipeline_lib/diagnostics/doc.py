@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import DataError
-from ...provenance import repo_root
-from ...results_doc import replace_between_markers
+from ..errors import DataError
+from ..provenance import repo_root
+from ..results_doc import replace_between_markers
 
 SECTION = "device"
 GPU_TYPES = ("cuda",)  # where the GPU targets apply (the check's `resolved` device type)

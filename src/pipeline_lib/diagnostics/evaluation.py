@@ -11,8 +11,17 @@ from typing import Any
 
 import torch
 
-from ...config import BenchConfig
-from .core import CheckResult, Context, alternated_ms, max_diff, relative_diff
+from ..bench.runner import run_benchmarks
+from ..config import BenchConfig
+from ..data.tokenizer import eos_id, load_tokenizer
+from ..device import resolve_device
+from ..evaluate.heff import run_heff
+from ..evaluate.loading import load_for_eval
+from ..model.generate import CachedNextIds, greedy_decode, greedy_generate
+from ..model.looped import LoopedLM
+from ..train.evaluation import generate_samples
+from .core import CheckResult, Context, max_diff, relative_diff
+from .timing import alternated
 from .workloads import trained_model
 
 H_EFFS = [1, 2, 4, 8]
@@ -23,8 +32,6 @@ PROMPT_TOKENS = 32
 def _sweep(ctx: Context, device: str, precision: str, max_tokens: int, name: str
            ) -> tuple[dict[str, Any], float]:
     """``run_heff`` (the eval_heff stage's function) on the trained snapshot; (result, s)."""
-    from ...device import resolve_device
-    from ...evaluate.heff import run_heff
 
     run = trained_model(ctx)
     started = time.perf_counter()
@@ -70,7 +77,6 @@ def lm_eval(ctx: Context) -> CheckResult:
         import lm_eval as _  # noqa: F401
     except ImportError:
         return CheckResult("lm_eval", "skip", detail="lm-eval is not installed (the bench extra)")
-    from ...bench.runner import run_benchmarks
 
     per_level, levels, h_effs, gen_tokens = ctx.sizes.bench
     bench = BenchConfig(tasks=BUILTIN_TASKS, h_eff=list(h_effs), examples_per_level=per_level,
@@ -91,10 +97,6 @@ def lm_eval(ctx: Context) -> CheckResult:
 def generation(ctx: Context) -> CheckResult:
     """Greedy samples through the trainer's sampling path against a reference that
     recomputes the whole prefix per token: identical tokens, tokens/s of each."""
-    from ...data.tokenizer import eos_id, load_tokenizer
-    from ...model.generate import greedy_decode
-    from ...model.looped import LoopedLM
-    from ...train.evaluation import generate_samples
 
     pack, tokens = ctx.pack(), 32
     tok = load_tokenizer(pack)
@@ -135,7 +137,6 @@ def _exactness(model: Any, h_eff: int, prompts: list[list[int]], new: int,
                device: torch.device) -> dict[str, Any]:
     """fp32: the logits of every cached decoding step against one full forward of the same
     tokens (teacher forcing), and whether the uncached window picks the same tokens."""
-    from ...model.generate import CachedNextIds, greedy_decode, greedy_generate
 
     seen: list[torch.Tensor] = []
 
@@ -162,7 +163,6 @@ def _exactness(model: Any, h_eff: int, prompts: list[list[int]], new: int,
 
 def _speed(ctx: Context, model: Any, h_eff: int, batch: int, vocab: int) -> dict[str, Any]:
     """Cached against uncached greedy generation of ``batch`` prompts, alternated."""
-    from ...model.generate import greedy_generate
 
     prompts, new = _prompts(batch, vocab), ctx.sizes.kv_new_tokens
     outs: dict[bool, Any] = {}
@@ -175,8 +175,8 @@ def _speed(ctx: Context, model: Any, h_eff: int, batch: int, vocab: int) -> dict
                     context_len=PROMPT_TOKENS + new, use_cache=use_cache, device=ctx.device)
         return call
 
-    times = alternated_ms({"cached": run(True), "uncached": run(False)}, ctx.device,
-                          ctx.sizes.repeats)
+    times = alternated({"cached": run(True), "uncached": run(False)}, ctx.sizes.repeats,
+                       ctx.device).median_ms()
     return {"batch": batch, "cached_ms": times["cached"], "uncached_ms": times["uncached"],
             "speedup": round(times["uncached"] / max(times["cached"], 1e-9), 2),
             f"same_tokens_{ctx.precision}": outs[True] == outs[False]}
@@ -186,7 +186,6 @@ def kv_cache(ctx: Context) -> CheckResult:
     """KV-cached greedy generation against recomputing the window, on the trained model:
     exact in fp32 (the same tokens; logits against a full forward), speed-up per batch size
     for ``sizes.kv_new_tokens`` new tokens after 32 in the configured precision."""
-    from ...evaluate.loading import load_for_eval
 
     run = trained_model(ctx)
     loaded = load_for_eval(run.snapshot, with_tokenizer=False, device=ctx.device)
