@@ -28,6 +28,7 @@ import numpy as np
 from pipeline_lib.config import load_config
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.data.packing import fill_ratio, pack_documents
+from pipeline_lib.diagnostics.timing import best_s
 
 SEQ_LEN = 1024
 
@@ -48,22 +49,13 @@ print(json.dumps({"tokens": meta["total_tokens"], "docs": meta["num_docs"],
 """
 
 
-def best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def bench_bfd(num_docs: int) -> dict:
     rng = np.random.default_rng(0)
     lengths = np.maximum(1, np.round(rng.lognormal(np.log(256), 1.0, num_docs))).astype(np.int64)
     starts = np.cumsum(lengths) - lengths
     row_len = SEQ_LEN + 1
-    argsort_s = best_time(lambda: np.argsort(lengths), 5)
-    pack_s = best_time(lambda: pack_documents(starts, lengths, row_len,
+    argsort_s = best_s(lambda: np.argsort(lengths), 5)
+    pack_s = best_s(lambda: pack_documents(starts, lengths, row_len,
                                               np.random.default_rng(1)), 3)
     packed = pack_documents(starts, lengths, row_len, np.random.default_rng(1))
     fill = fill_ratio(packed, row_len)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline_lib.diagnostics.timing import Timings, alternated, median_ms
+from pipeline_lib.diagnostics.timing import Timings, alternated, best_s, median_ms
 
 
 def test_alternated_warms_up_then_reverses_the_order_every_other_round() -> None:
@@ -47,3 +47,9 @@ def test_median_ms_calls_the_function_once_more_than_repeats() -> None:
     calls: list[int] = []
     assert median_ms(lambda: calls.append(1), repeats=4) >= 0
     assert len(calls) == 5
+
+
+def test_best_s_is_the_fewest_seconds_of_calls_without_warm_up() -> None:
+    calls: list[int] = []
+    assert best_s(lambda: calls.append(1), repeats=3) >= 0
+    assert len(calls) == 3

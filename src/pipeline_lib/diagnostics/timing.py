@@ -73,3 +73,9 @@ def median_ms(fn: Callable[[], Any], device: torch.device | None = None,
               repeats: int = 3) -> float:
     """Median wall time of ``fn`` in ms over ``repeats`` calls after one warm-up call."""
     return alternated({"fn": fn}, repeats, device).median_ms()["fn"]
+
+
+def best_s(fn: Callable[[], Any], repeats: int, warmup: bool = False) -> float:
+    """Fewest wall seconds of ``fn`` over ``repeats`` calls (no warm-up unless ``warmup``:
+    the first call's cost, e.g. a cold page cache, is part of what the caller measures)."""
+    return alternated({"fn": fn}, repeats, warmup=warmup).best()["fn"]
