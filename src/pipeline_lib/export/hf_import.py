@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, config_yaml
-from ..errors import CheckpointError, ConfigError, DataError, UsageError
+from ..errors import ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
 from .hf_layout import (
     CONFIG_JSON,
@@ -287,15 +287,6 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     return record
 
 
-def read_import_record(snapshot: str | Path) -> dict[str, Any]:
-    """The ``import.json`` of a snapshot written by :func:`import_checkpoint`."""
-    path = Path(snapshot) / IMPORT_RECORD
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is missing or unreadable ({exc}); re-run import-hf") from None
-
-
 __all__ = ["import_checkpoint", "init_layers", "init_model_config", "resolve_init_from",
-           "source_files", "read_import_record", "source_fingerprint",
+           "source_files", "source_fingerprint",
            "unpermute_rows"]
