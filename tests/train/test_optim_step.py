@@ -35,7 +35,7 @@ def test_step_evaluates_the_closure_with_grad_and_returns_its_loss(build) -> Non
         opt.zero_grad()
         loss = (w * w).sum()
         loss.backward()
-        return float(loss)
+        return float(loss.detach())
 
     with torch.no_grad():  # the closure gets gradients back on
         loss = opt.step(closure)
