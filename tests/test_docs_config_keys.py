@@ -1,0 +1,19 @@
+"""docs/configuration.md's table of every config key and the modules that read it is what
+the generator makes of this checkout (regenerate with ``make schema``)."""
+
+from __future__ import annotations
+
+from pipeline_lib.config_readers import DOC_PATH, DOC_SECTION, config_keys, keys_markdown
+from pipeline_lib.results_doc import markers
+
+
+def test_committed_key_table_is_the_generated_one() -> None:
+    begin, end = markers(DOC_SECTION)
+    committed = DOC_PATH.read_text().split(begin)[1].split(end)[0].strip()
+    assert committed == keys_markdown().strip(), \
+        "docs/configuration.md's key table is stale: run `make schema`"
+
+
+def test_every_key_is_in_the_table_once() -> None:
+    rows = [line.split(" | ")[0] for line in keys_markdown().splitlines()]
+    assert all(rows.count(f"| `{key}`") == 1 for key in config_keys())
