@@ -17,3 +17,20 @@ def test_committed_key_table_is_the_generated_one() -> None:
 def test_every_key_is_in_the_table_once() -> None:
     rows = [line.split(" | ")[0] for line in keys_markdown().splitlines()]
     assert all(rows.count(f"| `{key}`") == 1 for key in config_keys())
+
+
+def test_schema_write_regenerates_the_table(tmp_path, monkeypatch, capsys) -> None:
+    """``schema --write`` (``make schema``) rewrites the schema and, between its markers, the
+    page's table; the rest of the page is kept."""
+    from pipeline_lib import config_readers, config_schema
+    from pipeline_lib.cli import main
+
+    begin, end = markers(DOC_SECTION)
+    page, schema = tmp_path / "configuration.md", tmp_path / "config.schema.yaml"
+    page.write_text(f"# head\n{begin}\nold\n{end}\ntail\n")
+    monkeypatch.setattr(config_readers, "DOC_PATH", page)
+    monkeypatch.setattr(config_schema, "SCHEMA_PATH", schema)
+    assert main(["schema", "--write"]) == 0
+    assert page.read_text() == f"# head\n{begin}\n{keys_markdown()}\n{end}\ntail\n"
+    assert schema.read_text() == config_schema.schema_yaml()
+    assert "config key table regenerated" in capsys.readouterr().out
