@@ -74,7 +74,7 @@ def lm_eval(ctx: Context) -> CheckResult:
     """The built-in lm-eval tasks (multiple choice and generation) through the bench stage's
     function on the device: examples per second."""
     try:
-        import lm_eval as _  # noqa: F401
+        import lm_eval as _  # noqa: F401  (a probe: the bench extra may be absent)
     except ImportError:
         return CheckResult("lm_eval", "skip", detail="lm-eval is not installed (the bench extra)")
 
