@@ -5,9 +5,10 @@ Python module under ``src/pipeline_lib`` and ``workflow/scripts``, and the Snake
 ``workflow/rules/*.smk`` as text. A module reads ``section.key`` when it loads the attribute
 ``key`` from an expression known to be that section's dataclass:
 
-- an attribute chain through the sections (``cfg.train.lr``, ``cfg.data.tokenizer.kind``,
+- an attribute chain through the sections (``cfg.train.lr``, ``cfg.data.tokenizer.type``,
   ``x.model.loops``: the section attributes name their class, whatever is before them);
-- a name annotated with a config class (``train: TrainConfig``), assigned from such an
+- a parameter annotated with a config class (``train: TrainConfig``) or, unannotated, named
+  after a section (``eval_cfg``, ``bench``); a name assigned from such an
   expression (``t = cfg.train``), looped over ``data.sources``, or returned by a function
   annotated ``-> Config``/``-> ModelConfig`` …; ``self.x`` assigned one of those in a class;
 - ``getattr(section, "key")`` and any call with a section and a string constant naming one
@@ -15,9 +16,10 @@ Python module under ``src/pipeline_lib`` and ``workflow/scripts``, and the Snake
 
 Assignments are writes, not reads. A call that takes a section whole (``to_dict``,
 ``dataclasses.asdict``, the signatures, ``config_yaml`` …) is listed once per section, not
-per key. The reading over-approximates (an attribute named like a section on an object that
-is not one counts) and never under-approximates a plain attribute access, so a key shown
-without a reader is read nowhere but by the config's own validation and serialisation.
+per key. The reading over-reports (an attribute named like a section on an object that is
+not one counts) and can miss a read through a name it cannot type (an ``Any`` parameter
+named otherwise, the result of an unannotated function): a key without a reader is a
+candidate for removal, to be confirmed by hand (grep, the rules, the signatures).
 """
 
 from __future__ import annotations
