@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import torch
 
-from pipeline_lib.config import ModelConfig
 from pipeline_lib.diagnostics.timing import alternated
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import ModelConfig
 
 
 def _batch(rows: int, seq_len: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from pipeline_lib.config_readers import config_keys, find_readers
 
 LIB = '''
-from ..config import Config, TrainConfig
+from ..spec.config import Config, TrainConfig
 
 def chain(cfg):
     return cfg.train.lr, cfg.data.tokenizer.vocab_size

@@ -31,11 +31,11 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
-from .config import PROJECT_ROOT, Config
+from .spec.config import PROJECT_ROOT, Config
 
 # the config machinery itself: validation, merge, schema, this table; not a use of a key
-CONFIG_MODULES = frozenset({"config", "config_fields", "config_rules", "config_errors",
-                            "config_files", "config_schema", "config_readers"})
+CONFIG_MODULES = frozenset({"spec.config", "spec.fields", "spec.rules", "spec.config_errors",
+                            "spec.config_files", "spec.schema", "config_readers"})
 # calls that take a section whole (serialise, hash, compare or copy every key)
 WHOLE_SECTION_CALLS = frozenset({"to_dict", "public_dict", "asdict", "astuple", "config_yaml",
                                  "config_hash", "save_config", "flatten", "model_signature",
@@ -379,7 +379,7 @@ def keys_markdown(root: Path = PROJECT_ROOT) -> str:
              "-->", "",
              f"{len(keys)} keys. *read by*: the modules (`train.optim` is "
              "`src/pipeline_lib/train/optim.py`) and workflow files that read the key itself; "
-             "`config*` modules validate it.", "",
+             "`spec.config`, `spec.rules` and `spec.fields` validate it.", "",
              "| key | read by |", "|---|---|"]
     lines += [f"| `{key}` | {_cell(reads.keys.get(key, set()))} |" for key in keys]
     lines += ["", "Sections taken whole (serialised, hashed or compared key by key: the train "

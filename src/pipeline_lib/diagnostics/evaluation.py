@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 from ..bench.runner import run_benchmarks
-from ..config import BenchConfig
 from ..data.tokenizer import eos_id, load_tokenizer
 from ..device import resolve_device
 from ..evaluate.heff import run_heff
 from ..evaluate.loading import load_for_eval
 from ..model.generate import CachedNextIds, greedy_decode, greedy_generate
 from ..model.looped import LoopedLM
+from ..spec.config import BenchConfig
 from ..train.evaluation import generate_samples
 from .core import CheckResult, Context, max_diff, relative_diff
 from .timing import alternated

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 
-from ..config import ModelConfig
 from ..model import flex as flex_mod
 from ..model import moe
 from ..model.attention import DocumentMask, document_attention
 from ..model.looped import LoopedLM
+from ..spec.config import ModelConfig
 from .core import CheckResult, Context, max_diff
 from .timing import alternated, median_ms
 

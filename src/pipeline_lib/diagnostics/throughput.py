@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.compat import snapshot_config
-from ..model.size import flops_per_token, param_count
+from ..spec.size import flops_per_token, param_count
 from .core import CheckResult, Context
 from .peaks import bf16_peak
 from .workloads import trained_model

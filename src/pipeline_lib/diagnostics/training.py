@@ -15,7 +15,7 @@ from ..checkpoint.manifest import verify_snapshot
 from ..checkpoint.snapshot import load_model_state
 from ..device import dist_backend
 from ..model.flex import decided_kernel
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 from ..train.job import train_segment
 from .core import STEPS, CheckResult, Context, first_line, max_diff
 

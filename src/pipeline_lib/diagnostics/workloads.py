@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, DataConfig, SourceConfig, load_config
 from ..data.sources import stdlib_files
-from ..run_layout import RunLayout
+from ..spec.config import Config, DataConfig, SourceConfig, load_config
+from ..spec.layout import RunLayout
 from ..train.job import train_segment
 from .core import Context
 from .training import metrics
