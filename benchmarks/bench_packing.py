@@ -4,7 +4,8 @@ Three measurements, side by side in one run (ratios, not absolute times, are the
 
 1. ``pack_documents`` (split + seeded tie shuffle + BFD + row permutation + grouping) on
    1M log-normal document lengths (median 256 tokens, σ = 1, rows of 1025 tokens), against
-   ``numpy.argsort`` of the same lengths. Targets: fill ≥ 0.999, pack / argsort ≤ 20.
+   ``numpy.argsort`` of the same lengths, each the best of 5 calls. Targets: fill ≥ 0.999,
+   pack / argsort ≤ 20.
 2. ``pack_corpus`` on the embedded default config (config/config.yaml): tokens/s end to end.
 3. ``pack_corpus`` on a generated ~200 MB Parquet corpus in a subprocess, reporting that
    process's peak RSS: packing streams, so it must stay under 1 GB.
