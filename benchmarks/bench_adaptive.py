@@ -6,9 +6,9 @@ criterion needs each loop's next-token distribution) for the tokens that have no
 yet; the fixed evaluation at the maximum H runs the same H loops and reads out once. Every
 pass is timed with its per-document accumulation, none with its bootstrap, on the same
 validation batches of a freshly packed reasoning corpus, default model shape and
-``eval.h_eff`` (H = its maximum), alternated over several rounds (best of each; ratios of
-process CPU time at OMP_NUM_THREADS threads, default 1, with the wall-time ratio beside
-them).
+``eval.h_eff`` (H = its maximum), alternated over several rounds by
+:func:`pipeline_lib.diagnostics.timing.alternated` (best of each; ratios of process CPU
+time at OMP_NUM_THREADS threads, default 1, with the wall-time ratio beside them).
 
 Three models, all timed:
 
@@ -44,19 +44,19 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from pipeline_lib.config import DataConfig, EvalConfig, SourceConfig, load_config  # noqa: E402
-from pipeline_lib.config_rules import EXIT_CRITERIA  # noqa: E402
 from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
+from pipeline_lib.diagnostics.timing import alternated  # noqa: E402
 from pipeline_lib.evaluate.adaptive import AdaptiveSpec, adaptive_section  # noqa: E402
 from pipeline_lib.evaluate.heff import sweep_losses  # noqa: E402
 from pipeline_lib.evaluate.sweep_pass import sweep_pass  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402
+from pipeline_lib.spec.config import DataConfig, EvalConfig, SourceConfig, load_config  # noqa: E402
+from pipeline_lib.spec.rules import EXIT_CRITERIA  # noqa: E402
 
 WORST_THRESHOLDS = (0.0, 1e-30)
 
@@ -83,26 +83,6 @@ def train_briefly(model: LoopedLM, data: PackedData, steps: int, rows: int,
     return float(loss.detach())
 
 
-def time_alternated(runs: dict, repeats: int) -> tuple[dict, dict, dict, list[dict]]:
-    """Best process CPU time and best wall time of each run over ``repeats`` alternated
-    rounds, its last result, and every round's CPU times. CPU time is what the run itself
-    cost, much less disturbed than wall time by other work on a shared machine."""
-    out = {name: fn() for name, fn in runs.items()}  # warm-up
-    rounds, walls = [], []
-    for _ in range(repeats):
-        cpu_round, wall_round = {}, {}
-        for name, fn in runs.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            out[name] = fn()
-            cpu_round[name] = time.process_time() - start_cpu
-            wall_round[name] = time.perf_counter() - start
-        rounds.append(cpu_round)
-        walls.append(wall_round)
-    cpu = {name: min(r[name] for r in rounds) for name in runs}
-    wall = {name: min(r[name] for r in walls) for name in runs}
-    return cpu, wall, out, rounds
-
-
 def exit_cases(cfg, data: PackedData, h_effs: list[int], args) -> dict:
     """The trained and worst-case KL sweeps against the fixed evaluation."""
     max_h = h_effs[-1]
@@ -117,12 +97,15 @@ def exit_cases(cfg, data: PackedData, h_effs: list[int], args) -> dict:
     result: dict = {"train_loss": round(train_loss, 3)}
     for case, (model, spec) in {"trained": (trained.eval(), default),
                                 "worst": (moving.eval(), worst)}.items():
-        best, wall, out, _ = time_alternated({
+        timed = alternated({
             "fixed_max_h": lambda m=model: sweep_losses(m, batches, [max_h], args.tokens),
             "adaptive": lambda m=model, s=spec: sweep_pass(m, batches, [], [s],
                                                            args.tokens).adaptive[0],
             "fixed_sweep": lambda m=model: sweep_losses(m, batches, h_effs, args.tokens),
         }, args.repeats)
+        # CPU time: what each run itself cost, much less disturbed than wall time by other
+        # work on a shared machine
+        best, wall, out = timed.best("cpu"), timed.best(), timed.last
         points = adaptive_section(out["adaptive"])["points"]
         assert points[0]["loss"] == out["fixed_max_h"][0][max_h], \
             "threshold 0 must equal the fixed loss at max H"
@@ -150,11 +133,12 @@ def criteria_case(cfg, data: PackedData, h_effs: list[int], args) -> dict:
     model.eval()
     every = [spec.resolved(h_effs) for spec in AdaptiveSpec.all_from_eval_config(
         EvalConfig(adaptive_criteria=list(EXIT_CRITERIA)))]
-    best, wall, out, rounds = time_alternated({
+    timed = alternated({
         "one_pass": lambda: sweep_pass(model, batches, h_effs, every, args.tokens),
         "per_criterion": lambda: [sweep_pass(model, batches, h_effs, (), args.tokens)] + [
             sweep_pass(model, batches, (), [spec], args.tokens) for spec in every],
     }, args.repeats)
+    best, wall, out, rounds = timed.best("cpu"), timed.best(), timed.last, timed.rounds("cpu")
     one, apart = out["one_pass"], out["per_criterion"]
     assert (one.fixed.loss_sums == apart[0].fixed.loss_sums).all()
     for together, alone in zip(one.adaptive, (p.adaptive[0] for p in apart[1:]), strict=True):

@@ -6,7 +6,8 @@ One training pass (forward over ``--loops`` loops, the objective, backward) of t
 model and batch with ``none``, ``loop`` and ``block``, side by side: the modes alternate
 within every repeat, one torch thread (``--threads``), fp32 on the CPU.
 
-- Time: median wall time of --repeats passes per mode (after one warm-up each).
+- Time: median wall time of --repeats passes per mode (after one warm-up each), in turns
+  (:func:`pipeline_lib.diagnostics.timing.alternated`).
 - Peak activation memory: one extra pass per mode under ``torch.profiler`` with
   ``profile_memory=True``; the running sum of every CPU allocation and free the profiler
   records, from the start of the pass, and its maximum. The parameter gradients already
@@ -25,15 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from pipeline_lib.config import ModelConfig
+from pipeline_lib.diagnostics.timing import alternated
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import ModelConfig
 
 MODES = ("none", "loop", "block")
 
@@ -70,12 +70,6 @@ def _peak_bytes(model: LoopedLM, batch: dict, readouts: list[int]) -> int:
     return peak
 
 
-def _timed(model: LoopedLM, batch: dict, readouts: list[int]) -> float:
-    start = time.perf_counter()
-    _pass(model, batch, readouts)
-    return time.perf_counter() - start
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loops", type=int, default=16)
@@ -100,17 +94,20 @@ def main() -> None:
     model = LoopedLM(cfg)
     batch = _batch(args.rows, args.seq_len, args.vocab)
     readouts = list(range(1, args.loops + 1)) if args.objective == "deep" else [args.loops]
-    grads, peaks, times = {}, {}, {m: [] for m in MODES}
+    grads, peaks = {}, {}
     for mode in MODES:  # warm-up, gradients, memory
         model.activation_checkpointing = mode
         _pass(model, batch, readouts)
         grads[mode] = [q.grad.clone() for q in model.parameters()]
         peaks[mode] = _peak_bytes(model, batch, readouts)
-    for _ in range(args.repeats):
-        for mode in MODES:
+
+    def in_mode(mode: str):
+        def run() -> None:
             model.activation_checkpointing = mode
-            times[mode].append(_timed(model, batch, readouts))
-    med = {m: statistics.median(v) for m, v in times.items()}
+            _pass(model, batch, readouts)
+        return run
+
+    med = alternated({m: in_mode(m) for m in MODES}, args.repeats, warmup=False).median()
     result: dict = {"bench": "checkpointing", **{k: v for k, v in vars(args).items()}}
     for mode in MODES:
         result[mode] = {

@@ -18,16 +18,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from pipeline_lib.config import load_config
+from pipeline_lib.diagnostics.timing import alternated
 from pipeline_lib.model.generate import greedy_generate
 from pipeline_lib.model.looped import LoopedLM
 from pipeline_lib.provenance import cpu_model, git_output
+from pipeline_lib.spec.config import load_config
 
 BYTE_VOCAB = 258
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,13 +49,9 @@ def measure(model: LoopedLM, batch: int, args: argparse.Namespace) -> dict[str, 
 
     reference = run(False)
     assert run(True) == reference, "cached generation differs from the uncached window"
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for r in range(args.repeats):
-        for use_cache in ((True, False) if r % 2 == 0 else (False, True)):
-            start = time.perf_counter()
-            run(use_cache)
-            times[use_cache].append(time.perf_counter() - start)
-    cached, plain = statistics.median(times[True]), statistics.median(times[False])
+    median = alternated({"cached": lambda: run(True), "uncached": lambda: run(False)},
+                        args.repeats, warmup=False).median()  # the check above warmed up
+    cached, plain = median["cached"], median["uncached"]
     return {"d_model": model.cfg.d_model, "batch": batch, "cached_s": round(cached, 4), "uncached_s": round(plain, 4),
             "speedup": round(plain / cached, 2),
             "cached_tokens_per_s": round(batch * args.new_tokens / cached, 1)}

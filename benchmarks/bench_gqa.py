@@ -18,26 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from pipeline_lib.diagnostics.timing import alternated
+
 
 def _median_ratio(a: Callable[[], object], b: Callable[[], object], repeats: int
                   ) -> tuple[float, float, float]:
     """(median seconds of a, of b, their ratio), runs alternating after one warm-up each."""
-    a(), b()
-    ta, tb = [], []
-    for _ in range(repeats):
-        for fn, times in ((a, ta), (b, tb)):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    ma, mb = statistics.median(ta), statistics.median(tb)
-    return ma, mb, ma / mb
+    median = alternated({"a": a, "b": b}, repeats).median()
+    return median["a"], median["b"], median["a"] / median["b"]
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 The prototype evaluated each H_eff with a full pass of its own (1 + 2 + 4 + 8 = 15 loop
 applications plus four readouts); the one-pass sweep runs 8 loops and reads out four times.
 Both are timed here on the same validation batches of a freshly packed reasoning corpus,
-with the default model shape, interleaved over several repeats (best of each).
+with the default model shape, alternated over several repeats (best of each).
 
 Usage: ``python benchmarks/bench_heff.py [--repeats N] [--tokens N]``.
 Last line: JSON with ``sweep_time_ratio`` (target ≤ 0.7) and the timings.
@@ -15,18 +15,18 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # the sweep's progress bars would swamp the output
 
-from pipeline_lib.config import DataConfig, SourceConfig, load_config
 from pipeline_lib.data.loader import PackedData
 from pipeline_lib.data.pack import pack_corpus
+from pipeline_lib.diagnostics.timing import alternated
 from pipeline_lib.evaluate.heff import sweep_losses
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import DataConfig, SourceConfig, load_config
 
 H_EFFS = [1, 2, 4, 8]
 
@@ -55,14 +55,8 @@ def main() -> None:
         def per_h_eff() -> dict[int, float]:
             return {h: sweep_losses(model, batches, [h], args.tokens)[0][h] for h in H_EFFS}
 
-        one_pass(), per_h_eff()  # warm-up
-        best = {"one_pass": float("inf"), "per_h_eff": float("inf")}
-        for _ in range(args.repeats):
-            for name, fn in (("one_pass", one_pass), ("per_h_eff", per_h_eff)):
-                start = time.perf_counter()
-                losses = fn()
-                best[name] = min(best[name], time.perf_counter() - start)
-        check = one_pass()
+        timed = alternated({"one_pass": one_pass, "per_h_eff": per_h_eff}, args.repeats)
+        best, check, losses = timed.best(), timed.last["one_pass"], timed.last["per_h_eff"]
         assert all(abs(check[h] - losses[h]) <= 1e-6 * abs(losses[h]) for h in H_EFFS)
     result = {"sweep_time_ratio": round(best["one_pass"] / best["per_h_eff"], 3),
               "one_pass_s": round(best["one_pass"], 3), "per_h_eff_s": round(best["per_h_eff"], 3),

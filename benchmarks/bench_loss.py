@@ -19,15 +19,14 @@ import argparse
 import json
 import re
 import resource
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from pipeline_lib.diagnostics.timing import alternated
 from pipeline_lib.model.loss import chunked_cross_entropy
 
 STATUS = Path("/proc/self/status")
@@ -99,16 +98,6 @@ def _measure_memory(method: str, args: argparse.Namespace) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _time(method: str, tensors, args: argparse.Namespace) -> float:
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    _step(method, *tensors, args.chunk_size)
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=4096, help="tokens (rows of hidden)")
@@ -126,13 +115,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     mem = {m: _measure_memory(m, args) for m in ("eager", "chunked")}
     tensors = _inputs(args.n, args.d, args.v, args.device)
-    times: dict[str, list[float]] = {"eager": [], "chunked": []}
-    for m in times:  # warm-up
-        _time(m, tensors, args)
-    for _ in range(args.repeats):
-        for m in times:
-            times[m].append(_time(m, tensors, args))
-    t = {m: statistics.median(v) for m, v in times.items()}
+    t = alternated({m: (lambda m=m: _step(m, *tensors, args.chunk_size))
+                    for m in ("eager", "chunked")}, args.repeats,
+                   torch.device(args.device)).median()
     result = {
         "bench": "loss", "n": args.n, "d": args.d, "v": args.v, "chunk_size": args.chunk_size,
         "dtype": "float32", "device": args.device, "threads": args.threads,

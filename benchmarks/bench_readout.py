@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
-from pipeline_lib.config import ModelConfig
+from pipeline_lib.diagnostics.timing import alternated
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import ModelConfig
 
 
 def _batch(rows: int, seq_len: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -49,9 +48,8 @@ def _batch(rows: int, seq_len: int, vocab: int, seed: int = 0) -> dict[str, torc
     return {"input_ids": ids[:, :-1], "targets": targets, "position_ids": pos, "doc_ids": doc_ids}
 
 
-def _runner(model: LoopedLM, batch, loop_sets: list[list[int]], train: bool) -> Callable[[], float]:
-    def run() -> float:
-        start = time.perf_counter()
+def _runner(model: LoopedLM, batch, loop_sets: list[list[int]], train: bool) -> Callable[[], None]:
+    def run() -> None:
         for loops in loop_sets:
             if train:
                 model.zero_grad(set_to_none=True)
@@ -60,7 +58,6 @@ def _runner(model: LoopedLM, batch, loop_sets: list[list[int]], train: bool) -> 
             else:
                 with torch.no_grad():
                     model.losses(batch, loops)
-        return time.perf_counter() - start
 
     return run
 
@@ -71,13 +68,7 @@ def _measure(model: LoopedLM, batch, loops: list[int], train: bool, repeats: int
         "separate": _runner(model, batch, [[h] for h in loops], train),
         "single": _runner(model, batch, [[max(loops)]], train),
     }
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for run in runners.values():  # warm-up
-        run()
-    for _ in range(repeats):
-        for name, run in runners.items():
-            times[name].append(run())
-    t = {name: statistics.median(v) for name, v in times.items()}
+    t = alternated(runners, repeats).median()
     return {
         "one_pass_s": round(t["one_pass"], 4), "separate_s": round(t["separate"], 4),
         "single_s": round(t["single"], 4),

@@ -28,21 +28,13 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from pipeline_lib.config import load_config  # noqa: E402
 from pipeline_lib.data import verify  # noqa: E402
 from pipeline_lib.data.loader import PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
+from pipeline_lib.diagnostics.timing import best_s  # noqa: E402
+from pipeline_lib.spec.config import load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def measure(data_dir: Path, repeats: int) -> dict:
@@ -50,11 +42,11 @@ def measure(data_dir: Path, repeats: int) -> dict:
     data = PackedData(data_dir)  # verifies and writes the marker
     hashes = verify.expected_hashes(data_dir, data.metadata)
     size = sum((data_dir / rel).stat().st_size for rel in hashes)
-    hash_s = _best(data.verify, repeats)
+    hash_s = best_s(data.verify, repeats)
     check = verify.verify_pack(data_dir, data.metadata)
     assert not check.hashed, "the marker should vouch for every file"
-    check_s = _best(lambda: verify.verify_pack(data_dir, data.metadata), repeats)
-    open_s = _best(lambda: PackedData(data_dir), repeats)
+    check_s = best_s(lambda: verify.verify_pack(data_dir, data.metadata), repeats)
+    open_s = best_s(lambda: PackedData(data_dir), repeats)
     return {"files": len(hashes), "bytes": size, "hash_s": hash_s, "check_s": check_s,
             "open_s": open_s, "check_over_hash": check_s / hash_s,
             "hash_mb_per_s": size / hash_s / 1e6}

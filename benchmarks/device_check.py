@@ -2,7 +2,7 @@
 [--only …] [--skip …] [key=value …]``.
 
 The same as ``python -m pipeline_lib device-check`` (see
-:mod:`pipeline_lib.workflow.device_check`): on ``experiment.device`` (``auto``: CUDA, then an
+:mod:`pipeline_lib.diagnostics`): on ``experiment.device`` (``auto``: CUDA, then an
 Ascend NPU, then the CPU) in ``experiment.precision`` it runs tiny train steps, a 2-segment
 resume against one segment, one FSDP2 segment with one rank, Triton vs chunked vs eager
 cross-entropy, FlexAttention vs SDPA with the document mask, MoE grouped GEMM vs the loop,

@@ -44,8 +44,8 @@ def test_the_kinds_recognise_real_outputs_and_nothing_else(tmp_path: Path) -> No
     import pyarrow.parquet as pq
 
     from pipeline_lib.compare import depth_check
+    from pipeline_lib.diagnostics.runner import report_json
     from pipeline_lib.evaluate.heff import sweep_result
-    from pipeline_lib.workflow.device_check.runner import report_json
 
     (tmp_path / "h.json").write_text(json.dumps(sweep_result(4, {1: 2.0, 2: 1.9}, 10)))
     (tmp_path / "d.json").write_text(json.dumps(report_json([], {"device": "cpu"}, True)))

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_lib.config import DataConfig, SourceConfig
 from pipeline_lib.data.loader import (
     IGNORE_INDEX,
     DataCursor,
@@ -20,6 +19,7 @@ from pipeline_lib.data.loader import (
 )
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.errors import ConfigError, DataError
+from pipeline_lib.spec.config import DataConfig, SourceConfig
 
 PAD = 99
 
@@ -176,6 +176,23 @@ def test_validation_slice_is_fixed(data):
                        torch.cat([b["targets"] for b in again]))
     everything = list(data.val_batches(10_000, 64))
     assert sum(b["input_ids"].shape[0] for b in everything) == data.val_rows
+
+
+def test_eval_batches_are_the_validation_slice_as_a_loss_scores_it(data):
+    """The trainer's validation and the H_eff sweep read the same batches: the fixed slice on
+    the device, and with ``answer_only`` the answer tokens alone as targets."""
+    cpu = torch.device("cpu")
+    plain = list(data.val_batches(10, 4))
+    for got, want in zip(data.eval_batches(10, 4, cpu), plain, strict=True):
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    answers = list(data.eval_batches(10, 4, cpu, answer_only=True))
+    assert len(answers) == len(plain)
+    for got, want in zip(answers, plain, strict=True):
+        assert torch.equal(got["input_ids"], want["input_ids"])
+        keep = want["answer_mask"]
+        assert torch.equal(got["targets"][keep], want["targets"][keep])
+        assert bool((got["targets"][~keep] == IGNORE_INDEX).all())
+    assert any(bool(b["answer_mask"].any()) for b in plain)  # the case is not vacuous
 
 
 def test_cursor_and_batch_plan_errors(data):

@@ -1,5 +1,5 @@
 """`device-check`: the accelerator paths on the configured device, one command (see
-:mod:`pipeline_lib.workflow.device_check`); a table, then the results as one JSON line.
+:mod:`pipeline_lib.diagnostics`); a table, then the results as one JSON line.
 While it runs, each finished check prints its row on stderr and ``--out`` holds the results
 so far (``"complete": false``), so a run cut short by a time limit keeps what it measured."""
 
@@ -11,13 +11,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..diagnostics import BUDGET_S, CHECKS
+from ..fsio import write_text_atomic
 from ..output_paths import DEVICE_JSON
 from ._common import add_config_args, add_output, config_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ..workflow.device_check import BUDGET_S, CHECKS
-
     parser = sub.add_parser("device-check", help="check the accelerator paths on this device",
                             description="Training (steps, 2-segment resume, one-rank FSDP2), "
                                         "kernels (Triton/chunked/eager cross-entropy, flex vs "
@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..fsio import write_text_atomic
-    from ..workflow.device_check import (
+    # the checks import torch and the trainer: only when the command runs (a fast --help)
+    from ..diagnostics.runner import (
         describe_device,
         format_report,
         format_row,

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workflow.device_check.doc import write_device_doc
+    # pandas and the results pages: only when the command runs (a fast --help)
+    from ..diagnostics.doc import write_device_doc
 
     write_device_doc(args.report, args.doc)
     print(f"{args.doc}: device section regenerated from {args.report}")

@@ -1,4 +1,6 @@
-"""`schema`: print or rewrite the JSON schema generated from the config dataclasses."""
+"""`schema`: print or rewrite the JSON schema generated from the config dataclasses, and
+(``--write``) the table of every config key and the modules that read it in
+docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -8,15 +10,23 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("schema", help="print (or --write) the config JSON schema")
     parser.add_argument("--write", action="store_true",
-                        help="rewrite workflow/schemas/config.schema.yaml")
+                        help="rewrite workflow/schemas/config.schema.yaml and the key table "
+                             "of docs/configuration.md")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config_schema import SCHEMA_PATH, schema_yaml, write_schema
+    # generators of files the CLI's other commands never need: only when this one runs
+    from ..config_readers import DOC_PATH, DOC_SECTION, keys_markdown
+    from ..results_doc import replace_between_markers
+    from ..spec.schema import SCHEMA_PATH, schema_yaml, write_schema
 
     if args.write:
         print(write_schema(SCHEMA_PATH))
+        text = DOC_PATH.read_text()
+        DOC_PATH.write_text(replace_between_markers(text, keys_markdown(), DOC_PATH,
+                                                    DOC_SECTION))
+        print(f"{DOC_PATH}: config key table regenerated")
     else:
         print(schema_yaml(), end="")
     return 0

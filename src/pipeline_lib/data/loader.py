@@ -334,6 +334,15 @@ class PackedData:
             yield _to_torch(assemble_rows(self.tokens, split, rows, self.row_len, self.pad_id,
                                           self._answers, self._doc_start))
 
+    def eval_batches(self, num_rows: int, batch_rows: int, device: torch.device, *,
+                     answer_only: bool = False) -> Iterator[Batch]:
+        """:meth:`val_batches` as a validation loss scores them, for the trainer's validation
+        and the H_eff sweep alike: on ``device``, and with ``answer_only`` (``answer_*``
+        objectives) only the answer tokens as targets (:func:`answer_targets_only`)."""
+        for batch in self.val_batches(num_rows, batch_rows):
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            yield answer_targets_only(batch) if answer_only else batch
+
     def verify(self) -> None:
         """Hash every file of the pack against metadata.json, whatever the verified-once
         marker says (reads every byte; the constructor's check trusts the marker)."""

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config_rules import adaptive_criteria, check_exit_threshold, criterion_thresholds
 from ..errors import ConfigError
+from ..spec.rules import adaptive_criteria, check_exit_threshold, criterion_thresholds
 from .exit_criteria import (  # noqa: F401 (adaptive_logits, parse_adaptive: public here too)
     CRITERIA,
     adaptive_logits,

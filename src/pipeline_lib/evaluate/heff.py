@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from ..checkpoint.compat import check_snapshot_fits_pack
-from ..config_rules import check_test_loops
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
+from ..spec.rules import check_test_loops
 from .adaptive import AdaptiveLosses, AdaptiveSpec, adaptive_section
 from .exit_criteria import check_model_criterion
 from .heff_stats import DocumentLosses, loss_statistics
@@ -149,7 +149,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     run of the loops (:func:`_adaptive_sections`). The model and every batch live on
     ``device`` (``experiment.device``), passes run in ``precision`` (``experiment.precision``).
     """
-    from ..data.loader import PackedData, answer_targets_only
+    from ..data.loader import PackedData
     from ..device import resolve_device
     from ..precision import Precision
     from .loading import load_for_eval
@@ -164,15 +164,12 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     answer_only = objective.startswith("answer_")
     specs = _adaptive_specs(adaptive, h_effs, loaded.model)
 
-    def batches() -> Iterator[dict[str, torch.Tensor]]:
-        """Validation rows until max_tokens targets are scored (or the split ends)."""
-        for batch in data.val_batches(data.val_rows, batch_rows):
-            batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
-            yield answer_targets_only(batch) if answer_only else batch
-
     with amp.autocast():
         try:  # one run of the loops per batch: every H_eff and every criterion
-            swept = sweep_pass(loaded.model, batches(), h_effs, specs, max_tokens,
+            # validation rows until max_tokens targets are scored (or the split ends)
+            swept = sweep_pass(loaded.model, data.eval_batches(data.val_rows, batch_rows, dev,
+                                                               answer_only=answer_only),
+                               h_effs, specs, max_tokens,
                                getattr(data, "doc_levels", None))
         except NoTokensScored:
             if not answer_only:

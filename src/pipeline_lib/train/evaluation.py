@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..data.loader import IGNORE_INDEX, answer_targets_only
+from ..data.loader import IGNORE_INDEX
 from ..data.tokenizer import eos_id, load_tokenizer
 from ..model.generate import greedy_generate
 
@@ -47,10 +47,7 @@ def validation_losses(model: Any, data: Any, num_rows: int, batch_rows: int, *,
     totals = [0.0] * len(hs)
     count = 0
     try:
-        for batch in data.val_batches(num_rows, batch_rows):
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            if answer_only:
-                batch = answer_targets_only(batch)
+        for batch in data.eval_batches(num_rows, batch_rows, device, answer_only=answer_only):
             n = int((batch["targets"] != IGNORE_INDEX).sum())
             if n == 0:
                 continue

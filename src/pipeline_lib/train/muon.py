@@ -28,19 +28,20 @@ would need each matrix gathered first (refused by the config and here).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch.optim import _muon
 
 from ..errors import ConfigError
+from .optim_step import ClosureStep
 
 MUON_GROUP = "muon"
 NS_COEFFICIENTS = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class MuonAdamW(ClosureStep):
     """Muon on the group named :data:`MUON_GROUP`, AdamW on the others (see module doc)."""
 
     def __init__(self, params: Iterable[dict[str, Any]], *, adamw: type[torch.optim.AdamW],
@@ -63,19 +64,13 @@ class MuonAdamW(torch.optim.Optimizer):
     def _groups(self, *, muon: bool) -> list[dict[str, Any]]:
         return [g for g in self.param_groups if (g["name"] == MUON_GROUP) == muon]
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def update(self) -> None:
         if self._adamw is not None:
             self._adamw.param_groups = self._groups(muon=False)  # after load_state_dict too
             self._adamw.state = self.state
             self._adamw.step()
         for group in self._groups(muon=True):
             self._muon_step(group)
-        return loss
 
     def _muon_step(self, group: dict[str, Any]) -> None:
         params, grads, bufs = [], [], []

@@ -21,16 +21,17 @@ config's (peak lr, weight decay may legitimately change between segments).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..config import TrainConfig
 from ..errors import CheckpointError, ConfigError
+from ..spec.config import TrainConfig
 from .eager import EagerAdamW, skip_dynamo_import
 from .muon import MUON_GROUP, MuonAdamW
+from .optim_step import ClosureStep
 from .schedule import scale_lr
 
 GROUP_ORDER = ("decay", "no_decay", "injection_scale", MUON_GROUP)
@@ -155,7 +156,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]
     refresh_group_hparams(optimizer, train, global_batch_rows=global_batch_rows)
 
 
-class AdamATan2(torch.optim.Optimizer):
+class AdamATan2(ClosureStep):
     """Adam with ``atan2`` in place of the division by ``√v̂ + ε`` (no ε at all).
 
     Per parameter, at step t (Everett et al. 2024, "Scaling Exponents Across
@@ -181,12 +182,7 @@ class AdamATan2(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
                                       a=a, b=b))
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def update(self) -> None:
         for group in self.param_groups:
             lr, wd, a, b = group["lr"], group["weight_decay"], group["a"], group["b"]
             beta1, beta2 = group["betas"]
@@ -211,5 +207,4 @@ class AdamATan2(torch.optim.Optimizer):
                 den = exp_avg_sq.mul(b * b / (1.0 - beta2 ** t)).sqrt_()  # b·√v̂
                 update = exp_avg.mul(1.0 / (1.0 - beta1 ** t)).atan2_(den)  # atan2(m̂, b·√v̂)
                 p.add_(update, alpha=-lr * a)
-        return loss
 

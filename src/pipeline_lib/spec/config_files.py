@@ -1,0 +1,154 @@
+"""Config files and their merge rules, as plain data: what every entry point shares.
+
+``load_config`` (the stage commands' ``--config A --config B``) and the Snakefile (its
+``--configfile A B``) read and stack files by these rules: sections merge key by key, lists
+and scalars replace, and a file that lists ``runs:`` replaces the variants before it (a
+variant set is one unit). Light: no torch, OmegaConf imported when a file is read.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .rules import sources_have_answers, sources_have_levels
+
+
+def read_yaml(path: Path) -> Any:
+    """The mapping in the YAML file ``path`` (an OmegaConf ``DictConfig``; empty for an
+    empty file), or a ConfigError naming the file."""
+    from omegaconf import OmegaConf  # imported here: keeps `import pipeline_lib.spec.config` cheap
+
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; pass a YAML file")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file")
+    try:
+        loaded = OmegaConf.load(path)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: "
+                          f"{exc.reason}); save it as UTF-8") from None
+    except Exception as exc:  # yaml.YAMLError and friends
+        raise ConfigError(yaml_error(path, exc)) from None
+    if loaded is None:
+        return OmegaConf.create({})
+    if not isinstance(loaded, Mapping) and not hasattr(loaded, "keys"):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not a list")
+    return loaded
+
+
+def yaml_error(path: Path, exc: Exception) -> str:
+    """One line for a YAML syntax error in ``path``: where (line and column, 1-based, as
+    editors count) and what PyYAML found."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    found = f"{problem} ({context})" if context else problem
+    return (f"config file {path} is not valid YAML{where}: {found}; fix the syntax there "
+            "(indentation, a missing ':' or closing bracket)")
+
+
+def config_paths(path: str | Path | Sequence[str | Path] | None,
+                 base: str | Path | None) -> list[Path]:
+    """``path`` as a list of files (one, several, or none), ``base`` itself left out."""
+    paths = [] if path is None else [path] if isinstance(path, str | Path) else list(path)
+    return [Path(p) for p in paths
+            if base is None or Path(p).resolve() != Path(base).resolve()]
+
+
+def set_keys(data: Any, prefix: str = "") -> set[str]:
+    """The dotted keys a plain mapping sets (``{"data": {"seq_len": 8}}`` → ``data.seq_len``;
+    a list is one value)."""
+    keys: set[str] = set()
+    for key, value in (data.items() if isinstance(data, Mapping) else ()):
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            keys |= set_keys(value, name)
+        else:
+            keys.add(name)
+    return keys
+
+
+def user_keys(paths: Sequence[str | Path], default: Path, overrides: Any = None) -> set[str]:
+    """The keys the user's config files (``default`` left out) and ``overrides`` set."""
+    from omegaconf import OmegaConf
+
+    keys = set_keys(overrides or {})
+    for file in config_paths(paths, default):
+        keys |= set_keys(OmegaConf.to_container(read_yaml(file), resolve=False))
+    return keys
+
+
+def data_defaults(merged: Mapping[str, Any], explicit: set[str]) -> dict[str, Any]:
+    """Values that follow the data: ``{key: value}`` to set in ``merged`` (plain data).
+
+    config/config.yaml's defaults suit its built-in reasoning corpus, whose documents have
+    levels and answers: ``data.curriculum_fraction: 0.3`` and ``train.objective:
+    answer_deep_supervision``. With sources that have no levels (no answers) and the key not
+    set by the user (``explicit``: keys set by their files, overrides or the variant), the
+    curriculum is off (0) and the objective scores every token (``answer_X`` → ``X``)."""
+    data, train = merged.get("data") or {}, merged.get("train") or {}
+    sources = data.get("sources") or []
+    changes: dict[str, Any] = {}
+    fraction = data.get("curriculum_fraction")
+    if ("data.curriculum_fraction" not in explicit and isinstance(fraction, int | float)
+            and fraction > 0 and not sources_have_levels(sources)):
+        changes["data.curriculum_fraction"] = 0.0
+    objective = train.get("objective")
+    if ("train.objective" not in explicit and isinstance(objective, str)
+            and objective.startswith("answer_") and not sources_have_answers(sources)):
+        changes["train.objective"] = objective.removeprefix("answer_")
+    return changes
+
+
+def apply_data_defaults(merged: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
+    """``merged`` (plain data) with :func:`data_defaults` set in it (in place; returned)."""
+    for key, value in data_defaults(merged, explicit).items():
+        section, name = key.split(".")
+        merged[section][name] = value
+    return merged
+
+
+def merge_config_dicts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain-data merge with the loader's rules: mappings merge recursively, lists and
+    scalars replace, and a top-level ``runs`` in ``update`` replaces ``base``'s variants."""
+
+    def merge(a: Any, b: Any) -> Any:
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out = dict(a)
+            for key, value in b.items():
+                out[key] = merge(a[key], value) if key in a else copy.deepcopy(value)
+            return out
+        return copy.deepcopy(b)
+
+    merged = merge(base, update)
+    if "runs" in update:
+        merged["runs"] = copy.deepcopy(update["runs"])
+    return merged
+
+
+def merge_config_files(paths: Sequence[str | Path], default: Path) -> dict[str, Any]:
+    """``default`` (the embedded config/config.yaml) ← each of ``paths`` in order, by
+    :func:`merge_config_dicts`, each file read as ``load_config`` reads it: plain data,
+    unvalidated, equal to what ``load_config(paths)`` resolves."""
+    from omegaconf import OmegaConf
+
+    merged: dict[str, Any] = {}
+    for file in [Path(default), *config_paths(paths, default)]:
+        data = OmegaConf.to_container(read_yaml(file))
+        assert isinstance(data, dict)
+        merged = merge_config_dicts(merged, data)
+    return merged
+
+
+def merge_user_config(paths: Sequence[str | Path], default: Path, last: Mapping[str, Any],
+                      overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The Snakefile's config: ``default`` ← ``paths`` ← ``last`` (Snakemake's ``--config``,
+    or its whole config when no file was given), with the defaults that follow the data set
+    where the user (``paths`` and ``overrides``) did not set them."""
+    merged = merge_config_dicts(merge_config_files(paths, default), dict(last))
+    return apply_data_defaults(merged, user_keys(paths, default, overrides))

@@ -1,0 +1,208 @@
+"""Cross-field rules within one section of the config (or between train and model),
+apart from the dataclasses: sources, the tokenizer, ``train.optimizer = muon``,
+``train.freeze``, ``train.activation_checkpointing`` with ``train.compile``, and
+adaptive-exit thresholds.
+
+:func:`pipeline_lib.spec.config.validate_config` calls them after the generic field checks
+(:mod:`pipeline_lib.spec.fields`); below :mod:`pipeline_lib.spec.config` in the layers, so
+the sections come in as arguments (read by attribute) and nothing here imports them.
+Each raises a one-line ConfigError naming the key and the fix. :data:`FREEZE_PARTS` is
+the vocabulary of ``train.freeze``; what each part holds in the model is
+:mod:`pipeline_lib.train.freeze`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ConfigError
+
+ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
+FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
+# adaptive-exit criteria (pipeline_lib.evaluate.exit_criteria computes them)
+EXIT_CRITERIA = ("kl", "entropy", "latent_diff", "cosine", "argmax_stable", "gate")
+# Most loops read out at test time (H_eff, an adaptive exit's MAX): far past any depth a
+# loop count is trained or extrapolated to here, and a typo (200000) is an error, not a
+# run that never ends (each loop is one core-block pass per token).
+MAX_TEST_LOOPS = 1024
+
+
+def check_test_loops(value: int, key: str) -> None:
+    """A loop count read out at test time (``key`` names where it was given): 1 to
+    :data:`MAX_TEST_LOOPS`."""
+    if not 1 <= value <= MAX_TEST_LOOPS:
+        raise ConfigError(f"{key} = {value}: a test-time loop count must lie between 1 and "
+                          f"{MAX_TEST_LOOPS}; pass a smaller one (each loop is one more pass "
+                          "of the core block per token)")
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def sources_have_levels(sources: Any) -> bool:
+    """Whether any of ``data.sources`` (dataclasses or plain mappings) gives documents a
+    difficulty level: a reasoning source, or a ``level_field``."""
+    return any(_field(s, "type") == "reasoning" or _field(s, "level_field")
+               for s in sources or [])
+
+
+def sources_have_answers(sources: Any) -> bool:
+    """Whether any of ``data.sources`` gives answer spans: a reasoning source, or an
+    ``answer_field``."""
+    return any(_field(s, "type") == "reasoning" or _field(s, "answer_field")
+               for s in sources or [])
+
+
+def model_parts(model: Any) -> list[str]:
+    """The :data:`FREEZE_PARTS` the architecture ``model`` (a ``ModelConfig``) has parameters
+    for: no prelude or coda without layers, no head of its own when tied to the embedding,
+    an adapter only with linear injection (``injection_proj``), a learnable λ or loop gates
+    (gated recurrence)."""
+    has = {"prelude": model.prelude_layers > 0, "coda": model.coda_layers > 0,
+           "head": not model.tie_embeddings,
+           "adapter": (model.injection == "linear" or model.learn_injection_scale
+                       or model.recurrence == "gated")}
+    return [part for part in FREEZE_PARTS if has.get(part, True)]
+
+
+def check_optimizer_and_freeze(train: Any, model: Any) -> None:
+    """Muon runs in one process; ``train.freeze`` names parts the model has, and not all of
+    them (``train``: a ``TrainConfig``, ``model``: a ``ModelConfig``). Raises ConfigError."""
+    world = train.nproc * train.nnodes
+    if train.optimizer == "muon" and world > 1:
+        raise ConfigError(f"train.optimizer = muon runs in one process, not train.nproc × "
+                          f"train.nnodes = {world} (FSDP shards each matrix, Newton–Schulz "
+                          "needs it whole); set train.nproc=1 and train.nnodes=1 or use adamw")
+    present = model_parts(model)
+    if "head" in train.freeze and model.tie_embeddings and "embeddings" not in train.freeze:
+        raise ConfigError("train.freeze lists head, but model.tie_embeddings shares the head "
+                          "with the token embedding, which would freeze it too; list "
+                          "embeddings as well, or remove head")
+    for part in train.freeze:
+        if part not in present and part != "head":  # a tied head: checked above
+            raise ConfigError(f"train.freeze lists {part}, which this model has no parameters "
+                              f"for (it has {present}); remove it")
+    if not set(present) - set(train.freeze):
+        raise ConfigError(f"train.freeze = {train.freeze} freezes every part of the model; "
+                          "nothing would train: leave at least one part out")
+
+
+def check_activation_checkpointing(train: Any) -> None:
+    """``train.activation_checkpointing`` runs eagerly (``train``: a ``TrainConfig``): under
+    torch.compile checkpoint's ``context_fn`` must be a dispatch mode, and the marker that
+    keeps a recomputed MoE call from counting its loads and aux term twice is not one."""
+    if train.activation_checkpointing != "none" and train.compile:
+        raise ConfigError(f"train.activation_checkpointing = {train.activation_checkpointing} "
+                          "does not combine with train.compile (compiled checkpoint regions "
+                          "cannot mark recomputation, which MoE load counting needs); set "
+                          "train.compile=false or train.activation_checkpointing=none")
+
+
+def check_source_fields(i: int, src: Any) -> None:
+    """``data.sources[i]`` (a SourceConfig): prompt_field/answer_field come as a pair, and
+    only jsonl/parquet read them (and level_field); file sources need a path."""
+    if src.type in ("parquet", "jsonl", "text") and not src.path:
+        raise ConfigError(f"data.sources[{i}].path is empty for a {src.type} source; "
+                          "set it to a file glob")
+    if src.min_difficulty > src.max_difficulty:
+        raise ConfigError(f"data.sources[{i}].min_difficulty exceeds max_difficulty; swap them")
+    fields = {"prompt_field": src.prompt_field, "answer_field": src.answer_field,
+              "level_field": src.level_field}
+    used = [name for name, value in fields.items() if value]
+    if used and src.type not in ANSWER_FIELD_SOURCE_TYPES:
+        raise ConfigError(f"data.sources[{i}].{used[0]} is set on a {src.type} source; only "
+                          "jsonl and parquet sources read it, remove it")
+    if bool(src.prompt_field) != bool(src.answer_field):
+        given, missing = (("prompt_field", "answer_field") if src.prompt_field
+                          else ("answer_field", "prompt_field"))
+        raise ConfigError(f"data.sources[{i}].{given} is set without {missing}; set both "
+                          "(the document is prompt + answer) or neither")
+
+
+def check_tokenizer(tok: Any) -> None:
+    """``data.tokenizer`` (a TokenizerConfig): type file reads path; byte and bpe read
+    neither a path nor a BOS setting."""
+    if tok.type == "file" and not tok.path:
+        raise ConfigError("data.tokenizer.path is empty for a file tokenizer; set it to a "
+                          "tokenizer.json, a Hugging Face tokenizer directory or a .gguf file")
+    if tok.type != "file" and tok.path:
+        raise ConfigError(f"data.tokenizer.path is set for a {tok.type} tokenizer; only type "
+                          "file reads it: set data.tokenizer.type to file or remove the path")
+    if tok.type != "file" and tok.add_bos == "true":
+        raise ConfigError(f"data.tokenizer.add_bos = true, but a {tok.type} tokenizer has no BOS "
+                          "token; set it to auto or false (or use type file)")
+
+
+def check_finite_thresholds(key: str, thresholds: list[float]) -> None:
+    """Adaptive-exit thresholds (``key``, e.g. ``bench.adaptive_thresholds``) are finite
+    numbers ≥ 0; the schema's minimum lets nan and inf through."""
+    if any(not 0 <= x < float("inf") for x in thresholds):
+        raise ConfigError(f"{key} = {thresholds} needs finite numbers >= 0 (0 = never exit "
+                          "early), e.g. [0, 0.001, 0.01]")
+
+
+def check_exit_threshold(criterion: str, value: float, key: str) -> None:
+    """One adaptive-exit threshold of ``criterion`` (what ``key`` names in the message):
+    finite and >= 0; a whole loop count for argmax_stable; within [0, 1] for gate."""
+    if criterion not in EXIT_CRITERIA:
+        raise ConfigError(f"{key}: criterion {criterion!r} is not one of {list(EXIT_CRITERIA)}; "
+                          "pick one")
+    if not 0 <= value < float("inf"):  # also nan
+        raise ConfigError(f"{key} = {value} must be a finite number >= 0 (0 = never exit "
+                          "early), e.g. 0.01")
+    if criterion == "argmax_stable" and value != int(value):
+        raise ConfigError(f"{key} = {value}: argmax_stable takes a whole number n of loops the "
+                          "top token stays unchanged (0 = never exit), e.g. 2")
+    if criterion == "gate" and value > 1:
+        raise ConfigError(f"{key} = {value}: the gate threshold is a cumulative exit "
+                          "probability in [0, 1] (1 = never exit), e.g. 0.9")
+
+
+def adaptive_criteria(eval_cfg: Any) -> list[str]:
+    """The criteria the H_eff sweep compares: ``eval.adaptive_criteria``, or
+    ``[eval.adaptive_criterion]`` when that list is empty (configs before the list)."""
+    return list(dict.fromkeys(eval_cfg.adaptive_criteria)) or [eval_cfg.adaptive_criterion]
+
+
+def criterion_thresholds(eval_cfg: Any, criterion: str) -> list[float]:
+    """Thresholds of one criterion: ``eval.adaptive_criterion_thresholds[criterion]``, else
+    ``eval.adaptive_thresholds``."""
+    by = eval_cfg.adaptive_criterion_thresholds
+    return list(by[criterion]) if criterion in by else list(eval_cfg.adaptive_thresholds)
+
+
+def check_adaptive_exit(eval_cfg: Any, train: Any, model: Any) -> None:
+    """Thresholds of every criterion; the exit gate's objective and criterion need the gate;
+    expected_exit reads out every loop of one pass, so not with unrolled backprop."""
+    for x in eval_cfg.adaptive_thresholds:
+        check_exit_threshold("kl", x, "eval.adaptive_thresholds")
+    for name, values in eval_cfg.adaptive_criterion_thresholds.items():
+        for x in values:
+            check_exit_threshold(name, x, f"eval.adaptive_criterion_thresholds.{name}")
+    if train.objective == "expected_exit" and not model.exit_gate:
+        raise ConfigError("train.objective = expected_exit needs the learned exit gate; set "
+                          "model.exit_gate=true or pick another objective")
+    if train.objective == "expected_exit" and train.bptt.mode == "unrolled":
+        raise ConfigError("train.objective = expected_exit weighs every loop's readout in one "
+                          "pass; use train.bptt.mode full or truncated, not unrolled")
+    if (eval_cfg.adaptive_thresholds and "gate" in adaptive_criteria(eval_cfg)
+            and not model.exit_gate):
+        raise ConfigError("eval.adaptive_criteria lists gate, but model.exit_gate is false; set "
+                          "model.exit_gate=true or remove gate from the criteria")
+
+
+def check_exit_gate_trained(train: Any, model: Any) -> None:
+    """A config about to train: ``model.exit_gate`` only with the objective that trains it.
+
+    Only ``expected_exit`` puts the gate in the loss; under any other objective it keeps its
+    initial weights, and a gate exit would read noise. Checked where a run is planned and
+    where a segment starts, not when a snapshot's config is read: snapshots trained before
+    this rule still load (their gate is refused by the gate criterion instead)."""
+    if model.exit_gate and train.objective != "expected_exit":
+        raise ConfigError(f"model.exit_gate = true, but train.objective = {train.objective} "
+                          "never trains the gate (only expected_exit does), so its exits "
+                          "would be noise; set train.objective=expected_exit, or "
+                          "model.exit_gate=false")
+
