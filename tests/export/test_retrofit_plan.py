@@ -14,7 +14,6 @@ import torch
 from support.hf_import_helpers import save_tiny_llama
 
 from pipeline_lib.cli import main
-from pipeline_lib.config import Config, DataConfig, SourceConfig, TokenizerConfig
 from pipeline_lib.data.loader import PackedData
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.evaluate.heff import run_heff
@@ -22,6 +21,7 @@ from pipeline_lib.evaluate.loading import load_for_eval
 from pipeline_lib.export.hf_import import import_checkpoint
 from pipeline_lib.export.hf_layout import layer_choice
 from pipeline_lib.export.layer_similarity import measure
+from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, TokenizerConfig
 
 LAYERS = 6
 

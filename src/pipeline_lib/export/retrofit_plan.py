@@ -10,7 +10,7 @@ recurrence, injection and state init, and scored at step 0 at every H_eff: loss,
 difference to the original on the same documents (95% interval, documents resampled), the
 loop drift ``‖s_L − s_{L−1}‖ / ‖s_L‖`` and the state's RMS over the RMS the coda was
 trained on, at the training loop count L. They are ranked by loss at L. FLOPs per token are
-:func:`pipeline_lib.model.size.flops_per_token`'s.
+:func:`pipeline_lib.spec.size.flops_per_token`'s.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import Config
 from ..data.loader import PackedData
 from ..errors import ConfigError
 from ..evaluate.heff import sweep_documents
 from ..evaluate.heff_stats import DocumentLosses
 from ..evaluate.stats import document_bootstrap, paired_column_diffs
-from ..model.size import flops_per_token
 from ..output_set import output_set
+from ..spec.config import Config
+from ..spec.size import flops_per_token
 from .hf_import import build_imported_model, init_model_config, mapped_state
 from .hf_layout import LayerChoice
 from .layer_similarity import LayerSimilarity, measure
