@@ -54,6 +54,8 @@ def _base(root: Path) -> dict[str, tuple[list, tuple[str, Path]]]:
         "export": (["export", "--snapshot", snap, "--out", root / "e"], ("--snapshot", snap)),
         "import-hf": (["import-hf", "--source", root / "no_model", "--out", root / "i"],
                       ("--source", root / "no_model")),
+        "retrofit-plan": (["retrofit-plan", "--source", root / "no_model", "--data", data,
+                           "--out", root / "rp"], ("--data", data)),
         "track-init": (["track-init", "--config", cfg, "--run-dir", root / "r", "--data", data,
                         "--no-track"], ("--data", data)),
         "compare": (["compare", root / "run", "--out", root / "cmp"], ("run_dirs", root / "run")),
