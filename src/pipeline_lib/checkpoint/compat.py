@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import CheckpointError, ConfigError
 from ..spec.config import Config, config_from_dict, load_config, to_dict
+from ..spec.names import TOKENIZER_FILE
 from .contents import CONFIG_FILE
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def check_snapshot_fits_pack(snapshot: Path, data: Any, *, use: str, fix: str | 
     (:func:`~pipeline_lib.data.tokenizer_identity.check_model_fits_pack`), the snapshot's
     ``tokenizer.json`` verified first: a damaged file is named as such, not as another
     tokenizer. ``cfg``: the snapshot's config when the caller has it."""
-    from ..data.tokenizer_identity import TOKENIZER_FILE, check_model_fits_pack
+    from ..data.tokenizer_identity import check_model_fits_pack
     from .manifest import verify_snapshot
 
     verify_snapshot(snapshot, hash_files=[TOKENIZER_FILE])

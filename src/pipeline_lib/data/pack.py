@@ -41,7 +41,7 @@ from ..errors import ConfigError, DataError
 from ..fsio import file_sha256, is_write_failure
 from ..output_paths import check_output_dir
 from ..spec.config import DataConfig
-from .identity import (
+from ..spec.data_id import (
     ANSWER_SPAN_VERSION,
     FORMAT_VERSION,
     data_id,

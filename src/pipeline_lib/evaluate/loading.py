@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import CheckpointError
+from ..spec.names import TOKENIZER_FILE
 
 
 @dataclass
@@ -38,8 +38,8 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
                        option: str = "tokenizer={} in --model_args") -> Any:
     """The tokenizer stored in the snapshot at ``path`` (or ``override``, a tokenizer.json);
     ``option`` is how the caller's user passes one (``{}``: the data pack's tokenizer.json)."""
-    from ..data.identity import data_id
     from ..data.tokenizer import load_tokenizer
+    from ..spec.data_id import data_id
     from ..spec.layout import ResultsLayout
 
     stored = path / TOKENIZER_FILE

@@ -36,6 +36,7 @@ from ..errors import CheckpointError, ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
 from ..spec.config import Config, config_yaml
 from ..spec.init_source import fingerprint_id, source_fingerprint
+from ..spec.names import TOKENIZER_FILE
 from .hf_layout import (
     CONFIG_JSON,
     GGUF_PERMUTED,
@@ -231,7 +232,6 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     :class:`~pipeline_lib.errors.ConfigError` before anything is written.
     """
     from ..checkpoint.snapshot import write_snapshot
-    from ..data.tokenizer import TOKENIZER_FILE
     from ..data.tokenizer_source import tokenizer_from_source
 
     started = time.perf_counter()

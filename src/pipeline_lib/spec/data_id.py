@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..spec.config import DataConfig, SourceConfig
-from .tokenizer_files import KIND_GGUF, tokenizer_source_fingerprint
+from .config import DataConfig, SourceConfig
+from .tokenizer_id import KIND_GGUF, tokenizer_source_fingerprint
 
 # Version of the on-disk layout and of the packing algorithm: bump when the bytes change.
 FORMAT_VERSION = 1
