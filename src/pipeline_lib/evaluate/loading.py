@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..spec.data_id import data_id
+from ..spec.layout import ResultsLayout
 from ..spec.names import TOKENIZER_FILE
 
 
@@ -39,8 +41,6 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
     """The tokenizer stored in the snapshot at ``path`` (or ``override``, a tokenizer.json);
     ``option`` is how the caller's user passes one (``{}``: the data pack's tokenizer.json)."""
     from ..data.tokenizer import load_tokenizer
-    from ..spec.data_id import data_id
-    from ..spec.layout import ResultsLayout
 
     stored = path / TOKENIZER_FILE
     if override not in (None, ""):
