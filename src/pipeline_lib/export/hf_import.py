@@ -36,9 +36,8 @@ from ..errors import CheckpointError, ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
 from ..spec.config import Config, config_yaml
 from ..spec.init_source import fingerprint_id, source_fingerprint
-from ..spec.names import TOKENIZER_FILE
+from ..spec.names import CONFIG_JSON, TOKENIZER_FILE
 from .hf_layout import (
-    CONFIG_JSON,
     GGUF_PERMUTED,
     TOP_TENSORS,
     LayerChoice,

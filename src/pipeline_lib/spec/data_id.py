@@ -24,6 +24,7 @@ from .tokenizer_id import KIND_GGUF, tokenizer_source_fingerprint
 
 # Version of the on-disk layout and of the packing algorithm: bump when the bytes change.
 FORMAT_VERSION = 1
+LAYOUT = "document_causal_lm"  # metadata.json's layout: whole documents, causal LM targets
 # Version of the reasoning generators (pipeline_lib.data.reasoning): bump when output changes.
 REASONING_GENERATOR_VERSION = 1
 # Version of the answer spans (answer_spans.npy): 1 = the answer's tokens; 2 = the answer's
