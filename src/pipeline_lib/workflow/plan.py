@@ -19,6 +19,7 @@ from typing import Any
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
 from ..export.hf_import import resolve_init_from
+from ..spec.budget import total_steps
 from ..spec.config import (
     DEFAULT_CONFIG_PATH,
     Config,
@@ -35,7 +36,7 @@ from ..spec.layout import ResultsLayout, RunLayout
 from ..spec.names import BYTE_VOCAB_SIZE
 from ..spec.rules import check_exit_gate_trained
 from ..spec.signatures import init_signature, precision_signature, train_signature
-from ..spec.snapshots import anchor_steps, kept_steps, previous_end, segment_ends, total_steps
+from ..spec.snapshots import anchor_steps, kept_steps, previous_end, segment_ends
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads, segment_time
 
