@@ -22,10 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from ..data.reasoning import generate_problems
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
+from ..output_paths import check_output_dir
 from ..spec.config import BenchConfig
 from ..spec.names import BUILTIN_TASK_NAMES, BUILTIN_TASK_PREFIX, REASONING_TASKS
+from .user_tasks import USER_TASKS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +86,6 @@ def task_examples(task: BuiltinTask, bench: BenchConfig) -> list[dict[str, Any]]
     Multiple-choice rows hold ``choices`` (answer and distractors, shuffled by a seeded
     stream) and the index ``label`` of the answer.
     """
-    from ..data.reasoning import generate_problems
-
     levels = range(bench.min_difficulty, bench.max_difficulty + 1)
     per_level = {
         level: generate_problems(task.generator, level, bench.examples_per_level, bench.seed)
@@ -148,16 +151,12 @@ def task_config(task: BuiltinTask, data_file: Path, bench: BenchConfig) -> dict[
 def is_tasks_dir(path: Path) -> bool:
     """Whether every entry of ``path`` is a built-in task file or the user-task folder a
     bench job writes there (so the job may write into it again)."""
-    from .user_tasks import USER_TASKS_DIR
-
     ours = {f"{name}.{ext}" for name in BUILTIN_TASKS for ext in ("yaml", "jsonl")}
     return all(p.name in ours or p.name == USER_TASKS_DIR for p in Path(path).iterdir())
 
 
 def check_tasks_dir(path: Path) -> None:
     """Before a bench job: ``path`` is new, empty or a bench job's task folder (one line)."""
-    from ..output_paths import check_output_dir
-
     check_output_dir(path, "bench task directory", owned=is_tasks_dir,
                      kind="a bench task folder (files other than the built-in tasks' are in "
                           "it)")
@@ -169,8 +168,6 @@ def write_builtin_tasks(bench: BenchConfig, out_dir: Path) -> list[str]:
     Returns the built-in task names written (in ``bench.tasks`` order); other names in
     ``bench.tasks`` are installed lm-eval tasks and need no files.
     """
-    import yaml
-
     _check_bench(bench)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

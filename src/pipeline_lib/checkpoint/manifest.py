@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 from ..errors import CheckpointError
 from ..fsio import file_sha256
 from ..spec.names import CONFIG_JSON, MANIFEST_NAME, PACK_METADATA, PACK_TOKENS
+from .fsutil import publish_dir
 
 SNAPSHOT_FORMAT = "loopline-snapshot"
 SNAPSHOT_VERSION = 1
@@ -270,8 +271,6 @@ def staged_snapshot(tmp: Path, target: Path, what: str) -> Iterator[dict[str, di
     ``target``; on any failure ``tmp`` is removed, so nothing half-written is ever seen as a
     snapshot. An OSError becomes a CheckpointError saying what could not be done.
     """
-    from .fsutil import publish_dir
-
     records: dict[str, dict[str, Any]] = {}
     try:
         yield records

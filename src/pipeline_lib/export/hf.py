@@ -30,6 +30,14 @@ from typing import Any
 from ..errors import CheckpointError, UsageError
 from ..output_paths import check_creatable
 from ..spec.names import CONFIG_JSON, MODELING_FILE
+from ..spec.size import (
+    loop_gate_rows,
+    resolved_ffn_hidden,
+    resolved_head_dim,
+    resolved_kv_heads,
+    resolved_moe_hidden,
+    step_embedding_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +55,6 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any],
               bos: int | None = None) -> dict[str, Any]:
     """config.json of a model with loopline config ``cfg`` (``LooplineConfig`` fields);
     ``bos``: the token its training documents started with, if any."""
-    from ..spec.size import (
-        loop_gate_rows,
-        resolved_ffn_hidden,
-        resolved_head_dim,
-        resolved_kv_heads,
-        resolved_moe_hidden,
-        step_embedding_rows,
-    )
 
     m = cfg.model
     return {
