@@ -27,6 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.fsutil import clean_stale_siblings, publish_dir, tmp_sibling
 from ..errors import CheckpointError, UsageError
 from ..output_paths import check_creatable
 from ..spec.names import CONFIG_JSON, MODELING_FILE
@@ -94,7 +95,7 @@ def tokenizer_files(tok: Any, seq_len: int) -> dict[str, str]:
     of text: ``split_special_tokens``), a BOS added only where training documents began with
     one (a pretrained tokenizer's, :func:`~pipeline_lib.data.tokenizer.bos_id`), no EOS
     added, byte-exact decoding."""
-    from ..data.tokenizer import bos_id, eos_id, pad_id
+    from ..data.tokenizer import bos_id, eos_id, pad_id  # lazy: numpy and tokenizers
 
     bos = bos_id(tok)
     specials = {"eos_token": tok.id_to_token(eos_id(tok)),
@@ -113,7 +114,7 @@ def tokenizer_files(tok: Any, seq_len: int) -> dict[str, str]:
 def export_state(model: Any) -> dict[str, Any]:
     """The weights as the exported model names them: the LoopedLM state dict, plus λ of
     additive injection when it is fixed (a config value loopline does not save)."""
-    import torch
+    import torch  # lazy: the plan imports export.hf_import, and this package imports us
 
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.cfg.injection == "add" and "injection_scale" not in state:
@@ -143,7 +144,7 @@ def _check_out(out: Path, snapshot: Path) -> None:
 def _save_weights(state: dict[str, Any], path: Path) -> None:
     """safetensors' ``save_file``, whose failure to write (a full disk) is an OSError like
     every other write here (it raises its own SafetensorError naming the os error)."""
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError  # lazy: torch, as above
     from safetensors.torch import save_file
 
     try:
@@ -156,7 +157,7 @@ def _save_weights(state: dict[str, Any], path: Path) -> None:
 
 
 def _write_export(tmp: Path, loaded: Any, provenance: dict[str, Any]) -> None:
-    from ..data.tokenizer import bos_id, eos_id, pad_id
+    from ..data.tokenizer import bos_id, eos_id, pad_id  # lazy: numpy and tokenizers
 
     tok, cfg = loaded.tokenizer, loaded.config
     _save_weights(export_state(loaded.model), tmp / WEIGHTS_FILE)
@@ -184,8 +185,7 @@ def export_snapshot(snapshot: Path, out: Path, *, use_ema: bool = False,
     they carried one). Raises CheckpointError for a snapshot that fails its manifest or does
     not fit its config, UsageError for an ``out`` that is not a previous export.
     """
-    from ..checkpoint.fsutil import clean_stale_siblings, publish_dir, tmp_sibling
-    from ..evaluate.loading import load_for_eval
+    from ..evaluate.loading import load_for_eval  # lazy: torch, as above
 
     snapshot, out = Path(snapshot), Path(out)
     _check_out(out, snapshot)
