@@ -53,7 +53,8 @@ from pipeline_lib.config import DataConfig, EvalConfig, SourceConfig, load_confi
 from pipeline_lib.config_rules import EXIT_CRITERIA  # noqa: E402
 from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
-from pipeline_lib.evaluate.adaptive import AdaptiveSpec, adaptive_section  # noqa: E402
+from pipeline_lib.evaluate.exit.results import adaptive_section  # noqa: E402
+from pipeline_lib.evaluate.exit.spec import ExitSpec  # noqa: E402
 from pipeline_lib.evaluate.heff import sweep_losses  # noqa: E402
 from pipeline_lib.evaluate.sweep_pass import sweep_pass  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402
@@ -112,8 +113,8 @@ def exit_cases(cfg, data: PackedData, h_effs: list[int], args) -> dict:
     train_loss = train_briefly(trained, data, args.train_steps, cfg.train.micro_batch_rows)
     torch.manual_seed(0)
     moving = LoopedLM(dataclasses.replace(cfg.model, init_std=0.2))
-    default = AdaptiveSpec(tuple(cfg.eval.adaptive_thresholds), "kl", max_h).resolved(h_effs)
-    worst = AdaptiveSpec(WORST_THRESHOLDS, "kl", max_h).resolved(h_effs)
+    default = ExitSpec(tuple(cfg.eval.adaptive_thresholds), "kl", max_h).resolved(h_effs)
+    worst = ExitSpec(WORST_THRESHOLDS, "kl", max_h).resolved(h_effs)
     result: dict = {"train_loss": round(train_loss, 3)}
     for case, (model, spec) in {"trained": (trained.eval(), default),
                                 "worst": (moving.eval(), worst)}.items():
@@ -148,7 +149,7 @@ def criteria_case(cfg, data: PackedData, h_effs: list[int], args) -> dict:
     train_loss = train_briefly(model, data, args.train_steps, cfg.train.micro_batch_rows,
                                exit_entropy_weight=0.01)
     model.eval()
-    every = [spec.resolved(h_effs) for spec in AdaptiveSpec.all_from_eval_config(
+    every = [spec.resolved(h_effs) for spec in ExitSpec.from_config(
         EvalConfig(adaptive_criteria=list(EXIT_CRITERIA)))]
     best, wall, out, rounds = time_alternated({
         "one_pass": lambda: sweep_pass(model, batches, h_effs, every, args.tokens),

@@ -20,7 +20,7 @@ from .errors import ConfigError
 
 ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
-# adaptive-exit criteria (pipeline_lib.evaluate.exit_criteria computes them)
+# adaptive-exit criteria (pipeline_lib.evaluate.exit.criteria computes them)
 EXIT_CRITERIA = ("kl", "entropy", "latent_diff", "cosine", "argmax_stable", "gate")
 # Most loops read out at test time (H_eff, an adaptive exit's MAX): far past any depth a
 # loop count is trained or extrapolated to here, and a typo (200000) is an error, not a

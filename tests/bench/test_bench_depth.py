@@ -175,7 +175,7 @@ def test_bench_criteria_are_the_eval_criteria():
     from dataclasses import fields
 
     from pipeline_lib.config import EvalConfig
-    from pipeline_lib.evaluate.adaptive import CRITERIA
+    from pipeline_lib.evaluate.exit.spec import CRITERIA
 
     def choices(cls, name):
         (f,) = [f for f in fields(cls) if f.name == name]

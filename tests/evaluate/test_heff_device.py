@@ -38,7 +38,7 @@ def test_heff_stage_runs_on_the_configured_device_and_precision(tiny_run, tmp_pa
     assert {d for _, _, d in calls} == {dtype}  # the fixed sweep and the adaptive pass
     assert (result["device"], result["precision"]) == (device, precision)
     assert json.loads(out.read_text())["precision"] == precision
-    assert result["adaptive"]["points"][0]["loss"] == pytest.approx(result["losses"]["3"],
+    assert result["adaptive_by_criterion"]["kl"]["points"][0]["loss"] == pytest.approx(result["losses"]["3"],
                                                                    rel=1e-6)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from itertools import combinations
 from pathlib import Path
 
-from pipeline_lib.evaluate.adaptive_plot import STYLE, plot_adaptive, threshold_labels
+from pipeline_lib.evaluate.exit.plot import STYLE, plot_adaptive, threshold_labels
 
 H = 4
 
@@ -32,7 +32,7 @@ def sweep(step: int, shift: float) -> dict:
                                  (0.5, 1.2, 1.27 + shift)]),
     }
     return {"step": step, "losses": losses, "stderr": {"1": 0.02, "2": 0.02, "4": 0.02},
-            "adaptive": by["kl"], "adaptive_by_criterion": by}
+            "adaptive_by_criterion": by}
 
 
 def test_threshold_labels_share_a_point_and_skip_points_without_early_exits():
