@@ -152,7 +152,7 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
         result = run_heff(Path(snapshot), Path(data_dir), h_effs, outputs.file(out),
                           max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
                           use_ema=cfg.eval.use_ema,
-                          adaptive=ExitSpec.from_config(cfg.eval),
+                          adaptive=ExitSpec.from_config(cfg.eval.adaptive),
                           device=cfg.experiment.device, precision=cfg.experiment.precision,
                           objective=cfg.train.objective)
     step = result["step"]
@@ -246,11 +246,13 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
 
 def _adaptive_params(bench: Any) -> dict[str, Any]:
     """The bench stage's adaptive-exit params; none when it is off."""
-    if not bench.adaptive_thresholds:
+    adaptive = bench.adaptive
+    if not adaptive.thresholds:
         return {}
-    return {"bench.adaptive_thresholds": bench.adaptive_thresholds,
-            "bench.adaptive_criterion": bench.adaptive_criterion,
-            "bench.adaptive_max_loops": bench.adaptive_max_loops}
+    return {"bench.adaptive.criteria": adaptive.criteria,
+            "bench.adaptive.thresholds": adaptive.thresholds,
+            "bench.adaptive.criterion_thresholds": adaptive.criterion_thresholds,
+            "bench.adaptive.max_loops": adaptive.max_loops}
 
 
 def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],

@@ -6,7 +6,7 @@ arXiv:2502.05171: KL(p_t ‖ p_{t−1}) of two successive readouts; p_0 is the r
 initial state, so a token can exit after loop 1), ``entropy`` of p_t, ``latent_diff`` and
 ``cosine`` of successive loop states, ``argmax_stable`` (top token unchanged for n loops)
 and ``gate`` (the learned exit gate's cumulative exit probability). Each criterion of
-``eval.adaptive_criteria`` is its own section; all of them, and the fixed H_eff losses, come
+``eval.adaptive.criteria`` is its own section; all of them, and the fixed H_eff losses, come
 from one pass over the loops per batch (:mod:`..sweep_pass`).
 
 Semantics of this one-pass evaluation: every position's state keeps being computed up to H

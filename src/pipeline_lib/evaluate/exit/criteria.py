@@ -55,7 +55,7 @@ def exit_threshold(criterion: str, threshold: float) -> float:
     return float(threshold)
 
 
-def check_model_criterion(model: Any, criterion: str, key: str = "eval.adaptive_criteria"
+def check_model_criterion(model: Any, criterion: str, key: str = "eval.adaptive.criteria"
                           ) -> None:
     """The gate criterion needs a snapshot trained with the exit gate (a model loaded from a
     snapshot whose gate was never trained carries why in ``untrained_exit_gate``)."""

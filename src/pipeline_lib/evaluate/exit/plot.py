@@ -61,7 +61,7 @@ def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") 
              for i in range(n_small)]
     fig.suptitle(title or "adaptive exit vs fixed depth")
     if not shown:
-        main.text(0.5, 0.5, "no adaptive-exit results\n(eval.adaptive_thresholds is empty)",
+        main.text(0.5, 0.5, "no adaptive-exit results\n(eval.adaptive.thresholds is empty)",
                   ha="center", va="center", transform=main.transAxes)
     else:
         _draw_all(fig, main, small, shown)

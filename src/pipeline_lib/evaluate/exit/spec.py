@@ -18,13 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...config_rules import (
-    EXIT_CRITERIA,
-    adaptive_criteria,
-    check_exit_threshold,
-    check_test_loops,
-    criterion_thresholds,
-)
+from ...config_rules import EXIT_CRITERIA, check_exit_threshold, check_test_loops
 from ...errors import ConfigError
 
 CRITERIA = EXIT_CRITERIA
@@ -78,13 +72,15 @@ class ExitSpec:
         return cls((threshold,), criterion, max_loops)
 
     @classmethod
-    def from_config(cls, section: Any) -> list[ExitSpec]:
-        """One spec per criterion of a config section's adaptive keys, with its thresholds;
-        none when the section's thresholds are empty (adaptive exit off)."""
-        if not section.adaptive_thresholds:
+    def from_config(cls, adaptive: Any) -> list[ExitSpec]:
+        """One spec per criterion of ``eval.adaptive`` or ``bench.adaptive`` (an
+        AdaptiveExitConfig), in order, with its thresholds (``criterion_thresholds[c]``,
+        else ``thresholds``); none when ``thresholds`` is empty (adaptive exit off)."""
+        if not adaptive.thresholds:
             return []
-        return [cls(tuple(float(x) for x in criterion_thresholds(section, c)), c,
-                    int(section.adaptive_max_loops)) for c in adaptive_criteria(section)]
+        return [cls(tuple(float(x) for x in adaptive.criterion_thresholds.get(c,
+                                                                              adaptive.thresholds)),
+                    c, int(adaptive.max_loops)) for c in dict.fromkeys(adaptive.criteria)]
 
     @property
     def threshold(self) -> float:
@@ -108,19 +104,19 @@ class ExitSpec:
         return [ExitSpec((x,), self.criterion, self.max_loops)
                 for x in sorted(set(self.thresholds))]
 
-    def resolved(self, h_effs: Sequence[int], key: str = "eval") -> ExitSpec:
-        """Checked (``key``: the config section it came from), thresholds sorted and
-        distinct, ``max_loops`` 0 replaced by ``max(h_effs)``."""
+    def resolved(self, h_effs: Sequence[int], key: str = "eval.adaptive") -> ExitSpec:
+        """Checked (``key``: the config keys it came from), thresholds sorted and distinct,
+        ``max_loops`` 0 replaced by ``max(h_effs)``."""
         if self.criterion not in CRITERIA:
-            raise ConfigError(f"{key}.adaptive_criteria lists {self.criterion!r}, not one of "
+            raise ConfigError(f"{key}.criteria lists {self.criterion!r}, not one of "
                               f"{list(CRITERIA)}; pick one")
-        where = f"{key}.adaptive_thresholds ({self.criterion})"
+        where = f"{key}.thresholds ({self.criterion})"
         if not self.thresholds:
             raise ConfigError(f"{where} is empty; list thresholds, e.g. [0, 0.001, 0.01]")
         for x in self.thresholds:
             check_exit_threshold(self.criterion, x, where)
         if self.max_loops < 0:
-            raise ConfigError(f"{key}.adaptive_max_loops = {self.max_loops} must be >= 1, or 0 "
-                              f"for the largest {key}.h_eff")
+            raise ConfigError(f"{key}.max_loops = {self.max_loops} must be >= 1, or 0 for the "
+                              f"largest h_eff")
         return ExitSpec(tuple(sorted(set(self.thresholds))), self.criterion,
                         self.max_loops or max(h_effs))

@@ -7,7 +7,7 @@ interval). ``eval/heff_adaptive.png`` (:mod:`.plot`): loss against (mean) loops
 used, every criterion's points and the fixed-H_eff points on the same axes; the last
 snapshot in the large panel, earlier ones in small panels below.
 
-Sweeps without an ``adaptive`` section (``eval.adaptive_thresholds: []``, or written before
+Sweeps without an ``adaptive`` section (``eval.adaptive.thresholds: []``, or written before
 adaptive exit existed) contribute no rows; with none at all the table is empty and the
 figure says so.
 """
