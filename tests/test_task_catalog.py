@@ -12,8 +12,8 @@ import yaml
 from user_task_helpers import write_user_tasks
 
 from pipeline_lib import task_catalog, task_yaml
-from pipeline_lib.config import BenchConfig
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import BenchConfig
 from pipeline_lib.task_catalog import (
     check_bench_tasks,
     installed_task_names,
@@ -161,7 +161,7 @@ def test_builtin_names_match_the_bench_package():
 
 def test_checking_stays_light(tmp_path: Path, user_dir: Path):
     """What the Snakefile runs: no torch, mlflow or lm_eval import, even for installed names."""
-    code = ("import sys; from pipeline_lib.config import BenchConfig; "
+    code = ("import sys; from pipeline_lib.spec.config import BenchConfig; "
             "from pipeline_lib.task_catalog import check_bench_tasks; "
             f"check_bench_tasks(BenchConfig(tasks=['hellaswag'], include_path={str(user_dir)!r}));"
             "heavy = [m for m in ('torch', 'mlflow', 'lm_eval') if m in sys.modules]; "

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from data_corpus import write_text_files
 
-from pipeline_lib.config import DataConfig, SourceConfig, TokenizerConfig
 from pipeline_lib.data.identity import data_fingerprint, data_id, source_fingerprint
+from pipeline_lib.spec.config import DataConfig, SourceConfig, TokenizerConfig
 
 
 def test_data_id_is_12_hex_and_stable():
@@ -67,7 +67,7 @@ def test_missing_files_give_an_id_not_an_error(tmp_path):
 
 
 def test_identity_imports_nothing_heavy():
-    code = ("import sys; from pipeline_lib.config import DataConfig; "
+    code = ("import sys; from pipeline_lib.spec.config import DataConfig; "
             "from pipeline_lib.data.identity import data_id; import pipeline_lib.data; "
             "data_id(DataConfig()); "
             "heavy = {'torch', 'pyarrow', 'tokenizers', 'numpy'} & {m.split('.')[0] "

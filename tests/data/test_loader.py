@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_lib.config import DataConfig, SourceConfig
 from pipeline_lib.data.loader import (
     IGNORE_INDEX,
     DataCursor,
@@ -20,6 +19,7 @@ from pipeline_lib.data.loader import (
 )
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.errors import ConfigError, DataError
+from pipeline_lib.spec.config import DataConfig, SourceConfig
 
 PAD = 99
 

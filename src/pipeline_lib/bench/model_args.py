@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from ..config_rules import check_test_loops
 from ..errors import ConfigError, DeviceError
 from ..evaluate.exit.spec import CRITERIA, ExitSpec
+from ..spec.rules import check_test_loops
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import BenchConfig
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
+from ..spec.config import BenchConfig
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, config_from_dict, load_config, to_dict
 from ..errors import CheckpointError, ConfigError
+from ..spec.config import Config, config_from_dict, load_config, to_dict
 from .contents import CONFIG_FILE
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import DataConfig, SourceConfig
+from ..spec.config import DataConfig, SourceConfig
 from .tokenizer_files import KIND_GGUF, tokenizer_source_fingerprint
 
 # Version of the on-disk layout and of the packing algorithm: bump when the bytes change.

@@ -21,8 +21,8 @@ import string
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..config import SourceConfig
 from ..errors import DataError
+from ..spec.config import SourceConfig
 
 TASKS = ("khop", "addition", "parity")
 NUM_DISTRACTORS = 3

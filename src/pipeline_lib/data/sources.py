@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import SourceConfig
 from ..errors import DataError
+from ..spec.config import SourceConfig
 from .identity import FILE_SOURCE_TYPES, SourceGlob, glob_source, stdlib_dir
 from .reasoning import iter_reasoning_problems
 

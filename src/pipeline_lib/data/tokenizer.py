@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from ..config import TokenizerConfig
 from ..errors import DataError
+from ..spec.config import TokenizerConfig
 
 log = logging.getLogger(__name__)
 

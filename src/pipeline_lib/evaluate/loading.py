@@ -28,7 +28,7 @@ class LoadedModel:
 
     path: Path
     step: int | None
-    config: Any  # pipeline_lib.config.Config, as resolved for the run
+    config: Any  # pipeline_lib.spec.config.Config, as resolved for the run
     model: torch.nn.Module  # LoopedLM in eval mode, on the device asked for
     tokenizer: Any  # tokenizers.Tokenizer (None when not asked for)
     seq_len: int
@@ -40,7 +40,7 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
     ``option`` is how the caller's user passes one (``{}``: the data pack's tokenizer.json)."""
     from ..data.identity import data_id
     from ..data.tokenizer import load_tokenizer
-    from ..run_layout import ResultsLayout
+    from ..spec.layout import ResultsLayout
 
     stored = path / TOKENIZER_FILE
     if override not in (None, ""):

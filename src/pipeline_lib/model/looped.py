@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..spec.config import ModelConfig
+from ..spec.size import check_model_config, loop_gate_rows, resolved_head_dim, step_embedding_rows
 from .attention import DocumentMask, resolve_attention_kernel
 from .blocks import Block, residual_out_std
 from .exit_gate import expected_exit_forward
@@ -39,7 +40,6 @@ from .loss import readout_cross_entropy, token_weights
 from .moe import MoEFFN
 from .recompute import checkpointed
 from .recurrence import gated_update, initial_state
-from .size import check_model_config, loop_gate_rows, resolved_head_dim, step_embedding_rows
 
 Batch = Mapping[str, Tensor]
 

@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline_lib.config import ModelConfig
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.exit.criteria import adaptive_logits
 from pipeline_lib.evaluate.exit.results import adaptive_section
@@ -17,6 +16,7 @@ from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.exit.summary import summarize_adaptive
 from pipeline_lib.evaluate.heff import run_heff, sweep_losses
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
+from pipeline_lib.spec.config import ModelConfig
 
 VOCAB, SEQ, H = 40, 24, 6
 HUGE = 1e9
@@ -215,7 +215,7 @@ def test_bad_spec_is_one_line(bad, pattern):
 
 
 def test_spec_from_eval_config_is_off_when_empty():
-    from pipeline_lib.config import EvalConfig
+    from pipeline_lib.spec.config import EvalConfig
 
     assert ExitSpec.from_eval_config(EvalConfig(adaptive_thresholds=[])) is None
     on = ExitSpec.from_eval_config(EvalConfig(adaptive_criterion="entropy",

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...config_rules import check_exit_threshold
 from ...errors import ConfigError
 from ...model.exit_gate import exit_step, gate_logit
+from ...spec.rules import check_exit_threshold
 from .spec import CRITERIA, ExitSpec
 
 LOGIT_CRITERIA = ("kl", "entropy")  # scored from the next-token distributions

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...config_rules import EXIT_CRITERIA, check_exit_threshold, check_test_loops
 from ...errors import ConfigError
+from ...spec.rules import EXIT_CRITERIA, check_exit_threshold, check_test_loops
 
 CRITERIA = EXIT_CRITERIA
 FORMS = "adaptive:THRESHOLD[:MAX] or adaptive:CRITERION:THRESHOLD[:MAX]"

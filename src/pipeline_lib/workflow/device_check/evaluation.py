@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ...config import BenchConfig
+from ...spec.config import BenchConfig
 from .core import CheckResult, Context, alternated_ms, max_diff, relative_diff
 from .workloads import trained_model
 

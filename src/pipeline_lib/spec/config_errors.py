@@ -1,8 +1,8 @@
 """OmegaConf's errors while a config is merged or resolved, as one line each.
 
-:mod:`pipeline_lib.config` calls :func:`explain_omegaconf_error` for every OmegaConf
+:mod:`pipeline_lib.spec.config` calls :func:`explain_omegaconf_error` for every OmegaConf
 exception; the root dataclass comes in as an argument (this module sits below
-:mod:`pipeline_lib.config` in the layers and imports nothing of it). Three kinds: an unknown
+:mod:`pipeline_lib.spec.config` in the layers and imports nothing of it). Three kinds: an unknown
 key (with the closest existing key), an interpolation (``${…}``) that does not resolve,
 and a value of the wrong type.
 """

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from pipeline_lib.checkpoint.best import BEST_DIR
 from pipeline_lib.checkpoint.index import FINAL_LINK, INDEX_NAME
-from pipeline_lib.run_layout import (
+from pipeline_lib.spec.layout import (
     ResultsLayout,
     RunLayout,
     job_benchmark,

@@ -196,7 +196,7 @@ class RunLayout:
     def anchor(self, step: int | str) -> Path:
         """The anchor of the temporary segment ending at ``step``: a copy of its benchmark
         record, a target that keeps Snakemake's resolution of long temporary chains short
-        (:func:`pipeline_lib.workflow.snapshots_policy.anchor_steps`)."""
+        (:func:`pipeline_lib.spec.snapshots.anchor_steps`)."""
         return self.train_dir / "anchors" / f"{step_dir_name(step)}.tsv"
 
     @property

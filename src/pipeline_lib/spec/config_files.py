@@ -13,14 +13,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config_rules import sources_have_answers, sources_have_levels
-from .errors import ConfigError
+from ..errors import ConfigError
+from .rules import sources_have_answers, sources_have_levels
 
 
 def read_yaml(path: Path) -> Any:
     """The mapping in the YAML file ``path`` (an OmegaConf ``DictConfig``; empty for an
     empty file), or a ConfigError naming the file."""
-    from omegaconf import OmegaConf  # imported here: keeps `import pipeline_lib.config` cheap
+    from omegaconf import OmegaConf  # imported here: keeps `import pipeline_lib.spec.config` cheap
 
     if path.is_dir():
         raise ConfigError(f"config file {path} is a directory; pass a YAML file")
