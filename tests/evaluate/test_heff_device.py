@@ -21,7 +21,8 @@ def _cfg(snap: Path, precision: str):
         cfg, experiment=dataclasses.replace(cfg.experiment, device="cpu", precision=precision),
         tracking=dataclasses.replace(cfg.tracking, enabled=False),
         eval=dataclasses.replace(cfg.eval, h_eff=[1, 3], max_tokens=300, batch_rows=4,
-                                 adaptive_thresholds=[0.0, 0.01]))
+                                 adaptive=dataclasses.replace(cfg.eval.adaptive,
+                                                              thresholds=[0.0, 0.01])))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

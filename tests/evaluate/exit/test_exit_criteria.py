@@ -10,7 +10,7 @@ from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.exit.criteria import adaptive_logits
 from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.sweep_pass import sweep_batch
-from pipeline_lib.spec.config import EvalConfig, ModelConfig
+from pipeline_lib.spec.config import ModelConfig
 
 VOCAB, SEQ, H = 30, 16, 5
 CASES = {"latent_diff": (0.0, 0.05, 0.2, 0.6), "cosine": (0.0, 0.001, 0.02, 0.2),
@@ -96,15 +96,6 @@ def test_gate_needs_a_gated_snapshot_and_a_probability(batch) -> None:
         sweep_batch(plain, batch, [], [ExitSpec((0.5,), "gate", H).resolved([H])])
     with pytest.raises(ConfigError, match=r"cumulative exit probability in \[0, 1\]"):
         ExitSpec((1.5,), "gate", H).resolved([H])
-
-
-def test_several_criteria_from_the_eval_config() -> None:
-    cfg = EvalConfig(adaptive_criteria=["kl", "argmax_stable", "gate"])
-    specs = ExitSpec.from_config(cfg)
-    assert [(s.criterion, s.thresholds) for s in specs] == [
-        ("kl", tuple(cfg.adaptive_thresholds)), ("argmax_stable", (0, 1, 2, 3)),
-        ("gate", (1.0, 0.99, 0.9, 0.5))]
-    assert [s.criterion for s in ExitSpec.from_config(EvalConfig())] == ["kl"]
 
 
 def test_sweep_and_summary_carry_every_criterion(tiny_run, tmp_path) -> None:

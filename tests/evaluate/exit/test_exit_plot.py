@@ -94,5 +94,5 @@ def test_no_adaptive_results_says_so(tmp_path: Path):
     fig = plot_adaptive([{"step": 1, "losses": {1: 2.0}}], tmp_path / "e.png")
     (main,) = fig.axes
     assert [t.get_text() for t in main.texts] == [
-        "no adaptive-exit results\n(eval.adaptive_thresholds is empty)"]
+        "no adaptive-exit results\n(eval.adaptive.thresholds is empty)"]
     assert (tmp_path / "e.png").is_file()

@@ -192,35 +192,21 @@ def test_adaptive_logits_read_each_position_at_its_exit(model, batches, criterio
 # ------------------------------------------------------------------ settings and errors
 
 
-def test_spec_resolution_sorts_dedupes_and_defaults_max_loops():
-    resolved = ExitSpec((0.1, 0.0, 0.1), "entropy", 0).resolved([1, 4, 12])
-    assert resolved == ExitSpec((0.0, 0.1), "entropy", 12)
-
-
 @pytest.mark.parametrize(("bad", "pattern"), [
-    (ExitSpec((0.0, -0.5)), r"eval\.adaptive_thresholds \(kl\) = -0\.5 must be a finite "
-                                r"number >= 0"),
+    (ExitSpec((0.0, -0.5)), r"eval\.adaptive\.thresholds \(kl\) = -0\.5 must be a finite "
+                            r"number >= 0"),
     (ExitSpec((0.5, 1.5), "gate"), r"gate threshold is a cumulative exit probability in "
                                        r"\[0, 1\]"),
     (ExitSpec((1.5,), "argmax_stable"), r"argmax_stable takes a whole number"),
-    (ExitSpec((float("nan"),)), r"eval\.adaptive_thresholds"),
-    (ExitSpec(()), r"eval\.adaptive_thresholds"),
-    (ExitSpec((0.1,), "margin"), r"eval\.adaptive_criterion = 'margin'"),
-    (ExitSpec((0.1,), "kl", -2), r"eval\.adaptive_max_loops = -2 must be >= 1"),
+    (ExitSpec((float("nan"),)), r"eval\.adaptive\.thresholds"),
+    (ExitSpec(()), r"eval\.adaptive\.thresholds"),
+    (ExitSpec((0.1,), "margin"), r"eval\.adaptive\.criteria lists 'margin'"),
+    (ExitSpec((0.1,), "kl", -2), r"eval\.adaptive\.max_loops = -2 must be >= 1"),
 ])
 def test_bad_spec_is_one_line(bad, pattern):
     with pytest.raises(ConfigError, match=pattern) as info:
         bad.resolved([4])
     assert "\n" not in str(info.value)
-
-
-def test_spec_from_eval_config_is_off_when_empty():
-    from pipeline_lib.spec.config import EvalConfig
-
-    assert ExitSpec.from_eval_config(EvalConfig(adaptive_thresholds=[])) is None
-    on = ExitSpec.from_eval_config(EvalConfig(adaptive_criterion="entropy",
-                                                  adaptive_max_loops=5))
-    assert on == ExitSpec((0.0, 1e-4, 1e-3, 1e-2, 0.1), "entropy", 5)
 
 
 # ------------------------------------------------------------------ run_heff and the summary

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.exit.spec import ExitSpec
+from pipeline_lib.spec.config import AdaptiveExitConfig, BenchConfig, EvalConfig
 
 
 @pytest.mark.parametrize(("text", "criterion", "want"), [
@@ -63,3 +64,27 @@ def test_spec_module_is_torch_free():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_one_spec_per_criterion_of_a_config_section():
+    adaptive = EvalConfig().adaptive
+    adaptive.criteria = ["kl", "argmax_stable", "gate", "kl"]
+    assert ExitSpec.from_config(adaptive) == [
+        ExitSpec(tuple(adaptive.thresholds), "kl", 0), ExitSpec((0, 1, 2, 3), "argmax_stable", 0),
+        ExitSpec((1.0, 0.99, 0.9, 0.5), "gate", 0)]
+    assert ExitSpec.from_config(EvalConfig().adaptive) == [
+        ExitSpec((0.0, 1e-4, 1e-3, 1e-2, 0.1), "kl", 0)]
+    on = AdaptiveExitConfig(criteria=["entropy"], thresholds=[0.0, 0.1], max_loops=5)
+    assert ExitSpec.from_config(on) == [ExitSpec((0.0, 0.1), "entropy", 5)]
+
+
+def test_empty_thresholds_turn_adaptive_exit_off():
+    assert ExitSpec.from_config(BenchConfig().adaptive) == []
+    off = AdaptiveExitConfig(criteria=["gate"], criterion_thresholds={"gate": [0.9]})
+    assert ExitSpec.from_config(off) == []  # thresholds [] is off, whatever the criteria
+
+
+def test_resolved_sorts_dedupes_and_fills_max_loops():
+    resolved = ExitSpec((0.1, 0.0, 0.1), "entropy", 0).resolved([1, 4, 12])
+    assert resolved == ExitSpec((0.0, 0.1), "entropy", 12)
+    assert ExitSpec((0.5,), "kl", 3).resolved([8]).max_loops == 3
