@@ -213,7 +213,7 @@ def test_transformers_alone_generates_with_the_gate_as_loopline_does(exports,
     tok = byte_level_tokenizer()
     for (h, t), out in zip(runs, got["generate"], strict=True):
         ours = generate_texts(model, tok, PROMPTS, context_len=SEQ_LEN, max_new_tokens=8,
-                              depth=Depth(h, t, "gate"))
+                              depth=Depth(h, ExitSpec((t,), "gate", h)))
         assert out["texts"] == [g.text for g in ours], (h, t)
         for g, loops in zip(ours, out["exit_loops"], strict=True):
             steps = len(g.ids) + (g.stop == "eos")

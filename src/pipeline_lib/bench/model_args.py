@@ -13,8 +13,11 @@ from typing import Any
 
 import torch
 
+from ..data.tokenizer import load_tokenizer
+from ..device import DEVICE_CHOICES, resolve_device
 from ..errors import ConfigError, DeviceError
 from ..evaluate.exit.spec import CRITERIA, ExitSpec
+from ..precision import Precision
 from ..spec.rules import check_test_loops
 
 log = logging.getLogger(__name__)
@@ -74,8 +77,6 @@ def criterion_arg(value: Any) -> str:
 
 def model_device(device: Any) -> torch.device:
     """``auto``/``cpu``/``cuda``/``npu`` as ``experiment.device`` means; also ``cuda:N``."""
-    from ..device import DEVICE_CHOICES, resolve_device
-
     name = "auto" if device in (None, "") else str(device)
     if name in DEVICE_CHOICES:
         return resolve_device(name)
@@ -92,8 +93,6 @@ def model_device(device: Any) -> torch.device:
 
 def precision_arg(value: Any, device: torch.device) -> Any:
     """``precision=auto|bf16|fp32`` (as ``experiment.precision``) resolved on ``device``."""
-    from ..precision import Precision
-
     name = "auto" if value in (None, "") else str(value)
     return Precision.resolve(name, device, key="loopline model_args precision")
 
@@ -114,7 +113,5 @@ def tokenizer_arg(tokenizer: Any) -> Any:
         raise ConfigError("loopline: a model object needs tokenizer= (a tokenizers.Tokenizer "
                           "or the path of a tokenizer.json)")
     if isinstance(tokenizer, (str, Path)):
-        from ..data.tokenizer import load_tokenizer
-
         return load_tokenizer(tokenizer)
     return tokenizer

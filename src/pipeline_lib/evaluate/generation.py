@@ -27,7 +27,9 @@ from typing import Any
 
 import torch
 
+from ..data.tokenizer import eos_id
 from ..errors import ConfigError, UsageError
+from ..model.generate import CachedNextIds, greedy_decode
 from ..spec.rules import check_test_loops
 from .exit.criteria import adaptive_logits
 from .exit.spec import CRITERIA, ExitSpec
@@ -191,8 +193,6 @@ def _decode(model: torch.nn.Module, prompt_ids: list[list[int]], *, eos: int,
             context_len: int, stream: _TextStream, offset: int
             ) -> list[tuple[list[int], str, int]]:
     """(new ids, stop reason, Σ loops) per prompt of one batch."""
-    from ..model.generate import CachedNextIds, greedy_decode
-
     loops = [0] * len(prompt_ids)
     cached = (CachedNextIds(model, depth.loops, pad_id=eos, reserve=max_new_tokens)
               if depth.exit is None else None)  # adaptive exit recomputes the window
@@ -220,8 +220,6 @@ def generate_texts(model: torch.nn.Module, tok: Any, prompts: Sequence[str], *,
                    sampling: Sampling | None = None, batch_size: int = 16,
                    on_text: Callable[[int, str], None] | None = None) -> list[Generation]:
     """Continuations of ``prompts`` (see the module docstring), ``batch_size`` at a time."""
-    from ..data.tokenizer import eos_id
-
     if max_new_tokens < 1 or batch_size < 1:
         raise ConfigError(f"--max-new-tokens {max_new_tokens} and --batch-size {batch_size} "
                           "must be at least 1")
