@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..evaluate.heff import parse_h_eff
     from ..run_layout import run_dir_of
-    from ..workflow.stages import heff_stage
+    from ..workflow.stages.heff import heff_stage
 
     cfg = config_from_args(args, snapshot=args.snapshot)
     if args.h_eff:

@@ -1,5 +1,5 @@
 """`summarize-heff`: table and figure over the H_eff sweeps of every kept snapshot (the rule
-``summarize_heff`` calls the same :func:`pipeline_lib.workflow.stages.summarize_heff_stage`)."""
+``summarize_heff`` calls the same :func:`pipeline_lib.workflow.stages.heff_summary.summarize_heff_stage`)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
-    from ..workflow.stages import summarize_heff_stage
+    from ..workflow.stages.heff_summary import summarize_heff_stage
 
     adaptive = (args.out_adaptive_table, args.out_adaptive_plot)
     if (adaptive[0] is None) != (adaptive[1] is None):
