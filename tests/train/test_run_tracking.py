@@ -12,7 +12,7 @@ from trainer_helpers import make_pack, snap, tiny_config
 
 from pipeline_lib.data.identity import data_id
 from pipeline_lib.model.flex import reset_flex_decision
-from pipeline_lib.train.job import train_segment
+from pipeline_lib.workflow.stages.train import train_stage
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def test_the_attention_fallback_is_an_mlflow_tag_of_the_segment(
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = tiny_config("tracking.enabled=true", f"tracking.uri={uri}", "model.attention=flex")
     pack = make_pack(tmp_path / "data" / data_id(cfg.data))
-    out = train_segment(cfg, pack, None, 2, snap(tmp_path / "run", 2))
+    out, _ = train_stage(cfg, pack, None, 2, snap(tmp_path / "run", 2))
     run_id = json.loads((out / "trainer_state.json").read_text())["tracking_run_id"]
     tags = mlflow.MlflowClient(uri).get_run(run_id).data.tags
     assert tags["loopline.attention_kernel"] == "sdpa"
