@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..run_layout import run_dir_of
+from ..workflow.stages.interop import export_stage
 from ._common import add_config_args, add_output, add_tracking_args, config_from_args
 
 
@@ -44,8 +45,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workflow.stages.interop import export_stage  # loads on run: `--help` stays fast (cli)
-
     cfg = config_from_args(args, snapshot=args.snapshot)
     run_dir = args.run_dir if args.run_dir is not None else run_dir_of(args.snapshot)
     info = export_stage(cfg, args.run or run_dir.name, run_dir, args.snapshot, args.out,

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..export.hf_layout import layer_choice
 from ..export.pretrained_source import source_arch
 from ..run_layout import run_dir_of
+from ..workflow.stages.interop import import_stage
 from ._common import add_output, add_tracking_args
 
 
@@ -51,8 +52,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workflow.stages.interop import import_stage  # loads on run: `--help` stays fast (cli)
-
     if args.loops < 1:
         raise ConfigError(f"--loops {args.loops} must be at least 1")
     cfg = load_config(args.config, args.overrides)

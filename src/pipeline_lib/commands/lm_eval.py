@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import PipelineError
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -33,7 +35,6 @@ def passthrough(argv: Sequence[str]) -> int:
     from lm_eval.__main__ import cli_evaluate
 
     from .. import bench  # noqa: F401  (registers --model loopline)
-    from ..errors import PipelineError
 
     saved = sys.argv
     scratch = tempfile.TemporaryDirectory(prefix="loopline-tasks-")

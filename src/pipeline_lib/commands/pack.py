@@ -22,7 +22,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workflow.stages.data import pack_stage  # loads on run: `--help` stays fast (cli)
+    from ..workflow.stages.data import pack_stage  # tokenizers, pyarrow: `--help` stays fast
 
     meta = pack_stage(config_from_args(args).data, args.out)
     print(f"packed {meta['num_docs']} docs, {meta['total_tokens']} tokens "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..config_schema import SCHEMA_PATH, schema_yaml, write_schema
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("schema", help="print (or --write) the config JSON schema")
@@ -13,8 +15,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config_schema import SCHEMA_PATH, schema_yaml, write_schema
-
     if args.write:
         print(write_schema(SCHEMA_PATH))
     else:

@@ -36,7 +36,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workflow.stages.bench import summarize_bench_stage
+    from ..workflow.stages.bench import summarize_bench_stage  # torch, lm-eval: `--help` stays fast
 
     run_dir = tracking_run_dir(args, "summarize-bench")
     rows = summarize_bench_stage(config_from_args(args), args.run or run_dir.name, run_dir,

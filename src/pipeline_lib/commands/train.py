@@ -50,7 +50,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workflow.stages.train import train_stage  # torch: `--help` stays fast (see cli)
+    from ..workflow.stages.train import train_stage  # torch: loads on run, `--help` stays fast
 
     out, rank = train_stage(config_from_args(args), args.data, args.resume_from,
                             args.until_step, args.out, args.run_dir, args.attempt,
