@@ -12,7 +12,7 @@ from typing import Any
 
 # tags whose values name a working directory or an id, not what the stage did
 VOLATILE_TAGS = ("loopline.export_dir", "loopline.snapshot", "loopline.model_id",
-                 "loopline.data_dir")
+                 "loopline.data_dir", "loopline.key")
 
 
 def cli(cwd: Path, *args: str | Path) -> str:
