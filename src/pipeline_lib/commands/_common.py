@@ -27,13 +27,13 @@ def add_tracking_args(parser: argparse.ArgumentParser, run_dir_help: str) -> Non
 
 
 def config_from_args(args: argparse.Namespace, snapshot: Path | None = None):
-    """The resolved :class:`~pipeline_lib.config.Config` from the common arguments.
+    """The resolved :class:`~pipeline_lib.spec.config.Config` from the common arguments.
 
     With ``snapshot`` and no ``--config``, the snapshot's own resolved config.yaml is the
     base (complete already, so nothing is merged under it). ``--no-track`` (when the command
     has it) turns tracking off.
     """
-    from ..config import config_for_run, load_config
+    from ..spec.config import config_for_run, load_config
 
     if snapshot is not None and args.config is None:
         from ..checkpoint.compat import snapshot_config

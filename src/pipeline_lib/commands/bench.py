@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 
 from ..output_paths import BENCH_JSON
-from ..run_layout import run_dir_of
+from ..spec.layout import run_dir_of
 from ._common import add_config_args, add_output, add_tracking_args, config_from_args
 
 

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..run_layout import run_dir_of
+from ..spec.layout import run_dir_of
 from ..workflow.stages.interop import export_stage
 from ._common import add_config_args, add_output, add_tracking_args, config_from_args
 

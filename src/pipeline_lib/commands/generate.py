@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..config_rules import EXIT_CRITERIA
 from ..errors import UsageError
+from ..spec.rules import EXIT_CRITERIA
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -11,11 +11,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..config import load_config
 from ..errors import ConfigError
 from ..export.hf_layout import layer_choice
 from ..export.pretrained_source import source_arch
-from ..run_layout import run_dir_of
+from ..spec.config import load_config
+from ..spec.layout import run_dir_of
 from ..workflow.stages.interop import import_stage
 from ._common import add_output, add_tracking_args
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config_schema import SCHEMA_PATH, schema_yaml, write_schema
+from ..spec.schema import SCHEMA_PATH, schema_yaml, write_schema
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

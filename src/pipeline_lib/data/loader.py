@@ -35,12 +35,12 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
-from .identity import ANSWER_SPAN_VERSION, FORMAT_VERSION
+from ..spec.data_id import ANSWER_SPAN_VERSION, FORMAT_VERSION
+from ..spec.names import IGNORE_INDEX
 from .verify import check_metadata, verify_pack
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
 LAYOUT = "document_causal_lm"
 Batch = dict[str, torch.Tensor]
 

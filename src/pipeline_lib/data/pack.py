@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..config import DataConfig
 from ..errors import ConfigError, DataError
 from ..fsio import file_sha256, is_write_failure
 from ..output_paths import check_output_dir
-from .identity import (
+from ..spec.config import DataConfig
+from ..spec.data_id import (
     ANSWER_SPAN_VERSION,
     FORMAT_VERSION,
     data_id,

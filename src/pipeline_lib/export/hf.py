@@ -48,7 +48,7 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any],
               bos: int | None = None) -> dict[str, Any]:
     """config.json of a model with loopline config ``cfg`` (``LooplineConfig`` fields);
     ``bos``: the token its training documents started with, if any."""
-    from ..model.size import (
+    from ..spec.size import (
         loop_gate_rows,
         resolved_ffn_hidden,
         resolved_head_dim,

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint.contents import check_snapshot_output
-from ..config import Config
 from ..errors import ConfigError, Preempted, TrainingError
 from ..output_paths import check_output_location
-from ..run_layout import RunLayout, run_dir_of
+from ..spec.config import Config
+from ..spec.layout import RunLayout, run_dir_of
 from . import rollback
 from .metrics import TrainLog
 from .preempt import StopRequest
@@ -94,7 +94,7 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     """Train from ``resume_from`` (None: from scratch) to ``until_step``; snapshot to ``out``.
 
     Run-level logs go to ``run_dir`` (default: ``out``'s run directory, see
-    :func:`~pipeline_lib.run_layout.run_dir_of`). ``attempt`` > 1 marks a retry: a rollback
+    :func:`~pipeline_lib.spec.layout.run_dir_of`). ``attempt`` > 1 marks a retry: a rollback
     record left by an aborted attempt from the same input is applied, and a resume point
     left by a stopped attempt is continued from. ``warm_start`` (only without
     ``resume_from``) copies another snapshot's weights and nothing else, for a deliberate

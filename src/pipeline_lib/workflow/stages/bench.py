@@ -12,11 +12,11 @@ from ...bench import run_benchmarks, summarize_bench
 from ...bench.scoring import bench_metrics
 from ...bench.tasks import check_tasks_dir
 from ...checkpoint.manifest import verify_snapshot
-from ...config import Config
 from ...model.kernels import kernel_tags
 from ...output_paths import BENCH_JSON, FIGURE, TABLE
 from ...output_set import output_set
-from ...run_layout import RunLayout
+from ...spec.config import Config
+from ...spec.layout import RunLayout
 from ...tracking import start_stage
 from ..final_results import bench_values, is_final
 from .common import check_stage_outputs, step_name

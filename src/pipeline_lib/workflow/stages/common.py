@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...config import Config
 from ...output_paths import Output, check_output_location, check_outputs
+from ...spec.config import Config
 from ...tracking.health import check_store
 
 

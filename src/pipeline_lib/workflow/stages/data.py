@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ...checkpoint.index import write_index
-from ...config import DataConfig
 from ...data.pack import pack_corpus
+from ...spec.config import DataConfig
 
 
 def pack_stage(data: DataConfig, out: Path) -> dict[str, Any]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...config import Config
 from ...evaluate.adaptive import AdaptiveSpec
 from ...evaluate.heff import parse_h_eff, run_heff
 from ...model.kernels import kernel_tags
 from ...output_paths import HEFF_JSON
 from ...output_set import output_set
+from ...spec.config import Config
 from ...tracking import start_stage
 from ..final_results import heff_values, is_final
 from .common import check_stage_outputs, step_name

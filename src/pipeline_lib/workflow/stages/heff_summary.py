@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...config import Config
 from ...evaluate.adaptive_summary import summarize_adaptive
 from ...evaluate.heff_summary import summarize_heff
 from ...output_paths import FIGURE, TABLE
 from ...output_set import output_set
-from ...run_layout import RunLayout
+from ...spec.config import Config
+from ...spec.layout import RunLayout
 from ...tracking import start_stage
 from .common import check_stage_outputs
 

@@ -9,9 +9,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ...config import Config
 from ...export import export_snapshot
 from ...export.hf_import import IMPORT_RECORD, import_checkpoint, init_layers
+from ...spec.config import Config
 from ...tracking import start_stage
 from ...tracking.lineage import pack_digest
 from ..final_results import model_spec

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...config import Config, config_hash
 from ...credentials import redact_uri
 from ...errors import DataError
 from ...fsio import write_text_atomic
 from ...output_paths import RECORD_JSON, check_output_location
-from ...run_layout import RunLayout, job_benchmarks
+from ...spec.config import Config, config_hash
+from ...spec.layout import RunLayout, job_benchmarks
 from ...tracking import (
     StoreUnavailable,
     ensure_store,
@@ -59,7 +59,7 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path,
     """Find or create the run's parent run; log the data pack as a ``pack`` child run.
 
     Writes ``{run_dir}/tracking.json``, and ``ready`` last (atomically: the rule's output,
-    :attr:`~pipeline_lib.run_layout.RunLayout.tracking_ready`). The pack is shared by every
+    :attr:`~pipeline_lib.spec.layout.RunLayout.tracking_ready`). The pack is shared by every
     variant with the same data config, so each variant gets its own ``pack`` child with the pack's metadata; the
     pack is a dataset input (``mlflow.data``) of that child and of the parent.
     """

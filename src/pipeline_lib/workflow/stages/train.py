@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...config import Config, ModelConfig, flatten, public_dict
 from ...model.kernels import kernel_tags
-from ...model.size import flops_per_token, param_count
-from ...run_layout import RunLayout
+from ...spec.config import Config, ModelConfig, flatten, public_dict
+from ...spec.layout import RunLayout
+from ...spec.size import flops_per_token, param_count
 from ...tracking import StageRun, start_stage
 from ...train.distributed import launched_by_torchrun
 from ...train.launch import run_training_job, train_in_process
@@ -61,7 +61,7 @@ class TrainTracking:
 def train_values(model: ModelConfig, seq_len: int, tokens_seen: int,
                  segments: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
     """The parent run's ``train`` headline group (step 0): parameters, forward FLOPs per token
-    at the training loop count (:mod:`pipeline_lib.model.size`), tokens seen, and the
+    at the training loop count (:mod:`pipeline_lib.spec.size`), tokens seen, and the
     training wall time (each segment's job up to its snapshot save, summed)."""
     wall = sum(float(s.get("wall_before_save_s", 0.0)) for s in segments)
     return {"model/params": {0: float(param_count(model))},
