@@ -24,6 +24,7 @@ from .errors import PREEMPTED_EXIT, PipelineError, Preempted
 COMMAND_MODULES = [
     "pack",
     "train",
+    "snapshot_index",
     "heff",
     "summarize_heff",
     "bench",

@@ -40,6 +40,8 @@ def twin(tiny_pipeline: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--until-step", step, "--out", out)
         previous = out
     final = run / "snapshots" / f"step_{STEPS[-1]:07d}"
+    kept = [run / "snapshots" / f"step_{step:07d}" for step in STEPS[1:]]  # keep_last: 2
+    cli(root, "snapshot-index", *kept, "--out", run / "snapshots" / "index.json")
     cli(root, "heff", "--snapshot", final, "--data", data, "--out",
         run / "eval" / "heff" / f"step_{STEPS[-1]:07d}.json")
     cli(root, "export", "--snapshot", final, "--data", data, "--out", run / "export")
@@ -74,6 +76,12 @@ def test_pack_train_and_export_write_what_the_rules_wrote(tiny_pipeline: Path, t
         for file in ("model.safetensors", "optimizer.safetensors", "config.yaml"):
             assert (ours / file).read_bytes() == (theirs / file).read_bytes(), (name, file)
     _same_files(tiny_pipeline / "results" / RUN / "export", twin / "results" / RUN / "export")
+
+
+def test_the_index_command_writes_what_the_rule_wrote(tiny_pipeline: Path, twin: Path):
+    ours, theirs = (w / "results" / RUN / "snapshots" for w in (twin, tiny_pipeline))
+    assert (ours / "index.json").read_text() == (theirs / "index.json").read_text()
+    assert (ours / "final").readlink() == (theirs / "final").readlink()
 
 
 def test_the_heff_command_writes_what_the_rule_wrote(tiny_pipeline: Path, twin: Path):

@@ -15,6 +15,7 @@ from typing import Any
 
 from ...checkpoint.index import write_index
 from ...data.pack import pack_corpus
+from ...errors import UsageError
 from ...spec.config import DataConfig
 
 
@@ -26,5 +27,12 @@ def pack_stage(data: DataConfig, out: Path) -> dict[str, Any]:
 
 def index_stage(index: Path, kept: Sequence[Path]) -> dict[str, Any]:
     """Write ``index`` (snapshots/index.json) listing the ``kept`` snapshots and point the
-    ``final`` link beside it at the last one; returns the index."""
-    return write_index(Path(index), [Path(p) for p in kept])
+    ``final`` link beside it at the last one; returns the index. The index names each
+    snapshot by its folder name, so they must lie beside it (one line otherwise)."""
+    index, kept = Path(index), [Path(p) for p in kept]
+    for snap in kept:
+        if snap.absolute().parent != index.absolute().parent:
+            raise UsageError(f"snapshot {snap} is not in {index.parent}, the folder of the index "
+                             f"{index}; pass the snapshots of one folder and an index beside "
+                             "them (results/<run>/snapshots/index.json)")
+    return write_index(index, kept)
