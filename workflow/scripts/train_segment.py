@@ -8,6 +8,7 @@ latch_stop_signals()  # before torch loads: a SIGUSR1/SIGTERM from now on stops 
 
 from pathlib import Path  # noqa: E402
 
+from pipeline_lib.export.hf_import import source_teacher  # noqa: E402
 from pipeline_lib.train.launch import run_training_job  # noqa: E402
 from pipeline_lib.workflow.attempt_log import current_attempt  # noqa: E402
 from pipeline_lib.workflow.io import run_job  # noqa: E402
@@ -27,4 +28,5 @@ with run_job(snakemake, snakemake.threads) as cfg:
         run_dir=Path(snakemake.params.run_dir),
         attempt=current_attempt(snakemake.log[0]),  # > 1: a retry (rolls back past a spike)
         warm_start=Path(init[0]) if init else None,
+        build_source=source_teacher,  # train.distill.teacher = source
     )

@@ -50,17 +50,20 @@ def register(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from ..export.hf_import import source_teacher
     from ..train.distributed import launched_by_torchrun
     from ..train.launch import run_training_job, train_in_process
 
     cfg = config_from_args(args)
     job = (args.data, args.resume_from, args.until_step, args.out, args.run_dir, args.attempt)
     if launched_by_torchrun():  # one worker of a torchrun job: join it, train this rank
-        out, rank = train_in_process(cfg, *job, warm_start=args.warm_start)
+        out, rank = train_in_process(cfg, *job, warm_start=args.warm_start,
+                                     build_source=source_teacher)
         if rank != 0:
             return 0
     else:  # train.nproc > 1 starts torchrun, which runs this command once per rank
-        out = run_training_job(cfg, *job, warm_start=args.warm_start)
+        out = run_training_job(cfg, *job, warm_start=args.warm_start,
+                               build_source=source_teacher)
     state = json.loads((out / "trainer_state.json").read_text())
     val = state.get("val_loss")
     print(f"step {state['step']}/{state['total_steps']}: val_loss {val}, tokens "
