@@ -51,12 +51,19 @@ def _init(source, cfg, out: Path, core: list[int] | None = None) -> Path:
     return out
 
 
-def _train(source, cfg, run: Path, ends: list[int], init: Path) -> Path:
+def _train(source, cfg, run: Path, ends: list[int], init: Path, builds: list | None = None
+           ) -> Path:
+    """Segments ending at ``ends``; ``builds`` gets one entry per teacher built."""
+    def build(config):
+        if builds is not None:
+            builds.append(config.train.distill.teacher)
+        return source_teacher(config)
+
     previous = None
     for end in ends:
         previous = train_segment(cfg, source[1], previous, end, snap(run, end),
                                  warm_start=init if previous is None else None,
-                                 build_source=source_teacher)
+                                 build_source=build)
     return previous
 
 
@@ -97,8 +104,10 @@ def test_resume_with_distillation_is_bit_identical(source, tmp_path) -> None:
                   "train.distill.teacher=source", "train.distill.temperature=1.5",
                   "train.objective=deep_supervision")
     init = _init(source, cfg, tmp_path / "init", core=[2, 4])
-    one = _train(source, cfg, tmp_path / "one", [4], init)
-    two = _train(source, cfg, tmp_path / "two", [2, 4], init)
+    builds_one, builds_two = [], []
+    one = _train(source, cfg, tmp_path / "one", [4], init, builds_one)
+    two = _train(source, cfg, tmp_path / "two", [2, 4], init, builds_two)
+    assert builds_one == ["source"] and builds_two == ["source"] * 2  # once per segment job
     assert (one / "model.safetensors").read_bytes() == (two / "model.safetensors").read_bytes()
     assert (one / "optimizer.safetensors").read_bytes() == \
         (two / "optimizer.safetensors").read_bytes()
