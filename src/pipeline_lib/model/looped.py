@@ -52,7 +52,7 @@ class LoopContext:
 
     rope: tuple[Tensor, Tensor]  # cos, sin: [B, L, 1, head_dim/2]
     mask: DocumentMask | KVCache  # document-causal attention mask (or a decoding KV cache)
-    targets: Tensor | None  # [B, L] next-token ids, -100 = ignored
+    targets: Tensor | None  # [B, L] next-token ids, IGNORE_INDEX = ignored
     answer_mask: Tensor | None  # [B, L] bool, answer tokens (and the EOS after them)
     e: Tensor | None = None  # [B, L, D] prelude output, injected at every loop
 

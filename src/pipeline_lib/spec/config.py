@@ -26,7 +26,14 @@ from typing import Any
 from ..credentials import redact_config, redact_text
 from ..errors import ConfigError
 from .config_errors import explain_omegaconf_error, mistyped_section
-from .config_files import apply_data_defaults, config_paths, data_defaults, read_yaml, set_keys
+from .config_files import (
+    apply_data_defaults,
+    config_paths,
+    data_defaults,
+    omegaconf,
+    read_yaml,
+    set_keys,
+)
 from .config_files import merge_config_dicts as merge_config_dicts  # the merge rules, as data
 from .config_files import merge_config_files as merge_config_files
 from .fields import check_field_constraints
@@ -544,19 +551,14 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
-def _omegaconf():
-    from omegaconf import OmegaConf  # imported here: keeps `import pipeline_lib.spec.config` cheap
-
-    return OmegaConf
+def _omegaconf() -> Any:
+    return omegaconf().OmegaConf
 
 
 def _merge(base: Any, update: Any, source: str) -> Any:
-    from omegaconf.errors import OmegaConfBaseException
-
-    OmegaConf = _omegaconf()
     try:
-        return OmegaConf.merge(base, update)
-    except OmegaConfBaseException as exc:
+        return _omegaconf().merge(base, update)
+    except omegaconf().errors.OmegaConfBaseException as exc:
         raise ConfigError(explain_omegaconf_error(exc, source, Config, update)) from None
     except TypeError as exc:  # e.g. a section given as a list, a list as a mapping
         raise ConfigError(mistyped_section(source, Config, update) or (
@@ -568,11 +570,9 @@ def _to_object(cfg: Any, source: str) -> Config:
     """The merged OmegaConf config as a :class:`Config`. Interpolations (``${train.lr}``) are
     resolved here, as OmegaConf does; one that does not resolve (an unknown key, a missing
     environment variable, a bad grammar) is a one-line ConfigError naming the key."""
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         out = _omegaconf().to_object(cfg)
-    except OmegaConfBaseException as exc:
+    except omegaconf().errors.OmegaConfBaseException as exc:
         raise ConfigError(explain_omegaconf_error(exc, source, Config, cfg)) from None
     assert isinstance(out, Config)
     return out
