@@ -155,3 +155,17 @@ def test_bad_teacher_config_is_one_error_line(tmp_path, capsys, teacher, extra, 
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: train.distill.teacher")
     assert says in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_snapshot_teacher_of_another_vocabulary_is_refused_when_planning(source,
+                                                                          tmp_path) -> None:
+    from pipeline_lib.spec.config import to_dict
+    from pipeline_lib.workflow.plan import WorkflowPlan
+
+    teacher = _init(source, _config(source, "model.loops=1"), tmp_path / "init")  # 264 rows
+    student = tiny_config(f"train.distill.teacher={teacher}")  # byte-level: 258 ids
+    with pytest.raises(ConfigError, match=r"train\.distill\.teacher = .*264-token "
+                                          r"vocabulary, this run 258;"):
+        WorkflowPlan(to_dict(student))
+    WorkflowPlan(to_dict(tiny_config(f"train.distill.teacher={teacher}",
+                                     "model.vocab_size=264")))  # the same rows: planned

@@ -260,11 +260,11 @@ class LoopedLM(nn.Module):
             if amp is not None:  # autocast: the head matmul in its dtype, the loss in fp32
                 h, weight = h.to(amp), weight.to(amp)
             weights = token_weights(ctx.answer_mask, answer_weight, answer_only)
-            loss = chunked_cross_entropy(h.reshape(-1, D), weight, ctx.targets.reshape(-1),
-                                         chunk_size=self.cfg.loss_chunk_size,
-                                         token_weights=weights)
+            flat, targets = h.reshape(-1, D), ctx.targets.reshape(-1)
+            loss = chunked_cross_entropy(flat, weight, targets,
+                                         chunk_size=self.cfg.loss_chunk_size, token_weights=weights)
             return loss if distill is None else loss + distill.term(
-                h.reshape(-1, D), weight, ctx.targets.reshape(-1), weights, self.cfg.loss_chunk_size)
+                flat, weight, targets, weights, self.cfg.loss_chunk_size)
 
     # ------------------------------------------------------------------ full passes
 
