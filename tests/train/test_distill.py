@@ -102,7 +102,9 @@ def test_a_retrofit_distilled_from_its_source_gets_closer_to_it(source, tmp_path
 def test_resume_with_distillation_is_bit_identical(source, tmp_path) -> None:
     cfg = _config(source, "model.loops=2", "model.init_from.core=[2,4]",
                   "train.distill.teacher=source", "train.distill.temperature=1.5",
-                  "train.objective=deep_supervision")
+                  "train.objective=deep_supervision", "train.loop_sampling.mode=uniform",
+                  "train.loop_sampling.max_loops=3", "train.bptt.mode=unrolled",
+                  "train.bptt.k=2")
     init = _init(source, cfg, tmp_path / "init", core=[2, 4])
     builds_one, builds_two = [], []
     one = _train(source, cfg, tmp_path / "one", [4], init, builds_one)
@@ -114,6 +116,7 @@ def test_resume_with_distillation_is_bit_identical(source, tmp_path) -> None:
     m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [m["distill_kl"] for m in m1] == [m["distill_kl"] for m in m2]
     assert [m["loss"] for m in m1] == [m["loss"] for m in m2]
+    assert any(len(m["unroll_losses"]) > 1 for m in m1)  # the unrolls share the teacher
 
 
 def test_a_snapshot_teacher_and_the_train_signature(source, tmp_path) -> None:
