@@ -23,7 +23,6 @@ Entry points (shapes: B rows, L tokens, D width, V vocab):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +37,7 @@ from .distill import DistillTarget
 from .exit_gate import expected_exit_forward
 from .kv_cache import KVCache, kv_decode_step, kv_prefill
 from .layers import RMSNorm, RopeScaling, rope_tables
-from .loss import chunked_cross_entropy, token_weights
+from .loss import readout_cross_entropy, token_weights
 from .moe import MoEFFN
 from .recompute import checkpointed
 from .recurrence import gated_update, initial_state
@@ -253,18 +252,13 @@ class LoopedLM(nn.Module):
         ctx = ctx_or_batch if isinstance(ctx_or_batch, LoopContext) else self.context(ctx_or_batch)
         if ctx.targets is None:
             raise ValueError("the batch has no 'targets'; readout_loss needs them")
-        h, weight = self.readout_hidden(state, ctx), self.head_weight  # [B, L, D], [V, D]
-        D, kind = h.shape[-1], h.device.type
-        amp = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
-        with nullcontext() if amp is None else torch.autocast(kind, enabled=False):
-            if amp is not None:  # autocast: the head matmul in its dtype, the loss in fp32
-                h, weight = h.to(amp), weight.to(amp)
-            weights = token_weights(ctx.answer_mask, answer_weight, answer_only)
-            flat, targets = h.reshape(-1, D), ctx.targets.reshape(-1)
-            loss = chunked_cross_entropy(flat, weight, targets,
-                                         chunk_size=self.cfg.loss_chunk_size, token_weights=weights)
-            return loss if distill is None else loss + distill.term(
-                flat, weight, targets, weights, self.cfg.loss_chunk_size)
+        h = self.readout_hidden(state, ctx)  # [B, L, D]
+        flat, targets = h.reshape(-1, h.shape[-1]), ctx.targets.reshape(-1)
+        weights = token_weights(ctx.answer_mask, answer_weight, answer_only)
+        loss = readout_cross_entropy(flat, self.head_weight, targets,
+                                     chunk_size=self.cfg.loss_chunk_size, token_weights=weights)
+        return loss if distill is None else loss + distill.term(
+            flat, self.head_weight, targets, weights, self.cfg.loss_chunk_size)
 
     # ------------------------------------------------------------------ full passes
 
