@@ -244,11 +244,14 @@ class LoopedLM(nn.Module):
     def readout_loss(self, state: Tensor, ctx_or_batch: LoopContext | Batch,
                      answer_weight: float = 1.0, *, answer_only: bool = False,
                      distill: DistillTarget | None = None) -> Tensor:
-        """Mean next-token loss of a loop state: Σ wᵢ·ceᵢ / Σ wᵢ over non-ignored targets by
-        the chunked loss (no [B·L, V] logits), w = ``answer_weight`` on ``answer_mask``, else
-        1; with ``answer_only`` w is 1 on ``answer_mask`` and 0 elsewhere (0, with zero
-        gradients, in a batch without any). ``distill``: plus the KL term to its teacher on
-        the same tokens and weights (:mod:`.distill`)."""
+        """Mean next-token loss of a loop state; answer tokens weighted by ``answer_weight``.
+
+        Weighted mean Σ wᵢ·ceᵢ / Σ wᵢ over non-ignored targets (w = answer_weight on
+        ``answer_mask``, else 1), via the chunked loss (no [B·L, V] logits). With
+        ``answer_only`` w is 1 on ``answer_mask`` and 0 elsewhere: the mean loss of the
+        answer tokens (0, with zero gradients, in a batch without any). ``distill``: plus
+        the KL term to its teacher on the same tokens and weights (:mod:`.distill`).
+        """
         ctx = ctx_or_batch if isinstance(ctx_or_batch, LoopContext) else self.context(ctx_or_batch)
         if ctx.targets is None:
             raise ValueError("the batch has no 'targets'; readout_loss needs them")
@@ -267,13 +270,15 @@ class LoopedLM(nn.Module):
                 state: Tensor | None = None, answer_only: bool = False,
                 exit_entropy_weight: float | None = None, distill: DistillTarget | None = None
                 ) -> LoopOutput:
-        """Losses after each listed loop count, from one pass over the loops. Counts may
-        exceed ``cfg.loops`` (test-time extrapolation). ``start``/``state`` continue from a
-        previous unroll's (detached) state, so counts must exceed ``start``;
-        ``no_grad_loops`` loops after ``start`` run without gradients.
+        """Losses after each listed loop count, from one pass over the loops.
+
+        Counts may exceed ``cfg.loops`` (test-time extrapolation). ``start``/``state``
+        continue from a previous unroll's (detached) state, so counts must exceed
+        ``start``; ``no_grad_loops`` loops after ``start`` run without gradients.
         ``exit_entropy_weight`` (β, needs the exit gate, start 0): also the expected-exit
         objective over the readouts (:mod:`.exit_gate`) as ``objective``. ``distill``:
-        every listed readout's loss gains its KL term to the teacher (:mod:`.distill`)."""
+        every listed readout's loss gains its KL term to the teacher (:mod:`.distill`).
+        """
         wanted = sorted(set(int(h) for h in readouts))
         if not wanted or wanted[0] <= start:
             raise ValueError(f"readouts must be a non-empty list of counts > start={start}, "
