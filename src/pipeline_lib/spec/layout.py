@@ -97,6 +97,12 @@ class ResultsLayout:
         return self.root / "compare"
 
     @property
+    def retrofit_plan_dir(self) -> Path:
+        """``retrofit-plan``'s output for the experiment (``make retrofit`` writes it; the
+        results section shows its table and figure when it is there)."""
+        return self.compare_dir / "retrofit_plan"
+
+    @property
     def demo_time(self) -> Path:
         """Wall time of ``make demo`` (written by the Makefile, read by ``make results``)."""
         return self.root / "demo_time.json"
