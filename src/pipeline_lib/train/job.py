@@ -22,6 +22,7 @@ from ..output_paths import check_output_location
 from ..spec.config import Config
 from ..spec.layout import RunLayout, run_dir_of
 from . import rollback
+from .distill import SourceBuilder
 from .metrics import TrainLog
 from .preempt import StopRequest
 from .run_logs import check_run_logs, claim_run_logs
@@ -90,7 +91,8 @@ def _check_tokenizer(trainer: Trainer, resume_from: Path | None,
 def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                   out: Path, run_dir: Path | None = None, attempt: int = 1, *,
                   world_size: int = 1, rank: int = 0, warm_start: Path | None = None,
-                  tracking: SegmentTracking | None = None) -> Path:
+                  tracking: SegmentTracking | None = None,
+                  build_source: SourceBuilder | None = None) -> Path:
     """Train from ``resume_from`` (None: from scratch) to ``until_step``; snapshot to ``out``.
 
     Run-level logs go to ``run_dir`` (default: ``out``'s run directory, see
@@ -99,7 +101,8 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     left by a stopped attempt is continued from. ``warm_start`` (only without
     ``resume_from``) copies another snapshot's weights and nothing else, for a deliberate
     restart under a changed config. ``tracking`` (the ``train`` stage's; None: nothing is
-    logged to MLflow) reports the segment on rank 0. Returns ``out``.
+    logged to MLflow) reports the segment on rank 0. ``build_source``: how ``train.distill.teacher = source``
+    builds the pretrained teacher (:mod:`.distill`). Returns ``out``.
     """
     wall_start = time.perf_counter()
     out, data_dir = Path(out), Path(data_dir)
@@ -117,7 +120,8 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
         check_store(cfg, run_dir)
     point = RunLayout.at(run_dir).resume_point(until_step)
     stopped = usable_resume_point(point, resume_from, until_step)
-    trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank)
+    trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank,
+                            build_source=build_source)
     trainer.restore(resume_from, run_dir=run_dir, attempt=attempt,
                     resume_point=point if stopped else None,
                     input_step=int(stopped["segment_start"]) if stopped else 0)

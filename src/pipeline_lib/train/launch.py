@@ -35,13 +35,16 @@ import sys
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, PipelineError, Preempted, TrainingError
 from ..fsio import write_text_atomic
 from ..spec.config import Config, config_yaml
 from ..spec.layout import RunLayout, run_dir_of
 from .run_tracking import SegmentTracking
+
+if TYPE_CHECKING:  # launching imports no torch; the teacher is built in the segment job
+    from .distill import SourceBuilder
 
 log = logging.getLogger(__name__)
 job_log = logging.getLogger("pipeline_lib.torchrun")
@@ -123,7 +126,8 @@ def failure_line(lines: Iterable[str]) -> str | None:
 def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                      out: Path, run_dir: Path | None = None, attempt: int = 1, *,
                      warm_start: Path | None = None,
-                     tracking: SegmentTracking | None = None) -> Path:
+                     tracking: SegmentTracking | None = None,
+                     build_source: SourceBuilder | None = None) -> Path:
     """Train one segment with ``train.nproc`` × ``train.nnodes`` processes; returns ``out``.
     The run's training lease (:mod:`.lease`) is held throughout: a second job training the
     same run at once is refused in one line. ``tracking``: see :func:`.job.train_segment`
@@ -134,17 +138,18 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
     check_segment_outputs(out, run_dir)  # before torchrun starts (or anything is built)
     with run_lease(Path(run_dir or run_dir_of(Path(out))), until_step):
         return _train_job(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
-                          warm_start=warm_start, tracking=tracking)
+                          warm_start=warm_start, tracking=tracking, build_source=build_source)
 
 
 def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                out: Path, run_dir: Path | None, attempt: int, *,
-               warm_start: Path | None, tracking: SegmentTracking | None) -> Path:
+               warm_start: Path | None, tracking: SegmentTracking | None,
+               build_source: SourceBuilder | None) -> Path:
     from .job import train_segment
 
     if cfg.train.nproc == 1 and cfg.train.nnodes == 1:
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
-                             warm_start=warm_start, tracking=tracking)
+                             warm_start=warm_start, tracking=tracking, build_source=build_source)
     if cfg.tracking.enabled:
         from ..tracking import resolve_uri
 
@@ -222,7 +227,8 @@ def _stream(cmd: list[str], keep: int = 400) -> tuple[int, list[str]]:
 def train_in_process(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                      out: Path, run_dir: Path | None = None, attempt: int = 1, *,
                      warm_start: Path | None = None,
-                     tracking: SegmentTracking | None = None) -> tuple[Path, int]:
+                     tracking: SegmentTracking | None = None,
+                     build_source: SourceBuilder | None = None) -> tuple[Path, int]:
     """The ``train`` stage's body in a worker: this process's share of the segment.
 
     Under torchrun it joins the process group (backend from ``experiment.device``), trains
@@ -233,12 +239,12 @@ def train_in_process(cfg: Config, data_dir: Path, resume_from: Path | None, unti
 
     if not launched_by_torchrun():
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
-                             warm_start=warm_start, tracking=tracking), 0
+                             warm_start=warm_start, tracking=tracking, build_source=build_source), 0
     ctx = init_process_group(cfg.experiment.device)
     try:
         train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
                       world_size=ctx.world_size, rank=ctx.rank, warm_start=warm_start,
-                      tracking=tracking)
+                      tracking=tracking, build_source=build_source)
     except PipelineError as exc:  # the CLI prints it as one line: say which rank
         raise type(exc)(f"rank {ctx.rank}: {exc}") from None
     finally:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...export.hf_import import source_teacher  # train.distill.teacher = source
 from ...model.kernels import kernel_tags
 from ...spec.config import Config, ModelConfig, flatten, public_dict
 from ...spec.layout import RunLayout
@@ -79,5 +80,7 @@ def train_stage(cfg: Config, data_dir: Path, resume_from: Path | None, until_ste
     resume point of an earlier attempt is applied). Returns (out, this process's rank)."""
     job = (cfg, data_dir, resume_from, until_step, out, run_dir, attempt)
     if launched_by_torchrun():  # one worker of a torchrun job: join it, train this rank
-        return train_in_process(*job, warm_start=warm_start, tracking=TrainTracking())
-    return run_training_job(*job, warm_start=warm_start, tracking=TrainTracking()), 0
+        return train_in_process(*job, warm_start=warm_start, tracking=TrainTracking(),
+                                build_source=source_teacher)
+    return run_training_job(*job, warm_start=warm_start, tracking=TrainTracking(),
+                            build_source=source_teacher), 0
