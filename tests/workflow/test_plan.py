@@ -10,7 +10,8 @@ import pytest
 
 from pipeline_lib.config import load_config, to_dict
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.workflow.plan import BYTE_VOCAB_SIZE, WorkflowPlan
+from pipeline_lib.workflow.plan import WorkflowPlan
+from pipeline_lib.workflow.resolve import BYTE_VOCAB_SIZE
 
 
 def _plan(*overrides: str) -> WorkflowPlan:

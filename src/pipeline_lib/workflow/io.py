@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import PREEMPTED_EXIT, PipelineError, Preempted
+from ..config import Config
+from ..errors import PREEMPTED_EXIT, ConfigError, PipelineError, Preempted
+from ..spec.run_spec import RunSpec, read_run_spec, run_spec_path
 from .attempt_log import open_attempt_log
 
 
@@ -62,11 +64,26 @@ def script_logging(log_path: str | Path, threads: int | None = None,
             root.removeHandler(handler)
 
 
-def run_config(snakemake: Any):
-    """The resolved config of the rule's ``params.run`` variant (total_steps filled in)."""
-    from .plan import WorkflowPlan
+def run_spec(snakemake: Any) -> RunSpec:
+    """The rule's run as the Snakefile resolved it: ``{params.run_dir}/run_spec.yaml``
+    (written before the first job; no job plans the experiment again), with the
+    credentials of ``tracking.uri`` put back from the job's config."""
+    spec = read_run_spec(snakemake.params.run_dir)
+    if spec.name != snakemake.params.run:
+        raise ConfigError(f"{run_spec_path(snakemake.params.run_dir)} is the spec of run "
+                          f"{spec.name!r}, not of {snakemake.params.run!r}; delete it and rerun "
+                          "snakemake, which writes it again")
+    variant = (snakemake.config.get("runs") or {}).get(spec.name) or {}
+    for config in (variant, snakemake.config):
+        uri = (config.get("tracking") or {}).get("uri")
+        if uri:
+            return spec.with_tracking_uri(uri)
+    return spec
 
-    return WorkflowPlan(snakemake.config).runs[snakemake.params.run].config
+
+def run_config(snakemake: Any) -> Config:
+    """The completed config of the rule's ``params.run`` variant (:func:`run_spec`)."""
+    return run_spec(snakemake).config
 
 
 @contextlib.contextmanager

@@ -1,0 +1,1 @@
+"""Torch-free description of an experiment: config, run paths, shared names, identities."""

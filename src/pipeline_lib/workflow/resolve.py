@@ -1,0 +1,70 @@
+"""``resolve_run(config, run) -> RunSpec``: the one place a run's config is completed.
+
+Everything that completes a run's config happens here, in this order: the ``runs:``
+variant merged over the other sections (:func:`~pipeline_lib.config.config_for_run`), the
+model section taken from ``model.init_from.source`` (its headers only:
+:func:`~pipeline_lib.export.hf_import.resolve_init_from`), the exit-gate rule that needs
+both, the vocabulary the plan counts with, ``train.total_steps`` (the token budget decided),
+and the data pack's id. The workflow's plan resolves each run once per Snakemake call and
+writes the result to ``{run}/run_spec.yaml`` (:func:`write_run_specs`, before the first
+job); the jobs read that file, the ``train`` command resolves through here too, and the
+trainer takes the completed config as it is.
+
+It lives on the workflow floor, not in :mod:`pipeline_lib.spec`, because two of its steps
+read files through the engines' torch-free header readers (a pretrained source's headers,
+a tokenizer file's size), which sit above the spec floor. Torch-free all the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from ..config import Config, DataConfig, config_for_run
+from ..config_rules import check_exit_gate_trained
+from ..data.identity import data_id as compute_data_id
+from ..data.tokenizer_files import source_vocab_size
+from ..errors import PipelineError
+from ..export.hf_import import resolve_init_from
+from ..spec.run_spec import RunSpec, write_run_spec
+from .snapshots_policy import total_steps
+
+DEFAULT_RUN = "default"
+BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)
+
+
+def planned_vocab_size(data: DataConfig) -> int:
+    """Vocabulary size known before packing (for a token-budget step count): 258 for byte,
+    the target size for BPE, and a file tokenizer's own, read cheaply (a JSON parse of its
+    tokenizer.json, or the GGUF metadata's token count; no tokenizers, torch, transformers)."""
+    if data.tokenizer.type == "file":
+        return source_vocab_size(data.tokenizer.path)
+    return BYTE_VOCAB_SIZE if data.tokenizer.type == "byte" else data.tokenizer.vocab_size
+
+
+def resolve_run(config: Config, run: str) -> RunSpec:
+    """The completed config of ``run`` (a ``runs:`` variant, or :data:`DEFAULT_RUN` when the
+    config has none): see the module docstring. A user error names the variant."""
+    cfg = config_for_run(config, run) if config.runs else config
+    try:
+        cfg = resolve_init_from(cfg)
+        check_exit_gate_trained(cfg.train, cfg.model)
+    except PipelineError as exc:
+        raise type(exc)(f"runs.{run}: {exc}" if config.runs else str(exc)) from None
+    # the tokenizer's size only matters for a token budget (and may mean reading a file);
+    # otherwise the pack decides it (0 here)
+    budget = cfg.train.total_steps == 0 and cfg.model.vocab_size == 0
+    vocab = cfg.model.vocab_size or (planned_vocab_size(cfg.data) if budget else 0)
+    steps = total_steps(cfg.train, cfg.model, cfg.data.seq_len, vocab)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, total_steps=steps))
+    return RunSpec(name=run, config=cfg, data_id=compute_data_id(cfg.data), vocab_size=vocab)
+
+
+def write_run_specs(specs: Iterable[tuple[RunSpec, str]]) -> list[str]:
+    """Write each (spec, run directory) to ``{run_dir}/run_spec.yaml`` where it changed
+    (atomic; an unchanged file is left alone); returns the run directories written."""
+    return [run_dir for spec, run_dir in specs if write_run_spec(spec, run_dir)]
+
+
+__all__ = ["BYTE_VOCAB_SIZE", "DEFAULT_RUN", "planned_vocab_size", "resolve_run",
+           "write_run_specs"]
