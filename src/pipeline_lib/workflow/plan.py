@@ -23,6 +23,7 @@ from ..run_layout import ResultsLayout, RunLayout
 from ..spec.run_spec import RunSpec, read_run_spec
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads, segment_time
+from .resolve import DEFAULT_RUN, resolve_run, write_run_specs
 from .signatures import (
     JOB_TIME_KEYS,
     LATER_TRAIN_DEFAULTS,
@@ -30,7 +31,6 @@ from .signatures import (
     model_signature,
     without_later_defaults,
 )
-from .resolve import DEFAULT_RUN, resolve_run, write_run_specs
 from .snapshots_policy import anchor_steps, kept_steps, previous_end, segment_ends
 
 
