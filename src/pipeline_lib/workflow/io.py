@@ -91,7 +91,7 @@ def run_job(snakemake: Any, threads: int | None = None) -> Iterator[Any]:
     """A job of one run's pipeline: :func:`script_logging`, the run's resolved config (yielded),
     and its MLflow parent run RUNNING while the job runs, FAILED if it fails
     (:func:`pipeline_lib.tracking.pipeline_job`)."""
-    from ..tracking import pipeline_job
+    from ..tracking import pipeline_job  # ~0.2 s of imports that script_logging's users skip
 
     with script_logging(snakemake.log[0], threads):
         cfg = run_config(snakemake)

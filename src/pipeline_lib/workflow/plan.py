@@ -144,7 +144,7 @@ class WorkflowPlan:
                     return RunPlan.of(spec.with_tracking_uri(self.config.tracking.uri))
             except ConfigError:
                 pass  # not written by this invocation: resolve it here
-        return RunPlan.of(resolve_run(self.config, name))
+        return RunPlan.of(resolve_run(self.config, name if self.config.runs else None))
 
     def write_run_specs(self) -> list[str]:
         """Every run's ``{run}/run_spec.yaml`` (where it changed): what the jobs read."""

@@ -42,22 +42,31 @@ def planned_vocab_size(data: DataConfig) -> int:
     return BYTE_VOCAB_SIZE if data.tokenizer.type == "byte" else data.tokenizer.vocab_size
 
 
-def resolve_run(config: Config, run: str) -> RunSpec:
-    """The completed config of ``run`` (a ``runs:`` variant, or :data:`DEFAULT_RUN` when the
-    config has none): see the module docstring. A user error names the variant."""
-    cfg = config_for_run(config, run) if config.runs else config
+def resolve_run(config: Config, run: str | None = None) -> RunSpec:
+    """The completed config of variant ``run`` (``runs.{run}`` merged over the other
+    sections), or of the base sections when ``run`` is None (named :data:`DEFAULT_RUN`):
+    see the module docstring. A user error names the variant."""
+    cfg = config if run is None else config_for_run(config, run)
     try:
         cfg = resolve_init_from(cfg)
         check_exit_gate_trained(cfg.train, cfg.model)
     except PipelineError as exc:
-        raise type(exc)(f"runs.{run}: {exc}" if config.runs else str(exc)) from None
+        raise type(exc)(str(exc) if run is None else f"runs.{run}: {exc}") from None
     # the tokenizer's size only matters for a token budget (and may mean reading a file);
     # otherwise the pack decides it (0 here)
     budget = cfg.train.total_steps == 0 and cfg.model.vocab_size == 0
     vocab = cfg.model.vocab_size or (planned_vocab_size(cfg.data) if budget else 0)
     steps = total_steps(cfg.train, cfg.model, cfg.data.seq_len, vocab)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, total_steps=steps))
-    return RunSpec(name=run, config=cfg, data_id=compute_data_id(cfg.data), vocab_size=vocab)
+    return RunSpec(name=run or DEFAULT_RUN, config=cfg, data_id=compute_data_id(cfg.data),
+                   vocab_size=vocab)
+
+
+def snapshot_run(cfg: Config, run: str | None = None) -> RunSpec:
+    """The spec of a config completed already (a snapshot's ``config.yaml``): nothing is
+    resolved again (its source may be gone; its total and vocabulary are filled in)."""
+    return RunSpec(name=run or DEFAULT_RUN, config=cfg, data_id=compute_data_id(cfg.data),
+                   vocab_size=cfg.model.vocab_size)
 
 
 def write_run_specs(specs: Iterable[tuple[RunSpec, str]]) -> list[str]:
@@ -67,4 +76,4 @@ def write_run_specs(specs: Iterable[tuple[RunSpec, str]]) -> list[str]:
 
 
 __all__ = ["BYTE_VOCAB_SIZE", "DEFAULT_RUN", "planned_vocab_size", "resolve_run",
-           "write_run_specs"]
+           "snapshot_run", "write_run_specs"]
