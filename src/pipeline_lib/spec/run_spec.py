@@ -87,7 +87,8 @@ def read_run_spec(run_dir: str | Path) -> RunSpec:
                           "of the run (its onstart handler); run the job through snakemake, "
                           "not with --no-hooks") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path} cannot be read ({exc}); delete it and rerun snakemake, "
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError(f"{path} cannot be read ({problem}); delete it and rerun snakemake, "
                           "which writes it again") from None
     if not isinstance(doc, dict) or doc.get("format") != RUN_SPEC_FORMAT:
         raise ConfigError(f"{path} is not a run spec of format {RUN_SPEC_FORMAT}; delete it "

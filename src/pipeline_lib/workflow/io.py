@@ -73,12 +73,20 @@ def run_spec(snakemake: Any) -> RunSpec:
         raise ConfigError(f"{run_spec_path(snakemake.params.run_dir)} is the spec of run "
                           f"{spec.name!r}, not of {snakemake.params.run!r}; delete it and rerun "
                           "snakemake, which writes it again")
-    variant = (snakemake.config.get("runs") or {}).get(spec.name) or {}
-    for config in (variant, snakemake.config):
-        uri = (config.get("tracking") or {}).get("uri")
-        if uri:
-            return spec.with_tracking_uri(uri)
-    return spec
+    return spec.with_tracking_uri(_tracking_uri(snakemake.config, spec.name))
+
+
+def _tracking_uri(config: Any, run: str) -> str | None:
+    """``tracking.uri`` as the job's config gives it (the variant's first), credentials
+    included; None when it gives none."""
+    runs = config.get("runs") if isinstance(config, dict) else None
+    variant = runs.get(run) if isinstance(runs, dict) else None
+    for section in (variant, config):
+        tracking = section.get("tracking") if isinstance(section, dict) else None
+        uri = tracking.get("uri") if isinstance(tracking, dict) else None
+        if isinstance(uri, str) and uri:
+            return uri
+    return None
 
 
 def run_config(snakemake: Any) -> Config:
