@@ -49,14 +49,14 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from pipeline_lib.config import DataConfig, EvalConfig, SourceConfig, load_config  # noqa: E402
-from pipeline_lib.config_rules import EXIT_CRITERIA  # noqa: E402
 from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.evaluate.adaptive import AdaptiveSpec, adaptive_section  # noqa: E402
 from pipeline_lib.evaluate.heff import sweep_losses  # noqa: E402
 from pipeline_lib.evaluate.sweep_pass import sweep_pass  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402
+from pipeline_lib.spec.config import DataConfig, EvalConfig, SourceConfig, load_config  # noqa: E402
+from pipeline_lib.spec.rules import EXIT_CRITERIA  # noqa: E402
 
 WORST_THRESHOLDS = (0.0, 1e-30)
 

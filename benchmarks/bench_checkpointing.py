@@ -32,8 +32,8 @@ import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from pipeline_lib.config import ModelConfig
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import ModelConfig
 
 MODES = ("none", "loop", "block")
 

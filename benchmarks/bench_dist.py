@@ -33,8 +33,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from pipeline_lib.checkpoint import state_io  # noqa: E402
-from pipeline_lib.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
+from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
 from pipeline_lib.train.launch import run_training_job  # noqa: E402
 from pipeline_lib.train.segment_start import segment_start  # noqa: E402
 from pipeline_lib.train.trainer import Trainer  # noqa: E402
@@ -89,7 +89,7 @@ def restored_trainer(cfg: Config, pack: Path, snapshot: Path, world: int, rank: 
 
 def save_worker(args: argparse.Namespace) -> None:
     """Under torchrun: time sharded snapshot writes; rank 0 writes the times as JSON."""
-    from pipeline_lib.config import load_config as load
+    from pipeline_lib.spec.config import load_config as load
     from pipeline_lib.train.distributed import destroy_process_group, init_process_group
 
     torch.set_num_threads(1)

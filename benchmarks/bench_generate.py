@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from pipeline_lib.config import load_config
 from pipeline_lib.model.generate import greedy_generate
 from pipeline_lib.model.looped import LoopedLM
 from pipeline_lib.provenance import cpu_model, git_output
+from pipeline_lib.spec.config import load_config
 
 BYTE_VOCAB = 258
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,11 +22,11 @@ import torch
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # the sweep's progress bars would swamp the output
 
-from pipeline_lib.config import DataConfig, SourceConfig, load_config
 from pipeline_lib.data.loader import PackedData
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.evaluate.heff import sweep_losses
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import DataConfig, SourceConfig, load_config
 
 H_EFFS = [1, 2, 4, 8]
 

@@ -34,7 +34,7 @@ LOOPLINE = """
 import json, resource, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
-from pipeline_lib.config import Config
+from pipeline_lib.spec.config import Config
 from pipeline_lib.export.hf_import import import_checkpoint
 record = import_checkpoint(Path(sys.argv[1]), Path(sys.argv[2]), Config())
 print(json.dumps({"seconds": time.perf_counter() - t0,

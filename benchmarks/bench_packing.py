@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline_lib.config import load_config
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.data.packing import fill_ratio, pack_documents
+from pipeline_lib.spec.config import load_config
 
 SEQ_LEN = 1024
 
@@ -35,7 +35,7 @@ SEQ_LEN = 1024
 CHILD = """
 import json, resource, sys, time
 from pathlib import Path
-from pipeline_lib.config import DataConfig, SourceConfig
+from pipeline_lib.spec.config import DataConfig, SourceConfig
 from pipeline_lib.data.pack import pack_corpus
 glob, out = sys.argv[1], Path(sys.argv[2])
 data = DataConfig(sources=[SourceConfig(type="parquet", path=glob)], seq_len=1024, epochs=1)

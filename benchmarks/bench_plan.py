@@ -47,8 +47,8 @@ from pathlib import Path
 
 from bench_job_start import BASELINE, checkout, job_start_rows
 
-from pipeline_lib.config import SnapshotsConfig
-from pipeline_lib.workflow.snapshots_policy import anchor_steps, kept_steps, segment_ends
+from pipeline_lib.spec.config import SnapshotsConfig
+from pipeline_lib.spec.snapshots import anchor_steps, kept_steps, segment_ends
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")

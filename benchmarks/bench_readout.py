@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from pipeline_lib.config import ModelConfig
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import ModelConfig
 
 
 def _batch(rows: int, seq_len: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -41,11 +41,11 @@ import torch  # noqa: E402
 from pipeline_lib.checkpoint import state_io  # noqa: E402
 from pipeline_lib.checkpoint.fsutil import fsync_dir  # noqa: E402
 from pipeline_lib.checkpoint.snapshot import load_snapshot  # noqa: E402
-from pipeline_lib.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
 from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402
-from pipeline_lib.model.size import resolved_ffn_hidden  # noqa: E402
+from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
+from pipeline_lib.spec.size import resolved_ffn_hidden  # noqa: E402
 from pipeline_lib.train.job import train_segment  # noqa: E402
 from pipeline_lib.train.segment_start import segment_start  # noqa: E402
 from pipeline_lib.train.trainer import Trainer  # noqa: E402

@@ -28,10 +28,10 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from pipeline_lib.config import load_config  # noqa: E402
 from pipeline_lib.data import verify  # noqa: E402
 from pipeline_lib.data.loader import PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
+from pipeline_lib.spec.config import load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline_lib.config import Config, ModelConfig, SourceConfig, save_config
+from pipeline_lib.spec.config import Config, ModelConfig, SourceConfig, save_config
 
 PATTERN = "0123456789"
 SEQ_LEN = 24

@@ -12,8 +12,8 @@ import yaml
 from user_task_helpers import write_user_tasks
 
 from pipeline_lib import task_catalog, task_yaml
-from pipeline_lib.config import BenchConfig
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import BenchConfig
 from pipeline_lib.task_catalog import (
     check_bench_tasks,
     installed_task_names,
@@ -152,16 +152,9 @@ def test_installed_names_equal_lm_eval_task_index(names_cache):
     assert installed_task_names() == set(TaskManager().all_tasks)
 
 
-def test_builtin_names_match_the_bench_package():
-    from pipeline_lib.bench.tasks import BUILTIN_TASKS, TASK_PREFIX
-
-    assert task_catalog.BUILTIN_TASK_NAMES == tuple(BUILTIN_TASKS)
-    assert task_catalog.BUILTIN_PREFIX == TASK_PREFIX
-
-
 def test_checking_stays_light(tmp_path: Path, user_dir: Path):
     """What the Snakefile runs: no torch, mlflow or lm_eval import, even for installed names."""
-    code = ("import sys; from pipeline_lib.config import BenchConfig; "
+    code = ("import sys; from pipeline_lib.spec.config import BenchConfig; "
             "from pipeline_lib.task_catalog import check_bench_tasks; "
             f"check_bench_tasks(BenchConfig(tasks=['hellaswag'], include_path={str(user_dir)!r}));"
             "heavy = [m for m in ('torch', 'mlflow', 'lm_eval') if m in sys.modules]; "

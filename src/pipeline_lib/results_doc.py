@@ -44,7 +44,7 @@ from .compare.markdown import (
 from .errors import DataError
 from .output_paths import check_output_file, check_output_location
 from .provenance import cpu_model, git_output, repo_root
-from .run_layout import ResultsLayout
+from .spec.layout import ResultsLayout
 
 log = logging.getLogger(__name__)
 BEGIN = "<!-- results:begin -->"

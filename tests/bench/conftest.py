@@ -39,7 +39,7 @@ def snapshot_dir(tmp_path_factory, trained_model, tokenizer) -> Path:
 @pytest.fixture(scope="session")
 def small_bench():
     """Every built-in task, 2 examples per level, levels 1..3 (training covered 1..2)."""
-    from pipeline_lib.config import BenchConfig
+    from pipeline_lib.spec.config import BenchConfig
 
     return BenchConfig(examples_per_level=2, min_difficulty=1, max_difficulty=3, batch_size=4,
                        max_gen_toks=6, h_eff=[1, 3])

@@ -21,8 +21,8 @@ from pipeline_lib.bench.loops_used import LoopsUsed, loops_summary
 from pipeline_lib.bench.runner import adaptive_settings, run_benchmarks
 from pipeline_lib.bench.scoring import SUMMARY_COLUMNS, bench_metrics, summarize_bench
 from pipeline_lib.bench.tasks import GENERATION_STOPS
-from pipeline_lib.config import BenchConfig, Config, validate_config
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import BenchConfig, Config, validate_config
 from pipeline_lib.tracking.commit import check_metric_key
 
 pytestmark = pytest.mark.slow
@@ -174,8 +174,8 @@ def test_bench_criteria_are_the_eval_criteria():
     model accept (a criterion added to one is added to both)."""
     from dataclasses import fields
 
-    from pipeline_lib.config import EvalConfig
     from pipeline_lib.evaluate.adaptive import CRITERIA
+    from pipeline_lib.spec.config import EvalConfig
 
     def choices(cls, name):
         (f,) = [f for f in fields(cls) if f.name == name]

@@ -13,8 +13,8 @@ from support.precision_probe import linear_calls
 
 from pipeline_lib.bench import LooplineLM
 from pipeline_lib.checkpoint.compat import snapshot_config
-from pipeline_lib.config import BenchConfig
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import BenchConfig
 from pipeline_lib.workflow.stages import bench_stage
 
 

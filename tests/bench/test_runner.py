@@ -13,8 +13,8 @@ from snapshot_helpers import direct_continuation_logprob, greedy_reference
 
 from pipeline_lib.bench.runner import run_benchmarks, task_manager_for
 from pipeline_lib.bench.tasks import GENERATION_STOPS
-from pipeline_lib.config import BenchConfig
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import BenchConfig
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from pipeline_lib.bench.tasks import BUILTIN_TASKS, write_builtin_tasks
-from pipeline_lib.config import BenchConfig
 from pipeline_lib.data.reasoning import generate_problems
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import BenchConfig
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -16,8 +16,8 @@ from pipeline_lib.checkpoint.compat import (
     resume_mismatches,
 )
 from pipeline_lib.checkpoint.snapshot import write_snapshot
-from pipeline_lib.config import Config, SourceConfig, to_dict
 from pipeline_lib.errors import CheckpointError
+from pipeline_lib.spec.config import Config, SourceConfig, to_dict
 
 
 def _replace(cfg: Config, section: str, **changes) -> Config:

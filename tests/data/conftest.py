@@ -15,7 +15,7 @@ from data_corpus import (
     write_text_files,
 )
 
-from pipeline_lib.config import DataConfig, SourceConfig
+from pipeline_lib.spec.config import DataConfig, SourceConfig
 
 
 @pytest.fixture

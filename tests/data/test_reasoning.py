@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from pipeline_lib.config import SourceConfig
 from pipeline_lib.data.reasoning import generate_problem, generate_problems, iter_reasoning_problems
 from pipeline_lib.errors import DataError
+from pipeline_lib.spec.config import SourceConfig
 
 
 def run_khop(prompt: str) -> tuple[str, int]:

@@ -15,7 +15,6 @@ from data_corpus import (
     write_text_files,
 )
 
-from pipeline_lib.config import SourceConfig
 from pipeline_lib.data.reasoning import iter_reasoning_problems
 from pipeline_lib.data.sources import (
     SourceStats,
@@ -25,6 +24,7 @@ from pipeline_lib.data.sources import (
     stdlib_files,
 )
 from pipeline_lib.errors import DataError
+from pipeline_lib.spec.config import SourceConfig
 
 
 def read(src: SourceConfig) -> tuple[list[str], SourceStats]:

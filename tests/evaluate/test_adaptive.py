@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline_lib.config import ModelConfig
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.adaptive import (
     AdaptiveSpec,
@@ -20,6 +19,7 @@ from pipeline_lib.evaluate.adaptive import (
 from pipeline_lib.evaluate.adaptive_summary import summarize_adaptive
 from pipeline_lib.evaluate.heff import run_heff, sweep_losses
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
+from pipeline_lib.spec.config import ModelConfig
 
 VOCAB, SEQ, H = 40, 24, 6
 HUGE = 1e9
@@ -218,7 +218,7 @@ def test_bad_spec_is_one_line(bad, pattern):
 
 
 def test_spec_from_eval_config_is_off_when_empty():
-    from pipeline_lib.config import EvalConfig
+    from pipeline_lib.spec.config import EvalConfig
 
     assert AdaptiveSpec.from_eval_config(EvalConfig(adaptive_thresholds=[])) is None
     on = AdaptiveSpec.from_eval_config(EvalConfig(adaptive_criterion="entropy",

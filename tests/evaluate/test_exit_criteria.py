@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline_lib.config import EvalConfig, ModelConfig
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.adaptive import AdaptiveSpec
 from pipeline_lib.evaluate.exit_criteria import adaptive_logits, parse_adaptive_spec
 from pipeline_lib.evaluate.sweep_pass import sweep_batch
+from pipeline_lib.spec.config import EvalConfig, ModelConfig
 
 VOCAB, SEQ, H = 30, 16, 5
 CASES = {"latent_diff": (0.0, 0.05, 0.2, 0.6), "cosine": (0.0, 0.001, 0.02, 0.2),

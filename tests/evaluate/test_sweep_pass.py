@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline_lib.config import ModelConfig
 from pipeline_lib.evaluate import exit_readout
 from pipeline_lib.evaluate.adaptive import AdaptiveSpec
 from pipeline_lib.evaluate.heff import run_heff, sweep_documents
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
+from pipeline_lib.spec.config import ModelConfig
 
 VOCAB, SEQ = 30, 16
 THRESHOLDS = {"kl": (0.0, 1e-3, 0.05, 0.5), "entropy": (0.0, 2.5, 3.2, 3.35),

@@ -96,10 +96,10 @@ def test_grouped_query_export_names_its_kv_heads_and_rope_scaling(exports) -> No
 def test_the_exported_rope_tables_equal_loopline_s(scaling) -> None:
     """The modelling file's own RoPE, read from config.json's keys, gives loopline's tables
     bit for bit (at head width 32 every llama3 regime occurs over a 200-token context)."""
-    from pipeline_lib.config import Config
     from pipeline_lib.export import modeling_loopline as exported
     from pipeline_lib.export.hf import hf_config
     from pipeline_lib.model.layers import RopeScaling, rope_tables
+    from pipeline_lib.spec.config import Config
 
     cfg = Config()
     for key, value in {"vocab_size": 258, "d_model": 64, "n_heads": 2, **scaling}.items():

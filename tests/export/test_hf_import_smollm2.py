@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline_lib.config import Config
 from pipeline_lib.data.tokenizer import load_tokenizer
 from pipeline_lib.data.tokenizer_files import smollm2_gguf_path
 from pipeline_lib.evaluate.loading import load_for_eval
 from pipeline_lib.export.hf_import import import_checkpoint
 from pipeline_lib.export.hf_layout import layer_choice
 from pipeline_lib.export.pretrained_source import source_arch
+from pipeline_lib.spec.config import Config
 
 pytestmark = pytest.mark.slow
 TEXTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n",

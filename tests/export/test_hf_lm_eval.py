@@ -12,9 +12,9 @@ from support.lm_eval_samples import per_example
 from pipeline_lib.bench.lm_wrapper import LooplineLM
 from pipeline_lib.bench.runner import task_manager_for
 from pipeline_lib.bench.tasks import write_builtin_tasks
-from pipeline_lib.config import BenchConfig
 from pipeline_lib.data.tokenizer import byte_level_tokenizer
 from pipeline_lib.export import export_snapshot
+from pipeline_lib.spec.config import BenchConfig
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from pipeline_lib.config import ModelConfig
+from pipeline_lib.spec.config import ModelConfig
 
 VOCAB = 48
 

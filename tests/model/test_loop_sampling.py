@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline_lib.config import LoopSamplingConfig
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.model.loop_sampling import loop_target, sample_loop_count
+from pipeline_lib.spec.config import LoopSamplingConfig
 
 
 def _draws(cfg: LoopSamplingConfig, seed: int = 7, steps: int = 2000) -> np.ndarray:

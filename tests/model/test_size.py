@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from pipeline_lib.config import ModelConfig
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.model.size import (
+from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.size import (
     check_model_config,
     param_count,
     resolved_ffn_hidden,
@@ -64,8 +64,8 @@ def test_expert_widths_are_rounded_up_to_aligned_rows(make_config):
 
 
 def test_size_module_does_not_import_torch():
-    code = ("import sys; from pipeline_lib.model.size import param_count; "
-            "from pipeline_lib.config import ModelConfig; "
+    code = ("import sys; from pipeline_lib.spec.size import param_count; "
+            "from pipeline_lib.spec.config import ModelConfig; "
             "from pipeline_lib.model.loop_sampling import sample_loop_count; "
             "print(param_count(ModelConfig(vocab_size=260)), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -108,7 +108,7 @@ def _linear_weights(module) -> int:
                                        {"d_model": 32, "n_heads": 4, "n_kv_heads": 1},
                                        {"head_dim": 24, "n_kv_heads": 1, "qkv_bias": True}])
 def test_flops_per_token_counts_every_matmul_weight(overrides, make_config):
-    from pipeline_lib.model.size import flops_per_token
+    from pipeline_lib.spec.size import flops_per_token
 
     cfg = make_config(loops=3, **overrides)
     model = LoopedLM(cfg)
@@ -120,7 +120,7 @@ def test_flops_per_token_counts_every_matmul_weight(overrides, make_config):
 
 
 def test_flops_per_token_iso_compute_and_known_value(make_config):
-    from pipeline_lib.model.size import flops_per_token
+    from pipeline_lib.spec.size import flops_per_token
 
     loop4 = ModelConfig(vocab_size=100, d_model=32, n_heads=2, prelude_layers=0, coda_layers=0,
                         core_layers=1, loops=4, ffn_hidden=64)

@@ -24,7 +24,8 @@ from support.credentials_helpers import (
 )
 
 from pipeline_lib.cli import main
-from pipeline_lib.config import (
+from pipeline_lib.credentials import redact_uri, split_credentials
+from pipeline_lib.spec.config import (
     DataConfig,
     SourceConfig,
     config_hash,
@@ -32,8 +33,7 @@ from pipeline_lib.config import (
     load_config,
     public_dict,
 )
-from pipeline_lib.credentials import redact_uri, split_credentials
-from pipeline_lib.run_layout import RunLayout
+from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.tracking.store import probe, resolve_uri, store_uri
 
 USER, PASSWORD = "loopuser7", "s3cr3t-Pw"

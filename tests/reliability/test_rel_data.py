@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_lib.config import DataConfig, SourceConfig
 from pipeline_lib.data import verify
 from pipeline_lib.data.loader import PackedData
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.errors import DataError
+from pipeline_lib.spec.config import DataConfig, SourceConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ARRAYS = ["tokens.bin", "docs.npy", "answer_spans.npy", "levels.npy",

@@ -19,8 +19,8 @@ import pytest
 from support.credentials_helpers import free_port
 
 from pipeline_lib.cli import main
-from pipeline_lib.config import Config, ExperimentConfig, TrackingConfig
-from pipeline_lib.run_layout import RunLayout
+from pipeline_lib.spec.config import Config, ExperimentConfig, TrackingConfig
+from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.tracking import start_stage
 from pipeline_lib.tracking.outbox import Outbox
 

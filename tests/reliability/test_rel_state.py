@@ -31,7 +31,7 @@ from support.rel_state_helpers import (
 )
 from support.workflow_runs import ROOT, SNAKEMAKE, job_counts
 
-from pipeline_lib.config import Config, ExperimentConfig, TrackingConfig
+from pipeline_lib.spec.config import Config, ExperimentConfig, TrackingConfig
 from pipeline_lib.tracking import init_parent_run, start_stage
 from pipeline_lib.tracking.store import normalize_uri
 

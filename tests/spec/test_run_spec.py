@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_lib.config import load_config, to_dict
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import load_config, to_dict
 from pipeline_lib.spec.run_spec import RunSpec, read_run_spec, run_spec_path, write_run_spec
 
 SECRET_URI = "http://alice:s3cret@mlflow.example:5000"

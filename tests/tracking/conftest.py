@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tracking_helpers import make_config
 
-from pipeline_lib.config import Config
+from pipeline_lib.spec.config import Config
 from pipeline_lib.tracking.store import normalize_uri
 
 

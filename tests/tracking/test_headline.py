@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from tracking_helpers import client, free_port, make_config
 
-from pipeline_lib.config import Config
-from pipeline_lib.run_layout import RunLayout
+from pipeline_lib.spec.config import Config
+from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.tracking import init_parent_run, start_stage, sync_outbox
 from pipeline_lib.tracking import sink as sink_module
 from pipeline_lib.tracking.headline import TAG_PREFIX

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tracking_helpers import client, free_port, make_config
 
-from pipeline_lib.config import Config
 from pipeline_lib.errors import Preempted, TrainingError
+from pipeline_lib.spec.config import Config
 from pipeline_lib.tracking import (
     finish_parent,
     init_parent_run,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tracking_helpers import client, free_port, make_config
 
-from pipeline_lib.config import Config
+from pipeline_lib.spec.config import Config
 from pipeline_lib.tracking import init_parent_run, start_stage, sync_outbox
 from pipeline_lib.tracking.lineage import pack_dataset, pack_digest
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from tracking_helpers import children, client, make_config, steps_of
 
-from pipeline_lib.config import Config
 from pipeline_lib.errors import TrackingError
+from pipeline_lib.spec.config import Config
 from pipeline_lib.tracking import init_parent_run, read_tracking_info, start_stage
 from pipeline_lib.tracking.store import normalize_uri
 

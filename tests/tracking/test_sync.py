@@ -10,8 +10,8 @@ import pytest
 from tracking_helpers import children, client, free_port, make_config, steps_of
 
 from pipeline_lib.cli import main
-from pipeline_lib.config import Config
-from pipeline_lib.run_layout import RunLayout
+from pipeline_lib.spec.config import Config
+from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.tracking import init_parent_run, read_tracking_info, start_stage, sync_outbox
 from pipeline_lib.tracking.outbox import Outbox
 from pipeline_lib.tracking.runs import find_parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from pipeline_lib.config import Config, ExperimentConfig, TrackingConfig
+from pipeline_lib.spec.config import Config, ExperimentConfig, TrackingConfig
 
 
 def make_config(uri: str, experiment: str = "loopline-test", **tracking: Any) -> Config:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline_lib.config import TrainConfig
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import TrainConfig
 from pipeline_lib.train.batch_plan import BatchPlan, make_batch_plan
 
 

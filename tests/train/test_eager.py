@@ -15,7 +15,7 @@ import textwrap
 import torch
 from trainer_helpers import PROJECT_ROOT, config_file, make_pack
 
-from pipeline_lib.config import TrainConfig
+from pipeline_lib.spec.config import TrainConfig
 from pipeline_lib.train.eager import EagerAdamW
 from pipeline_lib.train.optim import build_optimizer
 
@@ -33,7 +33,7 @@ def test_eager_adamw_matches_torch_adamw_without_importing_dynamo():
     result = _fresh_python("""
         import copy, json, sys, torch
         from torch import nn
-        from pipeline_lib.config import TrainConfig
+        from pipeline_lib.spec.config import TrainConfig
         from pipeline_lib.train.optim import build_optimizer
 
         def train(model, opt, steps, first=0):
@@ -75,7 +75,7 @@ def test_compile_keeps_torchs_own_optimizer():
 def test_muon_steps_and_round_trips_without_importing_dynamo():
     result = _fresh_python("""
         import json, sys, torch
-        from pipeline_lib.config import ModelConfig, TrainConfig
+        from pipeline_lib.spec.config import ModelConfig, TrainConfig
         from pipeline_lib.model.looped import LoopedLM
         from pipeline_lib.train.optim import build_optimizer
 

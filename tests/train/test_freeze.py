@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline_lib.config import ModelConfig, TrainConfig
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import ModelConfig, TrainConfig
 from pipeline_lib.train.freeze import freeze_parts
 from pipeline_lib.train.optim import build_optimizer
 
@@ -44,7 +44,7 @@ def test_adapter_includes_a_learnable_lambda_and_a_tied_head_is_the_embedding():
 
 
 def test_adapter_includes_the_loop_gates_of_gated_recurrence():
-    from pipeline_lib.config_rules import model_parts
+    from pipeline_lib.spec.rules import model_parts
 
     cfg = ModelConfig(**{**CFG, "injection": "add", "recurrence": "gated", "loops": 3})
     assert "adapter" in model_parts(cfg)
@@ -85,7 +85,7 @@ def test_frozen_parameters_stay_bit_identical_while_the_rest_trains(optimizer: s
 
 
 def test_the_parts_are_the_configs_vocabulary():
-    from pipeline_lib.config_rules import FREEZE_PARTS
+    from pipeline_lib.spec.rules import FREEZE_PARTS
     from pipeline_lib.train.freeze import PART_ATTRIBUTES
 
     assert tuple(PART_ATTRIBUTES) == FREEZE_PARTS

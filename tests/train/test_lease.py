@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib.errors import TrainingError
-from pipeline_lib.run_layout import RunLayout
+from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.train.lease import holder_alive, run_lease
 
 

@@ -17,9 +17,9 @@ from pipeline_lib.checkpoint.tensorio import (
     split_tree,
     write_safetensors,
 )
-from pipeline_lib.config import ModelConfig, TrainConfig
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import ModelConfig, TrainConfig
 from pipeline_lib.train.eager import EagerAdamW
 from pipeline_lib.train.muon import MuonAdamW
 from pipeline_lib.train.optim import build_optimizer, classify_parameters, load_optimizer_state

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline_lib.config import ModelConfig, TrainConfig
 from pipeline_lib.errors import CheckpointError
+from pipeline_lib.spec.config import ModelConfig, TrainConfig
 from pipeline_lib.train.optim import (
     AdamATan2,
     build_optimizer,

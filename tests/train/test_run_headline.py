@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline_lib.config import ModelConfig
-from pipeline_lib.model.size import flops_per_token, param_count
+from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.size import flops_per_token, param_count
 from pipeline_lib.train.run_tracking import train_values
 
 

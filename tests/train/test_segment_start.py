@@ -9,7 +9,7 @@ import pytest
 
 from pipeline_lib.data.loader import DataCursor
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.run_layout import RunLayout
+from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.train import rollback
 from pipeline_lib.train.segment_start import segment_start
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline_lib.config import ModelConfig
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import ModelConfig
 from pipeline_lib.train.ema import WeightsEMA
 from pipeline_lib.train.states import EMAPart, MoEBiases
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from support.faults import FAULT_ENV, FaultPlan
 
-from pipeline_lib.config import BpttConfig, ModelConfig, SpikeGuardConfig, TrainConfig
 from pipeline_lib.model.looped import LoopedLM
+from pipeline_lib.spec.config import BpttConfig, ModelConfig, SpikeGuardConfig, TrainConfig
 from pipeline_lib.train.optim import build_optimizer
 from pipeline_lib.train.spike_guard import SpikeGuard
 from pipeline_lib.train.step import StepRunner, unroll_bounds

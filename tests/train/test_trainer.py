@@ -315,8 +315,8 @@ def test_step_range_is_checked(pack: Path, tmp_path: Path) -> None:
 
 def test_answer_objective_on_a_pack_without_answers_fails_before_training(
         tmp_path: Path) -> None:
-    from pipeline_lib.config import DataConfig, SourceConfig
     from pipeline_lib.data.pack import pack_corpus
+    from pipeline_lib.spec.config import DataConfig, SourceConfig
 
     (tmp_path / "t").mkdir()
     for i in range(20):

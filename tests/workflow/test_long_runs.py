@@ -43,7 +43,7 @@ def test_anchored_chain_rotates_reruns_nothing_and_rebuilds(tmp_path: Path, monk
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(
-        "import pipeline_lib.workflow.snapshots_policy as policy\n"
+        "import pipeline_lib.spec.snapshots as policy\n"
         "policy.ANCHOR_SEGMENTS = 2\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shim), str(ROOT / "src")]))
     work = tmp_path / "work"

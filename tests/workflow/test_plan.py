@@ -8,20 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_lib.config import load_config, to_dict
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import load_config, to_dict
+from pipeline_lib.spec.names import BYTE_VOCAB_SIZE
 from pipeline_lib.workflow.plan import WorkflowPlan
-from pipeline_lib.workflow.resolve import BYTE_VOCAB_SIZE
 
 
 def _plan(*overrides: str) -> WorkflowPlan:
     return WorkflowPlan(to_dict(load_config(None, list(overrides))))
-
-
-def test_byte_vocab_size_matches_the_tokenizer():
-    from pipeline_lib.data.tokenizer import BYTE_VOCAB_SIZE as TOKENIZER_BYTE_VOCAB
-
-    assert BYTE_VOCAB_SIZE == TOKENIZER_BYTE_VOCAB
 
 
 def test_kept_and_temporary_snapshot_paths():
@@ -125,7 +119,7 @@ def test_train_signature_ignores_eval_and_bench_but_not_training():
 def test_recurrence_and_noise_retrain_but_plain_keeps_the_old_signature():
     """``model.recurrence`` came after runs were made: at plain it is left out of the hash
     (the signatures of every shipped config are those of the code before the key)."""
-    from pipeline_lib.workflow.signatures import model_signature
+    from pipeline_lib.spec.signatures import model_signature
 
     base = _plan()
     run = base.run_names[0]
@@ -136,7 +130,7 @@ def test_recurrence_and_noise_retrain_but_plain_keeps_the_old_signature():
 
 
 def test_precision_reruns_train_eval_and_bench_but_auto_keeps_old_signatures():
-    from pipeline_lib.config import config_hash
+    from pipeline_lib.spec.config import config_hash
 
     base = _plan()
     run = base.run_names[0]
@@ -154,7 +148,7 @@ def test_precision_reruns_train_eval_and_bench_but_auto_keeps_old_signatures():
 def test_token_budget_fills_in_total_steps():
     plan = _plan("train.total_steps=0", "train.token_budget_multiplier=1")
     cfg = plan.runs[plan.run_names[0]].config
-    from pipeline_lib.model.size import param_count
+    from pipeline_lib.spec.size import param_count
 
     params = param_count(dataclasses.replace(cfg.model, vocab_size=BYTE_VOCAB_SIZE))
     expected = -(-params // (cfg.data.seq_len * cfg.train.global_batch_rows))
@@ -165,7 +159,7 @@ def test_token_budget_of_a_file_tokenizer_reads_its_vocabulary(tmp_path):
     from tokenizers import Tokenizer, models
 
     from pipeline_lib.errors import DataError
-    from pipeline_lib.model.size import param_count
+    from pipeline_lib.spec.size import param_count
     from pipeline_lib.workflow.resolve import planned_vocab_size
 
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0"))
@@ -285,7 +279,7 @@ def test_train_signature_ignores_keys_that_leave_the_weights_alone():
     they existed keeps its signature: checked against 85d7219 by hand, 2026-12-01)."""
     import yaml
 
-    from pipeline_lib.config import merge_config_dicts
+    from pipeline_lib.spec.config import merge_config_dicts
     from pipeline_lib.workflow.plan import WorkflowPlan
 
     base = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "config.yaml")
@@ -309,8 +303,8 @@ def test_attention_options_at_their_defaults_keep_every_train_signature():
     of f6e4e89, which did not have the keys); away from the defaults a run retrains."""
     import yaml
 
-    from pipeline_lib.config import ModelConfig, config_hash, merge_config_dicts
-    from pipeline_lib.workflow.signatures import model_signature
+    from pipeline_lib.spec.config import ModelConfig, config_hash, merge_config_dicts
+    from pipeline_lib.spec.signatures import model_signature
 
     assert config_hash(model_signature(ModelConfig())) == "683ddd19999a"
     smollm2_shape = ModelConfig(vocab_size=49152, d_model=576, n_heads=9, n_kv_heads=3)

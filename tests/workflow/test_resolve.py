@@ -10,12 +10,13 @@ import pytest
 import yaml
 
 from pipeline_lib.commands._common import add_config_args, run_spec_from_args
-from pipeline_lib.config import load_config, to_dict
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import load_config, to_dict
+from pipeline_lib.spec.names import BYTE_VOCAB_SIZE
 from pipeline_lib.spec.run_spec import read_run_spec, run_spec_path, write_run_spec
 from pipeline_lib.workflow.io import run_config, run_spec
 from pipeline_lib.workflow.plan import WorkflowPlan
-from pipeline_lib.workflow.resolve import BYTE_VOCAB_SIZE, resolve_run
+from pipeline_lib.workflow.resolve import resolve_run
 
 VARIANTS = {"runs": {"loops1": {"model": {"loops": 1}},
                      "budget": {"train": {"total_steps": 0}, "model": {"loops": 2}}}}

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from pipeline_lib.config import DataConfig, config_from_dict
 from pipeline_lib.data.pack import pack_corpus
+from pipeline_lib.spec.config import DataConfig, config_from_dict
 from pipeline_lib.workflow.io import script_logging
 
 snakemake = globals()["snakemake"]

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ..config_rules import check_test_loops
 from ..errors import ConfigError, DeviceError
+from ..spec.rules import check_test_loops
 
 log = logging.getLogger(__name__)
 

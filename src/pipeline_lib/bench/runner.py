@@ -19,9 +19,9 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import BenchConfig
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
+from ..spec.config import BenchConfig
 from ..task_catalog import check_bench_tasks
 from .loops_used import loops_summary
 from .model_args import is_adaptive

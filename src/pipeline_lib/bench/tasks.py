@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import BenchConfig
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
+from ..spec.config import BenchConfig
+from ..spec.names import BUILTIN_TASK_NAMES, BUILTIN_TASK_PREFIX, REASONING_TASKS
 
 log = logging.getLogger(__name__)
 
-TASK_PREFIX = "loopline_"
 TASK_TAG = "loopline"
 TASK_FORMAT_VERSION = 1
 
@@ -43,13 +43,12 @@ class BuiltinTask:
     metric: str  # the metric scored per sample (acc | exact_match)
 
 
+# How each reasoning generator is scored: (lm-eval output type, per-sample metric)
+_SCORING = {"khop": ("multiple_choice", "acc"), "addition": ("generate_until", "exact_match"),
+            "parity": ("multiple_choice", "acc")}
 BUILTIN_TASKS: dict[str, BuiltinTask] = {
-    t.name: t
-    for t in (
-        BuiltinTask("loopline_khop", "khop", "multiple_choice", "acc"),
-        BuiltinTask("loopline_addition", "addition", "generate_until", "exact_match"),
-        BuiltinTask("loopline_parity", "parity", "multiple_choice", "acc"),
-    )
+    name: BuiltinTask(name, generator, *_SCORING[generator])
+    for name, generator in zip(BUILTIN_TASK_NAMES, REASONING_TASKS, strict=True)
 }
 
 # Generation stops at the first of these (and always at EOS, which ends every training document).
@@ -70,7 +69,7 @@ def _check_bench(bench: BenchConfig) -> None:
     if bench.min_difficulty > bench.max_difficulty:
         raise ConfigError(f"bench.min_difficulty = {bench.min_difficulty} exceeds bench."
                           f"max_difficulty = {bench.max_difficulty}; swap them")
-    unknown = [t for t in bench.tasks if t.startswith(TASK_PREFIX) and t not in BUILTIN_TASKS]
+    unknown = [t for t in bench.tasks if t.startswith(BUILTIN_TASK_PREFIX) and t not in BUILTIN_TASKS]
     if unknown:
         raise ConfigError(f"bench.tasks names unknown built-in task(s) {unknown}; built-ins are "
                           f"{sorted(BUILTIN_TASKS)}")

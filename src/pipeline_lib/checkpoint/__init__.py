@@ -1,6 +1,6 @@
 """Snapshot mechanics (write atomically, verify, load, RNG, resume checks, best copy).
 
-Policy (which steps to keep) lives in :mod:`pipeline_lib.workflow.snapshots_policy`. Import the
+Policy (which steps to keep) lives in :mod:`pipeline_lib.spec.snapshots`. Import the
 submodules themselves (``checkpoint.snapshot``, ``.manifest``, ``.best``, …): this package
 imports nothing, so the torch-free parts (``manifest``, ``best``, ``fsutil``, ``contents``)
 load without torch.

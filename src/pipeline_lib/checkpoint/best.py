@@ -1,7 +1,7 @@
 """``snapshots/best``: the snapshot with the lowest validation loss so far.
 
 Which segment-end snapshot is best is only known during training, so rotation (decided
-before training, :mod:`pipeline_lib.workflow.snapshots_policy`) cannot keep it. Instead every
+before training, :mod:`pipeline_lib.spec.snapshots`) cannot keep it. Instead every
 training job calls :func:`update_best_snapshot` after writing its snapshot: when the new
 validation loss is strictly lower, ``best/`` is rebuilt as hard links to the new snapshot's
 files (no copy; the files survive when rotation deletes the step directory) plus
@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from ..spec.layout import BEST_DIR
 from .fsutil import clean_stale_siblings, tmp_sibling
 from .manifest import staged_snapshot, verify_snapshot, write_bytes_file
 
 log = logging.getLogger(__name__)
 
-BEST_DIR = "best"
 BEST_INFO = "BEST.json"
 
 

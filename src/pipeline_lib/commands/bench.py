@@ -37,7 +37,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluate.heff import parse_h_eff
-    from ..run_layout import run_dir_of
+    from ..spec.layout import run_dir_of
     from ..workflow.stages import bench_stage
 
     cfg = config_from_args(args, snapshot=args.snapshot)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..run_layout import ResultsLayout
+from ..spec.layout import ResultsLayout
 from ._common import add_output
 
 

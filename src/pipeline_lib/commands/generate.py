@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..config_rules import EXIT_CRITERIA
+from ..spec.rules import EXIT_CRITERIA
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

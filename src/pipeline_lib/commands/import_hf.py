@@ -42,11 +42,11 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..config import load_config
     from ..errors import ConfigError
     from ..export.hf_import import import_checkpoint
     from ..export.hf_layout import layer_choice
     from ..export.pretrained_source import source_arch
+    from ..spec.config import load_config
 
     if args.loops < 1:
         raise ConfigError(f"--loops {args.loops} must be at least 1")

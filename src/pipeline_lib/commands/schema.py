@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config_schema import SCHEMA_PATH, schema_yaml, write_schema
+    from ..spec.schema import SCHEMA_PATH, schema_yaml, write_schema
 
     if args.write:
         print(write_schema(SCHEMA_PATH))

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..config import DataConfig
 from ..errors import DataError
+from ..spec.config import DataConfig
 from .sources import RawDocument, SourceStats, iter_documents, warn_source_problems
 from .tokenizer import TokenEncoder
 

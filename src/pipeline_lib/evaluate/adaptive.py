@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config_rules import adaptive_criteria, check_exit_threshold, criterion_thresholds
 from ..errors import ConfigError
+from ..spec.names import IGNORE_INDEX
+from ..spec.rules import adaptive_criteria, check_exit_threshold, criterion_thresholds
 from .exit_criteria import (  # noqa: F401 (adaptive_logits, parse_adaptive: public here too)
     CRITERIA,
     adaptive_logits,
@@ -43,7 +44,6 @@ from .heff_stats import DocumentLosses
 from .stats import bootstrap_stderr, document_bootstrap, paired_column_diffs
 
 log = logging.getLogger(__name__)
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config_rules import EXIT_CRITERIA, check_exit_threshold, check_test_loops
 from ..errors import ConfigError
+from ..spec.rules import EXIT_CRITERIA, check_exit_threshold, check_test_loops
 
 CRITERIA = EXIT_CRITERIA
 LOGIT_CRITERIA = ("kl", "entropy")  # scored from the next-token distributions

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from ..config_rules import check_test_loops
 from ..errors import ConfigError, UsageError
+from ..spec.rules import check_test_loops
 from .exit_criteria import CRITERIA, parse_adaptive_spec
 
 

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from ..checkpoint.compat import check_snapshot_fits_pack
-from ..config_rules import check_test_loops
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
+from ..spec.rules import check_test_loops
 from .adaptive import AdaptiveLosses, AdaptiveSpec, adaptive_section
 from .exit_criteria import check_model_criterion
 from .heff_stats import DocumentLosses, loss_statistics

@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 
-from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import CheckpointError
+from ..spec.data_id import data_id
+from ..spec.layout import ResultsLayout
+from ..spec.names import TOKENIZER_FILE
 
 
 @dataclass
@@ -28,7 +30,7 @@ class LoadedModel:
 
     path: Path
     step: int | None
-    config: Any  # pipeline_lib.config.Config, as resolved for the run
+    config: Any  # pipeline_lib.spec.config.Config, as resolved for the run
     model: torch.nn.Module  # LoopedLM in eval mode, on the device asked for
     tokenizer: Any  # tokenizers.Tokenizer (None when not asked for)
     seq_len: int
@@ -38,9 +40,7 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
                        option: str = "tokenizer={} in --model_args") -> Any:
     """The tokenizer stored in the snapshot at ``path`` (or ``override``, a tokenizer.json);
     ``option`` is how the caller's user passes one (``{}``: the data pack's tokenizer.json)."""
-    from ..data.identity import data_id
     from ..data.tokenizer import load_tokenizer
-    from ..run_layout import ResultsLayout
 
     stored = path / TOKENIZER_FILE
     if override not in (None, ""):

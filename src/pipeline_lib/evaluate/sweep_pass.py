@@ -23,7 +23,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ..errors import ConfigError
-from .adaptive import IGNORE_INDEX, AdaptiveLosses, AdaptiveSpec, document_keys
+from ..spec.names import IGNORE_INDEX
+from .adaptive import AdaptiveLosses, AdaptiveSpec, document_keys
 from .exit_readout import LoopHidden, RowReadout, cross_entropy_rows
 from .exit_runs import CriterionExits
 from .heff_stats import DocumentAccumulator, DocumentLosses

@@ -29,14 +29,13 @@ from typing import Any
 
 from ..errors import CheckpointError, UsageError
 from ..output_paths import check_creatable
+from ..spec.names import CONFIG_JSON, MODELING_FILE
 
 log = logging.getLogger(__name__)
 
-MODELING_FILE = "modeling_loopline.py"
 LAYERS_FILE = "loopline_layers.py"  # modeling_loopline.py's relative import
 MODELING_FILES = (MODELING_FILE, LAYERS_FILE)
 WEIGHTS_FILE = "model.safetensors"
-CONFIG_JSON = "config.json"
 LOOPLINE_CONFIG = "loopline_config.yaml"
 EXPORT_FILES = (CONFIG_JSON, "generation_config.json", WEIGHTS_FILE, *MODELING_FILES,
                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -48,7 +47,7 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any],
               bos: int | None = None) -> dict[str, Any]:
     """config.json of a model with loopline config ``cfg`` (``LooplineConfig`` fields);
     ``bos``: the token its training documents started with, if any."""
-    from ..model.size import (
+    from ..spec.size import (
         loop_gate_rows,
         resolved_ffn_hidden,
         resolved_head_dim,

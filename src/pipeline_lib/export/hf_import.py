@@ -25,7 +25,6 @@ sibling and renamed (see :func:`~pipeline_lib.checkpoint.snapshot.write_snapshot
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -33,11 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, config_yaml
 from ..errors import CheckpointError, ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
+from ..spec.config import Config, config_yaml
+from ..spec.init_source import fingerprint_id, source_fingerprint
+from ..spec.names import CONFIG_JSON, TOKENIZER_FILE
 from .hf_layout import (
-    CONFIG_JSON,
     GGUF_PERMUTED,
     TOP_TENSORS,
     LayerChoice,
@@ -54,28 +54,7 @@ log = logging.getLogger(__name__)
 IMPORT_RECORD = "import.json"
 
 
-# --------------------------------------------------------------------------- identity and config
-
-
-def source_files(source: str | Path) -> list[Path]:
-    """The files a source's import reads: the GGUF itself, or a directory's JSON and
-    safetensors files (under the path as given)."""
-    source = Path(source).expanduser()
-    return [source] if source.is_file() else sorted(
-        p for p in source.iterdir() if p.suffix in (".json", ".safetensors", ".gguf"))
-
-
-def source_fingerprint(source: str | Path) -> dict[str, Any]:
-    """What identifies a source cheaply: resolved path, size and mtime of its weight and
-    config files (no content hash: the Snakefile computes this on every call)."""
-    source, files = Path(source).expanduser().resolve(), source_files(source)
-    return {"source": str(source),
-            "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
-
-
-def fingerprint_id(source: str | Path) -> str:
-    blob = json.dumps(source_fingerprint(source), sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:12]
+# --------------------------------------------------------------------------- config
 
 
 def init_model_config(cfg: Config, source: PretrainedSource, choice: LayerChoice,
@@ -252,7 +231,6 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     :class:`~pipeline_lib.errors.ConfigError` before anything is written.
     """
     from ..checkpoint.snapshot import write_snapshot
-    from ..data.tokenizer import TOKENIZER_FILE
     from ..data.tokenizer_source import tokenizer_from_source
 
     started = time.perf_counter()
@@ -297,5 +275,5 @@ def read_import_record(snapshot: str | Path) -> dict[str, Any]:
 
 
 __all__ = ["import_checkpoint", "init_layers", "init_model_config", "resolve_init_from",
-           "source_files", "read_import_record", "source_fingerprint",
+           "read_import_record",
            "unpermute_rows"]

@@ -1,7 +1,6 @@
-"""The looped transformer: ``LoopedLM`` (:mod:`.looped`), the chunked loss, sizes, loop
-sampling, greedy decoding.
+"""The looped transformer: ``LoopedLM`` (:mod:`.looped`), the chunked loss, loop sampling,
+greedy decoding. Its sizes by arithmetic on the config live in :mod:`pipeline_lib.spec.size`.
 
-Import the submodules themselves: this package imports nothing, so ``model.size`` and
-``model.loop_sampling`` load without torch (the Snakefile computes step counts from
-``param_count`` on every call).
+Import the submodules themselves: this package imports nothing, so ``model.loop_sampling``
+loads without torch.
 """

@@ -8,11 +8,11 @@ import math
 
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..spec.config import ModelConfig
+from ..spec.size import resolved_ffn_hidden, resolved_moe_hidden
 from .attention import Attention, DocumentMask
 from .layers import RMSNorm, SwiGLU
 from .moe import MoEFFN
-from .size import resolved_ffn_hidden, resolved_moe_hidden
 
 
 class Block(nn.Module):

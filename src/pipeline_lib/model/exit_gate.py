@@ -38,9 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..spec.names import IGNORE_INDEX
 from .loss import chunked_cross_entropy
-
-IGNORE_INDEX = -100
 
 
 def exit_log_distribution(gate_logits: Tensor) -> Tensor:

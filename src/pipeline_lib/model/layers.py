@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..spec.config import ModelConfig
 
 
 class RMSNorm(nn.Module):

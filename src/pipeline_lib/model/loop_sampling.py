@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from ..config import LoopSamplingConfig
 from ..errors import ConfigError
+from ..spec.config import LoopSamplingConfig
 
 _STREAM = 0x100F  # separates this stream from other uses of (seed, step)
 

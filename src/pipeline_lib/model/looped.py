@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..spec.config import ModelConfig
+from ..spec.size import check_model_config, loop_gate_rows, resolved_head_dim, step_embedding_rows
 from .attention import DocumentMask, resolve_attention_kernel
 from .blocks import Block, residual_out_std
 from .exit_gate import expected_exit_forward
@@ -40,7 +41,6 @@ from .loss import chunked_cross_entropy, token_weights
 from .moe import MoEFFN
 from .recompute import checkpointed
 from .recurrence import gated_update, initial_state
-from .size import check_model_config, loop_gate_rows, resolved_head_dim, step_embedding_rows
 
 Batch = Mapping[str, Tensor]
 
@@ -51,7 +51,7 @@ class LoopContext:
 
     rope: tuple[Tensor, Tensor]  # cos, sin: [B, L, 1, head_dim/2]
     mask: DocumentMask | KVCache  # document-causal attention mask (or a decoding KV cache)
-    targets: Tensor | None  # [B, L] next-token ids, -100 = ignored
+    targets: Tensor | None  # [B, L] next-token ids, IGNORE_INDEX = ignored
     answer_mask: Tensor | None  # [B, L] bool, answer tokens (and the EOS after them)
     e: Tensor | None = None  # [B, L, D] prelude output, injected at every loop
 

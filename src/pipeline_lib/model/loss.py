@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..spec.names import IGNORE_INDEX
+
 REDUCTIONS = ("mean", "sum")
 
 
@@ -148,7 +150,7 @@ def token_weights(answer_mask: Tensor | None, answer_weight: float,
 
 
 def chunked_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int = 1024,
-                          ignore_index: int = -100, reduction: str = "mean",
+                          ignore_index: int = IGNORE_INDEX, reduction: str = "mean",
                           token_weights: Tensor | None = None, backend: str = "auto",
                           token_losses: Tensor | None = None) -> Tensor:
     """Cross-entropy of ``hidden [N, D] @ weight.T [D, V]`` against ``targets [N]``.

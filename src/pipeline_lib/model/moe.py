@@ -18,7 +18,7 @@ When the grouped kernel is used (``expert_impl: auto``):
   so an evaluation process under ``no_grad``/``inference_mode`` does not conclude it is missing.
 - Shape by shape: its operands need rows of a multiple of 16 bytes (CUDA and CPU kernels
   alike: an expert width of 58 in bf16 fails). Expert widths are rounded up to a multiple of
-  8 (``model.size.MOE_WIDTH_MULTIPLE``), and a shape that is still unaligned (a ``d_model``
+  8 (``spec.size.MOE_WIDTH_MULTIPLE``), and a shape that is still unaligned (a ``d_model``
   that is not a multiple of 8), or whose first grouped call fails, runs the per-expert loop
   from then on, with one warning per shape (and an MLflow tag, :func:`moe_tags`). A shape
   that ran grouped once never switches: a later failure is raised.

@@ -22,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from ..config import Config, config_from_dict, public_dict
 from ..credentials import redact_uri
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
+from .config import Config, config_from_dict, public_dict
 
 RUN_SPEC_FILE = "run_spec.yaml"  # in the run directory
 RUN_SPEC_FORMAT = 1

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..fsio import write_text_atomic
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 from .commit import Point, check_metric_key
 from .sink import Sink
 from .store import file_lock

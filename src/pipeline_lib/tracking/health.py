@@ -19,10 +19,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
 from ..credentials import redact_uri
 from ..errors import TrackingError
-from ..run_layout import RunLayout
+from ..spec.config import Config
+from ..spec.layout import RunLayout
 from .outbox import is_local_id
 from .parent import read_tracking_info
 from .sink import get_sink

@@ -31,10 +31,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from ..config import Config
 from ..errors import Preempted
 from ..fsio import write_text_atomic
-from ..run_layout import RunLayout
+from ..spec.config import Config
+from ..spec.layout import RunLayout
 from .health import check_store
 from .parent import parent_for_stage, read_tracking_info
 from .sink import Sink, get_sink

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..credentials import redact_uri
 from ..fsio import write_text_atomic
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..config import (
+from ..fsio import write_text_atomic
+from ..spec.config import (
     PROJECT_ROOT,
     Config,
     config_for_run,
@@ -32,8 +33,7 @@ from ..config import (
     public_dict,
     save_config,
 )
-from ..fsio import write_text_atomic
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 from .runs import DATA_ID_TAG
 from .sink import Sink, get_sink
 from .store import file_lock, resolve_uri

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..credentials import redact_uri
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 from .commit import (
     Point,
     chunks,

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..config import Config
+from ..spec.config import Config
 from .commit import Point, check_metric_key
 from .headline import Values, log_headline
 from .lineage import DATA_CONTEXT, pack_dataset

@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..config import Config
 from ..credentials import (
     PASSWORD_ENV,
     TOKEN_ENV,
@@ -37,6 +36,7 @@ from ..credentials import (
     split_credentials,
 )
 from ..errors import TrackingError
+from ..spec.config import Config
 from .auth import auth_header, is_server, use_uri_credentials
 
 log = logging.getLogger(__name__)

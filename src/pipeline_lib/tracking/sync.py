@@ -30,7 +30,7 @@ from typing import Any
 
 from ..credentials import redact_uri
 from ..errors import TrackingError
-from ..run_layout import OUTBOX_FILE, ResultsLayout, RunLayout
+from ..spec.layout import OUTBOX_FILE, ResultsLayout, RunLayout
 from .commit import commit_points, commit_versioned, latest_steps, log_params_once, set_tags
 from .lineage import log_dataset, log_model
 from .outbox import Outbox, SyncState, is_local_id

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import TrainConfig
 from ..errors import ConfigError
+from ..spec.config import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A frozen parameter gets ``requires_grad`` off before the optimizer is built, so it gets no
 gradient, no optimizer state and no parameter group (:func:`.optim.classify_parameters`
 skips it); it keeps its value, the snapshot still stores it and the EMA copies it. The
-parts (:data:`~pipeline_lib.config_rules.FREEZE_PARTS`) name the model's attributes:
+parts (:data:`~pipeline_lib.spec.rules.FREEZE_PARTS`) name the model's attributes:
 
 - ``embeddings``: ``tok_emb`` and ``step_emb`` (and a head tied to ``tok_emb``);
 - ``prelude``, ``core``, ``coda``: every block of that stack (attention, FFN, norms,
@@ -14,7 +14,7 @@ parts (:data:`~pipeline_lib.config_rules.FREEZE_PARTS`) name the model's attribu
   learnable λ (``injection_scale``), and the loop gates of gated recurrence (``loop_gate``).
 
 Which parts a model has, and which lists make sense, is checked with the config
-(:func:`pipeline_lib.config_rules.model_parts`). Changing the list changes the optimizer's
+(:func:`pipeline_lib.spec.rules.model_parts`). Changing the list changes the optimizer's
 parameter groups, so resuming across a change is refused (``train.freeze`` is a
 resume-compatibility key); a warm start may change it.
 """

@@ -17,11 +17,11 @@ from typing import Any
 
 from ..checkpoint.compat import check_snapshot_fits_pack
 from ..checkpoint.contents import check_snapshot_output
-from ..config import Config
-from ..data.tokenizer_identity import TOKENIZER_FILE
 from ..errors import ConfigError, Preempted, TrainingError
 from ..output_paths import check_output_location
-from ..run_layout import run_dir_of
+from ..spec.config import Config
+from ..spec.layout import run_dir_of
+from ..spec.names import TOKENIZER_FILE
 from ..tracking.health import check_store
 from . import rollback
 from .metrics import TrainLog
@@ -72,7 +72,7 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
 
     ``cfg`` is a run's completed config (a :class:`~pipeline_lib.spec.run_spec.RunSpec`'s:
     ``train.total_steps`` decided). Run-level logs go to ``run_dir`` (default: ``out``'s run
-    directory, see :func:`~pipeline_lib.run_layout.run_dir_of`). How the segment begins is
+    directory, see :func:`~pipeline_lib.spec.layout.run_dir_of`). How the segment begins is
     decided once from the job's inputs (:func:`~.segment_start.segment_start`): ``attempt``
     > 1 marks a retry (a rollback record left by an aborted attempt from the same input is
     applied), a resume point left by a stopped attempt is continued from, ``warm_start``

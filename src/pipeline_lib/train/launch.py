@@ -35,10 +35,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, config_yaml
 from ..errors import ConfigError, PipelineError, Preempted, TrainingError
 from ..fsio import write_text_atomic
-from ..run_layout import RunLayout, run_dir_of
+from ..spec.config import Config, config_yaml
+from ..spec.layout import RunLayout, run_dir_of
 from ..tracking import resolve_uri
 from .distributed import destroy_process_group, init_process_group, launched_by_torchrun
 from .job import check_segment_outputs, train_segment

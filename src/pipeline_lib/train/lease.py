@@ -26,7 +26,7 @@ from typing import Any
 
 from ..checkpoint.fsutil import pid_alive
 from ..errors import TrainingError
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fsio import write_text_atomic
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import TrainConfig
 from ..errors import CheckpointError, ConfigError
+from ..spec.config import TrainConfig
 from .eager import EagerAdamW, skip_dynamo_import
 from .muon import MUON_GROUP, MuonAdamW
 from .schedule import scale_lr

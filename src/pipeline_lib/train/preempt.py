@@ -24,7 +24,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from ..config import TrainConfig
+from ..spec.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

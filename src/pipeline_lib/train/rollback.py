@@ -22,7 +22,7 @@ from typing import Any
 from ..data.loader import DataCursor
 from ..errors import DataError
 from ..fsio import write_text_atomic
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 from .segment import TrainerState
 from .spike_guard import SpikeGuard
 

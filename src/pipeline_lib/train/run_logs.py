@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
-from ..run_layout import SNAPSHOTS_DIR, RunLayout, snapshots_dir_of
+from ..spec.layout import SNAPSHOTS_DIR, RunLayout, snapshots_dir_of
 
 
 def _name(path: Path, run_dir: Path) -> str:

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, ModelConfig, flatten, public_dict
-from ..model.size import flops_per_token, param_count
-from ..run_layout import RunLayout
+from ..spec.config import Config, ModelConfig, flatten, public_dict
+from ..spec.layout import RunLayout
+from ..spec.size import flops_per_token, param_count
 from .segment import TrainerState
 
 
@@ -47,7 +47,7 @@ def log_artifacts(stage: Any, out: Path, run_dir: Path) -> None:
 def train_values(model: ModelConfig, seq_len: int, tokens_seen: int,
                  segments: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
     """The parent run's ``train`` headline group (step 0): parameters, forward FLOPs per token
-    at the training loop count (:mod:`pipeline_lib.model.size`), tokens seen, and the
+    at the training loop count (:mod:`pipeline_lib.spec.size`), tokens seen, and the
     training wall time (each segment's job up to its snapshot save, summed)."""
     wall = sum(float(s.get("wall_before_save_s", 0.0)) for s in segments)
     return {"model/params": {0: float(param_count(model))},

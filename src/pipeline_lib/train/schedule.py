@@ -25,8 +25,8 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import TrainConfig
 from ..errors import ConfigError
+from ..spec.config import TrainConfig
 
 SCHEDULES = ("cosine", "wsd")
 LR_SCALINGS = ("none", "sqrt", "linear")
@@ -76,7 +76,7 @@ class LRSchedule:
 
     @classmethod
     def from_config(cls, train: TrainConfig, total_steps: int) -> LRSchedule:
-        """From the train section; ``total_steps`` from :func:`.budget.total_steps`."""
+        """From the train section; ``total_steps`` from :func:`pipeline_lib.spec.budget.total_steps`."""
         if train.schedule not in SCHEDULES:
             raise ConfigError(f"train.schedule = {train.schedule!r} is unknown; use one of "
                               f"{SCHEDULES}")

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import Config
-from ..config_rules import check_exit_gate_trained
 from ..data.loader import DataCursor, PackedData
 from ..errors import CheckpointError, ConfigError, DataError
 from ..model.looped import LoopedLM
+from ..spec.config import Config
+from ..spec.rules import check_exit_gate_trained
 from .spike_guard import json_float
 
 STATE_FORMAT = 1

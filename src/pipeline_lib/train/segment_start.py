@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 from . import rollback
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import SpikeGuardConfig
 from ..errors import CheckpointError, TrainingError
+from ..spec.config import SpikeGuardConfig
 
 STATE_VERSION = 1
 EventSink = Callable[[dict[str, Any]], None]

@@ -44,8 +44,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import TrainConfig
 from ..precision import Precision
+from ..spec.config import TrainConfig
 from .diagnostics import ActivationProbe, gradient_metrics, model_scalars
 from .distributed import RankGroup
 from .ema import WeightsEMA

@@ -38,14 +38,14 @@ from ..checkpoint.best import update_best_snapshot
 from ..checkpoint.compat import load_weights_only
 from ..checkpoint.contents import Snapshot
 from ..checkpoint.rng import RNGStreams
-from ..config import Config, config_yaml
 from ..data.loader import DataCursor, PackedData
-from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import ConfigError, TrainingError
 from ..model.loop_sampling import LoopSampler
 from ..model.looped import LoopedLM
 from ..precision import Precision
-from ..run_layout import snapshots_dir_of
+from ..spec.config import Config, config_yaml
+from ..spec.layout import snapshots_dir_of
+from ..spec.names import TOKENIZER_FILE
 from . import rollback
 from .batch_plan import BatchPlan, make_batch_plan
 from .diagnostics import due

@@ -4,10 +4,9 @@
   from the Snakemake config (what the Snakefile imports; torch-, mlflow- and lm-eval-free).
 - :mod:`.stages`: one function per stage, tracking included; rules and CLI commands alike.
 - :mod:`.io`: logging and thread limits for the scripts in ``workflow/scripts``.
-- :mod:`.snapshots_policy`: where segments end and which snapshots are kept (torch-free).
 
-The run layout (:mod:`pipeline_lib.run_layout`) and the run's length
-(:mod:`pipeline_lib.train.budget`) stay outside: the trainer and tracking use them too, and
-they sit below this package in the layers. This module imports nothing, so that importing
-the plan stays cheap.
+The run layout, the run's length, the signatures and the snapshot policy (where segments end,
+which snapshots are kept) live in :mod:`pipeline_lib.spec`, the torch-free floor under
+everything: the trainer and tracking use them too. This module imports nothing, so that
+importing the plan stays cheap.
 """

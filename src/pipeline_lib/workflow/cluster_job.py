@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PREEMPTED_EXIT
-from ..run_layout import RunLayout
+from ..spec.layout import RunLayout
 
 SEGMENT_RULES = ("train_segment", "train_segment_temp")
 _TARGET = re.compile(r"^(?P<rule>\w+):(?P<wildcards>.*)$")

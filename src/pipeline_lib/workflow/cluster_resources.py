@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import Config
+from ..spec.config import Config
 
 
 def job_threads(cfg: Config, family: str) -> int:

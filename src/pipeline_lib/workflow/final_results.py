@@ -84,7 +84,7 @@ def model_spec(run: str, snapshot: Path, export_dir: Path,
     (the tag ``loopline.export_dir`` points there). Its params are the export's
     ``config.json``; its metrics the snapshot's validation loss and tokens seen, measured
     on ``dataset`` (name and digest of the pack)."""
-    from ..config import flatten
+    from ..spec.config import flatten
 
     snapshot, export_dir = Path(snapshot), Path(export_dir)
     state = json.loads((snapshot / "trainer_state.json").read_text())

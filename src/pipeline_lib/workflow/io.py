@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
 from ..errors import PREEMPTED_EXIT, ConfigError, PipelineError, Preempted
+from ..spec.config import Config
 from ..spec.run_spec import RunSpec, read_run_spec, run_spec_path
 from .attempt_log import open_attempt_log
 

@@ -1,7 +1,7 @@
 """What the Snakefile needs to know, computed once from the Snakemake config dict.
 
 Runs, their resolved configs, data ids, segment ends and the kept snapshot steps, and the
-paths of each (from :mod:`pipeline_lib.run_layout`). Kept snapshots are outputs; the others
+paths of each (from :mod:`pipeline_lib.spec.layout`). Kept snapshots are outputs; the others
 are temporary outputs that Snakemake deletes once the next segment consumed them, so a
 finished run re-run finds nothing to do. Torch-free and cheap: Snakemake evaluates this on
 every call, dry runs included, and the per-segment functions once per segment job: lookups.
@@ -15,23 +15,24 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..config import DEFAULT_CONFIG_PATH, Config, DataConfig, config_from_dict, config_hash, to_dict
-from ..config_files import merge_user_config
 from ..errors import ConfigError, PipelineError
-from ..export.hf_import import fingerprint_id, source_files
-from ..run_layout import ResultsLayout, RunLayout
+from ..spec.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    DataConfig,
+    config_from_dict,
+    config_hash,
+    to_dict,
+)
+from ..spec.config_files import merge_user_config
+from ..spec.init_source import source_files
+from ..spec.layout import ResultsLayout, RunLayout
 from ..spec.run_spec import RunSpec, read_run_spec
+from ..spec.signatures import init_signature, precision_signature, train_signature
+from ..spec.snapshots import anchor_steps, kept_steps, previous_end, segment_ends
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads, segment_time
 from .resolve import DEFAULT_RUN, resolve_run, write_run_specs
-from .signatures import (
-    JOB_TIME_KEYS,
-    LATER_TRAIN_DEFAULTS,
-    SAME_WEIGHTS_TRAIN_KEYS,
-    model_signature,
-    without_later_defaults,
-)
-from .snapshots_policy import anchor_steps, kept_steps, previous_end, segment_ends
 
 
 def _check_results_dir(results: Path) -> None:
@@ -226,10 +227,9 @@ class WorkflowPlan:
         return [str(self.layout.run(run).init_dir)]
 
     def init_signature(self, run: str) -> str:
-        """What determines the imported snapshot: source fingerprint, model section, seed."""
-        cfg = self.runs[run].config
-        return config_hash({"source": fingerprint_id(cfg.model.init_from.source),
-                            "model": model_signature(cfg.model), "seed": cfg.experiment.seed})
+        """What determines the imported snapshot (source, model, seed): see
+        :func:`pipeline_lib.spec.signatures.init_signature`."""
+        return init_signature(self.runs[run].config)
 
     def final_snapshot(self, run: str) -> str:
         """The snapshot of the run's last segment (always kept): what rule export exports."""
@@ -331,24 +331,12 @@ class WorkflowPlan:
     # ------------------------------------------------------------------ params
 
     def train_signature(self, run: str) -> str:
-        """Hash of what determines the trained weights: a change retrains, eval.* does not."""
+        """What determines the weights: :func:`~pipeline_lib.spec.signatures.train_signature`."""
         if run in self._train_signatures:  # asked once per segment job
             return self._train_signatures[run]
-        cfg = self.runs[run].config
-        train = without_later_defaults(to_dict(cfg.train), LATER_TRAIN_DEFAULTS,
-                                        JOB_TIME_KEYS | SAME_WEIGHTS_TRAIN_KEYS)
-        relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
-                    "data_id": self.runs[run].data_id, "model": model_signature(cfg.model),
-                    "train": train, "keep_best": cfg.snapshots.keep_best}
-        signature = config_hash({**relevant, **self._precision(run)})
+        signature = train_signature(self.runs[run].config, self.runs[run].data_id)
         self._train_signatures[run] = signature
         return signature
-
-    def _precision(self, run: str) -> dict[str, str]:
-        """``experiment.precision`` unless auto (so the signatures of runs from before the
-        key existed, all auto, stay what they were)."""
-        precision = self.runs[run].config.experiment.precision
-        return {} if precision == "auto" else {"precision": precision}
 
     def config_signature(self, run: str) -> str:
         """Hash of the run's whole resolved config: a param of ``track_config``, so any
@@ -358,11 +346,11 @@ class WorkflowPlan:
 
     def eval_signature(self, run: str) -> str:
         data = to_dict(self.runs[run].config.eval)
-        return config_hash({**data, **self._precision(run)})
+        return config_hash({**data, **precision_signature(self.runs[run].config)})
 
     def bench_signature(self, run: str) -> str:
         data = to_dict(self.runs[run].config.bench)
-        return config_hash({**data, **self._precision(run)})
+        return config_hash({**data, **precision_signature(self.runs[run].config)})
 
     def bench_task_files(self, run: str) -> list[str]:
         """Files of the run's ``bench.include_path`` tasks (YAMLs, includes, data): inputs of

@@ -20,17 +20,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from ..config import Config, DataConfig, config_for_run
-from ..config_rules import check_exit_gate_trained
-from ..data.identity import data_id as compute_data_id
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import PipelineError
 from ..export.hf_import import resolve_init_from
+from ..spec.config import Config, DataConfig, config_for_run
+from ..spec.data_id import data_id as compute_data_id
+from ..spec.names import BYTE_VOCAB_SIZE
+from ..spec.rules import check_exit_gate_trained
 from ..spec.run_spec import RunSpec, write_run_spec
-from .snapshots_policy import total_steps
+from ..spec.snapshots import total_steps
 
 DEFAULT_RUN = "default"
-BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)
 
 
 def planned_vocab_size(data: DataConfig) -> int:
@@ -75,5 +75,5 @@ def write_run_specs(specs: Iterable[tuple[RunSpec, str]]) -> list[str]:
     return [run_dir for spec, run_dir in specs if write_run_spec(spec, run_dir)]
 
 
-__all__ = ["BYTE_VOCAB_SIZE", "DEFAULT_RUN", "planned_vocab_size", "resolve_run",
+__all__ = ["DEFAULT_RUN", "planned_vocab_size", "resolve_run",
            "snapshot_run", "write_run_specs"]

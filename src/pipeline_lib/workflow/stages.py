@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
 from ..fsio import write_text_atomic
 from ..output_paths import BENCH_JSON, FIGURE, HEFF_JSON, RECORD_JSON, TABLE
 from ..output_set import output_set
-from ..run_layout import RunLayout, job_benchmarks
+from ..spec.config import Config
+from ..spec.layout import RunLayout, job_benchmarks
 from .final_results import bench_values, heff_values, is_final
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def init_tracking(cfg: Config, run: str, run_dir: Path, data_dir: Path,
     """Find or create the run's parent run; log the data pack as a ``pack`` child run.
 
     Writes ``{run_dir}/tracking.json``, and ``ready`` last (atomically: the rule's output,
-    :attr:`~pipeline_lib.run_layout.RunLayout.tracking_ready`). The pack is shared by every variant with the same
+    :attr:`~pipeline_lib.spec.layout.RunLayout.tracking_ready`). The pack is shared by every variant with the same
     data config, so each variant gets its own ``pack`` child with the pack's metadata; the
     pack is a dataset input (``mlflow.data``) of that child and of the parent.
     """
@@ -118,7 +118,7 @@ def update_parent(cfg: Config, run: str, run_dir: Path, data_id: str, out: Path)
     """Bring the run's parent run up to date with ``cfg`` (config hash, changed params,
     config artifact: :func:`pipeline_lib.tracking.init_parent_run`); record in ``out`` the
     config hash it now carries."""
-    from ..config import config_hash
+    from ..spec.config import config_hash
     from ..tracking import init_parent_run
 
     check_stage_outputs(cfg, run_dir, [(out, RECORD_JSON)])

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ...config import Config, DataConfig, SourceConfig, load_config
 from ...device import synchronize
 from ...precision import Precision
+from ...spec.config import Config, DataConfig, SourceConfig, load_config
 
 TINY = ["model.d_model=64", "model.n_heads=4", "model.loops=2", "model.prelude_layers=1",
         "model.core_layers=1", "model.coda_layers=0", "model.moe_experts=4", "model.moe_top_k=2",

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from ...config import BenchConfig
+from ...spec.config import BenchConfig
+from ...spec.names import BUILTIN_TASK_NAMES
 from .core import CheckResult, Context, alternated_ms, max_diff, relative_diff
 from .workloads import trained_model
 
 H_EFFS = [1, 2, 4, 8]
-BUILTIN_TASKS = ["loopline_khop", "loopline_addition", "loopline_parity"]
 PROMPT_TOKENS = 32
 
 
@@ -73,7 +73,7 @@ def lm_eval(ctx: Context) -> CheckResult:
     from ...bench.runner import run_benchmarks
 
     per_level, levels, h_effs, gen_tokens = ctx.sizes.bench
-    bench = BenchConfig(tasks=BUILTIN_TASKS, h_eff=list(h_effs), examples_per_level=per_level,
+    bench = BenchConfig(tasks=list(BUILTIN_TASK_NAMES), h_eff=list(h_effs), examples_per_level=per_level,
                         max_difficulty=levels, max_gen_toks=gen_tokens, batch_size=16)
     run = trained_model(ctx)
     report = run_benchmarks(run.snapshot, bench, ctx.work / "bench_tasks",
@@ -83,7 +83,7 @@ def lm_eval(ctx: Context) -> CheckResult:
     figures = {"tasks": len(report["tasks"]), "h_eff": list(h_effs), "examples": examples,
                "max_gen_toks": gen_tokens, "seconds": report["seconds"],
                "examples_per_s": round(examples / max(report["seconds"], 1e-9), 1)}
-    ok = set(report["tasks"]) == set(BUILTIN_TASKS) and examples > 0
+    ok = set(report["tasks"]) == set(BUILTIN_TASK_NAMES) and examples > 0
     return CheckResult("lm_eval", "pass" if ok else "fail", figures,
                        "" if ok else f"scored {sorted(report['tasks'])}, {examples} examples")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ...config import ModelConfig
+from ...spec.config import ModelConfig
 from .core import CheckResult, Context, alternated_ms, max_diff, ms
 
 LENGTHS = (100, 300, 517, 1000)  # rows FlexAttention sees padded to 256, 384, 640, 1024

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ...config import Config
 from ...device import resolve_device
 from ...provenance import git_output
+from ...spec.config import Config
 from .core import CheckResult, Context, Sizes, check_config, first_line
 from .evaluation import generation, heff_sweep, kv_cache, lm_eval
 from .kernels import flex_attention, moe_grouped_mm

@@ -40,7 +40,7 @@ def train_throughput(ctx: Context) -> CheckResult:
     peak, model FLOP utilisation: 3 × forward FLOPs per token (matmuls of every block
     application and the head, plus full-context attention) × tokens/s ÷ peak."""
     from ...checkpoint.compat import snapshot_config
-    from ...model.size import flops_per_token, param_count
+    from ...spec.size import flops_per_token, param_count
 
     run = trained_model(ctx)
     model, seq_len = snapshot_config(run.snapshot).model, run.cfg.data.seq_len  # vocab resolved

@@ -15,14 +15,14 @@ from .core import STEPS, CheckResult, Context, first_line, max_diff
 
 def metrics(run: Path) -> list[dict[str, Any]]:
     """The rows of ``run``'s train/metrics.jsonl."""
-    from ...run_layout import RunLayout
+    from ...spec.layout import RunLayout
 
     return [json.loads(line) for line in RunLayout.at(run).metrics.read_text().splitlines()]
 
 
 def whole_run(ctx: Context) -> Path:
     """The tiny run of :data:`STEPS` steps in one segment (trained once, in ``work/whole``)."""
-    from ...run_layout import RunLayout
+    from ...spec.layout import RunLayout
     from ...train.job import train_segment
 
     out = RunLayout.at(ctx.work / "whole").snapshot(STEPS)
@@ -83,7 +83,7 @@ def snapshot_resume(ctx: Context) -> CheckResult:
     segment, with ``train.deterministic``: bit-identical on the CPU; elsewhere the largest
     differences and whether identical."""
     from ...checkpoint.manifest import verify_snapshot
-    from ...run_layout import RunLayout
+    from ...spec.layout import RunLayout
     from ...train.job import train_segment
 
     whole = whole_run(ctx)
@@ -105,7 +105,7 @@ def fsdp_segment(ctx: Context) -> CheckResult:
 
     from ...checkpoint.manifest import verify_snapshot
     from ...device import dist_backend
-    from ...run_layout import RunLayout
+    from ...spec.layout import RunLayout
     from ...train.job import train_segment
 
     if not dist.is_available():

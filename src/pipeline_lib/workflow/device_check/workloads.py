@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...config import Config, DataConfig, SourceConfig, load_config
+from ...spec.config import Config, DataConfig, SourceConfig, load_config
 from .core import Context
 
 RUN = ["train.objective=last", "train.warmup_steps=4", "train.eval_interval=0",
@@ -53,7 +53,7 @@ def model_config(ctx: Context) -> Config:
 def trained_model(ctx: Context) -> TrainedModel:
     """The throughput run, trained once per run of the checks (in ``work/model``)."""
     if "model" not in ctx.cache:
-        from ...run_layout import RunLayout
+        from ...spec.layout import RunLayout
         from ...train.job import train_segment
         from .training import metrics
 

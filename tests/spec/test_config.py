@@ -11,7 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
-from pipeline_lib.config import (
+from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.config import (
     DEFAULT_CONFIG_PATH,
     Config,
     config_for_run,
@@ -21,10 +22,9 @@ from pipeline_lib.config import (
     save_config,
     to_dict,
 )
-from pipeline_lib.config_schema import SCHEMA_PATH, build_schema, schema_yaml
-from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.schema import SCHEMA_PATH, build_schema, schema_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG_FILES = sorted((ROOT / "config").rglob("*.yaml"))
 
 
@@ -223,7 +223,7 @@ def test_save_and_reload_round_trip_and_hash(tmp_path: Path):
 
 
 def test_config_import_stays_light():
-    code = ("import sys, pipeline_lib.config, pipeline_lib.workflow.plan; "
+    code = ("import sys, pipeline_lib.spec.config, pipeline_lib.workflow.plan; "
             "heavy = [m for m in ('torch', 'mlflow', 'lm_eval', 'pyarrow') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -239,7 +239,7 @@ def test_a_file_with_runs_replaces_the_default_variants(tmp_path: Path):
 
 
 def test_snakemake_config_merge_matches_the_loader(tmp_path: Path):
-    from pipeline_lib.config import merge_config_dicts, merge_config_files
+    from pipeline_lib.spec.config import merge_config_dicts, merge_config_files
 
     first = {"model": {"d_model": 64}, "runs": {"a": {"model": {"loops": 2}}},
              "data": {"sources": [{"type": "reasoning"}]}}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import to_dict
-from ..export.hf_import import fingerprint_id
+from .config import Config, config_hash, to_dict
+from .init_source import fingerprint_id
 
 # how long a segment job may run: no effect on the weights (a stop resumes exactly)
 JOB_TIME_KEYS = frozenset({"segment_runtime_minutes", "stop_margin_minutes"})
@@ -45,3 +45,26 @@ def model_signature(model: Any) -> dict[str, Any]:
     if init.get("source"):
         data["init_from"] = {**init, "fingerprint": fingerprint_id(init["source"])}
     return data
+
+
+def precision_signature(cfg: Config) -> dict[str, str]:
+    """``experiment.precision`` unless auto (so the signatures of runs from before the key
+    existed, all auto, stay what they were)."""
+    precision = cfg.experiment.precision
+    return {} if precision == "auto" else {"precision": precision}
+
+
+def train_signature(cfg: Config, data_id: str) -> str:
+    """Hash of what determines the trained weights: a change retrains, eval.* does not."""
+    train = without_later_defaults(to_dict(cfg.train), LATER_TRAIN_DEFAULTS,
+                                    JOB_TIME_KEYS | SAME_WEIGHTS_TRAIN_KEYS)
+    relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
+                "data_id": data_id, "model": model_signature(cfg.model),
+                "train": train, "keep_best": cfg.snapshots.keep_best}
+    return config_hash({**relevant, **precision_signature(cfg)})
+
+
+def init_signature(cfg: Config) -> str:
+    """What determines the imported snapshot: source fingerprint, model section, seed."""
+    return config_hash({"source": fingerprint_id(cfg.model.init_from.source),
+                        "model": model_signature(cfg.model), "seed": cfg.experiment.seed})

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..config import ModelConfig, TrainConfig
 from ..errors import ConfigError
+from .config import ModelConfig, TrainConfig
+from .size import param_count
 
 
 def total_steps(train: TrainConfig, model: ModelConfig, seq_len: int, vocab_size: int) -> int:
@@ -21,7 +22,6 @@ def total_steps(train: TrainConfig, model: ModelConfig, seq_len: int, vocab_size
     """
     if train.total_steps > 0:
         return train.total_steps
-    from ..model.size import param_count  # torch-free arithmetic on the config
 
     vocab = model.vocab_size or vocab_size
     if vocab < 1:

@@ -3,8 +3,8 @@ apart from the dataclasses: sources, the tokenizer, ``train.optimizer = muon``,
 ``train.freeze``, ``train.activation_checkpointing`` with ``train.compile``, and
 adaptive-exit thresholds.
 
-:func:`pipeline_lib.config.validate_config` calls them after the generic field checks
-(:mod:`pipeline_lib.config_fields`); below :mod:`pipeline_lib.config` in the layers, so
+:func:`pipeline_lib.spec.config.validate_config` calls them after the generic field checks
+(:mod:`pipeline_lib.spec.fields`); below :mod:`pipeline_lib.spec.config` in the layers, so
 the sections come in as arguments (read by attribute) and nothing here imports them.
 Each raises a one-line ConfigError naming the key and the fix. :data:`FREEZE_PARTS` is
 the vocabulary of ``train.freeze``; what each part holds in the model is
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")

@@ -4,10 +4,10 @@ Resolution order (later wins): dataclass defaults ← ``config/config.yaml`` (th
 default) ← a user config file (may be partial) ← ``key=value`` overrides. A named variant
 from ``runs:`` is applied last by :func:`config_for_run`.
 
-Every field is declared with :func:`~pipeline_lib.config_fields.config_field` (``_f``) and
+Every field is declared with :func:`~pipeline_lib.spec.fields.config_field` (``_f``) and
 carries a ``help`` text (its unit, its meaning) and its bounds; the JSON schema in
 ``workflow/schemas/config.schema.yaml`` is generated from these dataclasses
-(:mod:`pipeline_lib.config_schema`), so schema and dataclasses cannot drift apart.
+(:mod:`pipeline_lib.spec.schema`), so schema and dataclasses cannot drift apart.
 
 This module must stay light: the Snakefile imports it on every call (no torch, no mlflow).
 """
@@ -23,13 +23,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..credentials import redact_config, redact_text
+from ..errors import ConfigError
 from .config_errors import explain_omegaconf_error, mistyped_section
-from .config_fields import check_field_constraints
-from .config_fields import config_field as _f
-from .config_files import apply_data_defaults, config_paths, data_defaults, read_yaml, set_keys
+from .config_files import (
+    apply_data_defaults,
+    config_paths,
+    data_defaults,
+    omegaconf,
+    read_yaml,
+    set_keys,
+)
 from .config_files import merge_config_dicts as merge_config_dicts  # the merge rules, as data
 from .config_files import merge_config_files as merge_config_files
-from .config_rules import (
+from .fields import check_field_constraints
+from .fields import config_field as _f
+from .rules import (
     EXIT_CRITERIA,
     FREEZE_PARTS,
     MAX_TEST_LOOPS,
@@ -42,10 +51,8 @@ from .config_rules import (
     sources_have_answers,
     sources_have_levels,
 )
-from .credentials import redact_config, redact_text
-from .errors import ConfigError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "config.yaml"
 RUN_NAME_PATTERN = r"^(?!data$|compare$)[A-Za-z_][A-Za-z0-9_]*$"
 OBJECTIVES = ["last", "deep_supervision", "answer_last", "answer_deep_supervision",
@@ -527,19 +534,14 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
-def _omegaconf():
-    from omegaconf import OmegaConf  # imported here: keeps `import pipeline_lib.config` cheap
-
-    return OmegaConf
+def _omegaconf() -> Any:
+    return omegaconf().OmegaConf
 
 
 def _merge(base: Any, update: Any, source: str) -> Any:
-    from omegaconf.errors import OmegaConfBaseException
-
-    OmegaConf = _omegaconf()
     try:
-        return OmegaConf.merge(base, update)
-    except OmegaConfBaseException as exc:
+        return _omegaconf().merge(base, update)
+    except omegaconf().errors.OmegaConfBaseException as exc:
         raise ConfigError(explain_omegaconf_error(exc, source, Config, update)) from None
     except TypeError as exc:  # e.g. a section given as a list, a list as a mapping
         raise ConfigError(mistyped_section(source, Config, update) or (
@@ -551,11 +553,9 @@ def _to_object(cfg: Any, source: str) -> Config:
     """The merged OmegaConf config as a :class:`Config`. Interpolations (``${train.lr}``) are
     resolved here, as OmegaConf does; one that does not resolve (an unknown key, a missing
     environment variable, a bad grammar) is a one-line ConfigError naming the key."""
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         out = _omegaconf().to_object(cfg)
-    except OmegaConfBaseException as exc:
+    except omegaconf().errors.OmegaConfBaseException as exc:
         raise ConfigError(explain_omegaconf_error(exc, source, Config, cfg)) from None
     assert isinstance(out, Config)
     return out

@@ -11,17 +11,25 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from .config_rules import sources_have_answers, sources_have_levels
-from .errors import ConfigError
+from ..errors import ConfigError
+from .rules import sources_have_answers, sources_have_levels
+
+
+def omegaconf() -> ModuleType:
+    """The ``omegaconf`` package, imported on first use: it costs as much again as the rest
+    of :mod:`.config` (~60 ms), and the code that only needs the dataclasses never uses it."""
+    import omegaconf  # lazy: see the docstring
+
+    return omegaconf
 
 
 def read_yaml(path: Path) -> Any:
     """The mapping in the YAML file ``path`` (an OmegaConf ``DictConfig``; empty for an
     empty file), or a ConfigError naming the file."""
-    from omegaconf import OmegaConf  # imported here: keeps `import pipeline_lib.config` cheap
-
+    OmegaConf = omegaconf().OmegaConf
     if path.is_dir():
         raise ConfigError(f"config file {path} is a directory; pass a YAML file")
     if not path.is_file():
@@ -75,11 +83,9 @@ def set_keys(data: Any, prefix: str = "") -> set[str]:
 
 def user_keys(paths: Sequence[str | Path], default: Path, overrides: Any = None) -> set[str]:
     """The keys the user's config files (``default`` left out) and ``overrides`` set."""
-    from omegaconf import OmegaConf
-
     keys = set_keys(overrides or {})
     for file in config_paths(paths, default):
-        keys |= set_keys(OmegaConf.to_container(read_yaml(file), resolve=False))
+        keys |= set_keys(omegaconf().OmegaConf.to_container(read_yaml(file), resolve=False))
     return keys
 
 
@@ -135,11 +141,9 @@ def merge_config_files(paths: Sequence[str | Path], default: Path) -> dict[str, 
     """``default`` (the embedded config/config.yaml) ← each of ``paths`` in order, by
     :func:`merge_config_dicts`, each file read as ``load_config`` reads it: plain data,
     unvalidated, equal to what ``load_config(paths)`` resolves."""
-    from omegaconf import OmegaConf
-
     merged: dict[str, Any] = {}
     for file in [Path(default), *config_paths(paths, default)]:
-        data = OmegaConf.to_container(read_yaml(file))
+        data = omegaconf().OmegaConf.to_container(read_yaml(file))
         assert isinstance(data, dict)
         merged = merge_config_dicts(merged, data)
     return merged

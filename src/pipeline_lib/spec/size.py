@@ -10,8 +10,8 @@ model and the count cannot disagree, and holds the checks for impossible configs
 
 from __future__ import annotations
 
-from ..config import ModelConfig, check_model_shape
 from ..errors import ConfigError
+from .config import ModelConfig, check_model_shape
 
 
 def resolved_ffn_hidden(cfg: ModelConfig) -> int:

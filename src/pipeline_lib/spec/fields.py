@@ -2,10 +2,10 @@
 
 :func:`config_field` stores the help text and the constraints (``choices``, ``minimum``,
 ``exclusive_minimum``, ``maximum``, ``min_items``, ``items``) in the dataclass field's
-metadata; the JSON schema (:mod:`pipeline_lib.config_schema`) and
+metadata; the JSON schema (:mod:`pipeline_lib.spec.schema`) and
 :func:`check_field_constraints` both read them there, so the schema and the loader's checks
 cannot disagree. Cross-field rules live
-in :mod:`pipeline_lib.config` (``validate_config``) and :mod:`pipeline_lib.config_rules`.
+in :mod:`pipeline_lib.spec.config` (``validate_config``) and :mod:`pipeline_lib.spec.rules`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def config_field(default: Any, help: str, **schema: Any) -> Any:

@@ -40,9 +40,9 @@ from pathlib import Path
 
 SNAPSHOTS_DIR = "snapshots"
 TEMP_SNAPSHOTS_DIR = "transient"  # temporary snapshots, under snapshots/
-BEST_DIR = "best"  # = checkpoint.best.BEST_DIR (a test checks they agree)
-INDEX_FILE = "index.json"  # = checkpoint.index.INDEX_NAME
-FINAL_LINK = "final"  # = checkpoint.index.FINAL_LINK, beside the index
+BEST_DIR = "best"  # the best snapshot's copy (checkpoint.best), under snapshots/
+INDEX_FILE = "index.json"  # the kept snapshots (checkpoint.index), under snapshots/
+FINAL_LINK = "final"  # beside the index: a link to the last kept snapshot
 TRACKING_JSON = "tracking.json"
 TRACKING_LOCK = ".tracking.lock"
 TRACKING_FILES_DIR = "tracking_files"  # resolved configs logged as parent-run artifacts
@@ -196,7 +196,7 @@ class RunLayout:
     def anchor(self, step: int | str) -> Path:
         """The anchor of the temporary segment ending at ``step``: a copy of its benchmark
         record, a target that keeps Snakemake's resolution of long temporary chains short
-        (:func:`pipeline_lib.workflow.snapshots_policy.anchor_steps`)."""
+        (:func:`pipeline_lib.spec.snapshots.anchor_steps`)."""
         return self.train_dir / "anchors" / f"{step_dir_name(step)}.tsv"
 
     @property

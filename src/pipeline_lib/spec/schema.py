@@ -13,6 +13,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .config import PROJECT_ROOT, RUN_NAME_PATTERN, Config
 
 SCHEMA_PATH = PROJECT_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -98,9 +100,7 @@ def build_schema() -> dict[str, Any]:
 
 
 def schema_yaml() -> str:
-    import yaml
-
-    header = ("# Generated from src/pipeline_lib/config.py by "
+    header = ("# Generated from src/pipeline_lib/spec/config.py by "
               "`python -m pipeline_lib schema --write`; do not edit by hand.\n")
     return header + yaml.safe_dump(build_schema(), sort_keys=False, allow_unicode=True, width=100)
 
