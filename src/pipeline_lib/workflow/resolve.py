@@ -23,12 +23,12 @@ from collections.abc import Iterable
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import PipelineError
 from ..export.hf_import import resolve_init_from
+from ..spec.budget import total_steps
 from ..spec.config import Config, DataConfig, config_for_run
 from ..spec.data_id import data_id as compute_data_id
 from ..spec.names import BYTE_VOCAB_SIZE
 from ..spec.rules import check_exit_gate_trained
 from ..spec.run_spec import RunSpec, write_run_spec
-from ..spec.snapshots import total_steps
 
 DEFAULT_RUN = "default"
 
