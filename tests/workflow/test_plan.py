@@ -160,7 +160,7 @@ def test_token_budget_of_a_file_tokenizer_reads_its_vocabulary(tmp_path):
 
     from pipeline_lib.errors import DataError
     from pipeline_lib.spec.size import param_count
-    from pipeline_lib.workflow.plan import planned_vocab_size
+    from pipeline_lib.workflow.resolve import planned_vocab_size
 
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0"))
     tok.add_special_tokens(["<|endoftext|>"])
