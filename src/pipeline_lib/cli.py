@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "train",
     "heff",
     "summarize_heff",
+    "trajectories",
     "bench",
     "summarize_bench",
     "lm_eval",

@@ -73,6 +73,9 @@ def check_trajectory_args(tokens: int, max_loops: int | None) -> None:
     if tokens < 1:
         raise ConfigError(f"--tokens {tokens}: sample at least 1 validation token (default "
                           f"{DEFAULT_TOKENS})")
+    if max_loops is not None and max_loops < 1:
+        raise ConfigError(f"--max-loops {max_loops}: run at least 1 loop (default 2 × "
+                          "model.loops, past the training loop count)")
     if max_loops is not None:
         check_test_loops(max_loops, "--max-loops")
 

@@ -263,6 +263,12 @@ class WorkflowPlan:
         layout = self.layout.run(run)
         return [str(layout.bench_result(s)) for s in self.bench_steps(run)]
 
+    def trajectory_targets(self) -> list[str]:
+        """The latent trajectories of every run's final snapshot: the inputs of the opt-in
+        target rule ``trajectories``, never of ``all``."""
+        return [str(self.layout.run(run).trajectories_dir(plan.final_step))
+                for run, plan in self.runs.items()]
+
     def compare_inputs(self) -> dict[str, str]:
         """Per run: its H_eff table, its final benchmark JSON and its snapshot index."""
         inputs = {}
