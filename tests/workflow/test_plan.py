@@ -105,6 +105,17 @@ def test_targets_and_inputs_come_from_the_run_layout():
     assert plan.data_dir(run) == f"out/data/{plan.runs[run].data_id}"
 
 
+def test_trajectories_are_opt_in_final_snapshot_targets():
+    """Rule ``trajectories`` asks for every run's final snapshot's trajectories; ``all``
+    never does (the Snakemake dry runs: tests/workflow/test_trajectories_rule.py)."""
+    plan = _plan("train.total_steps=50", "train.steps_per_segment=10",
+                 "experiment.results_dir=out")
+    assert len(plan.run_names) > 1
+    assert plan.trajectory_targets() == [f"out/{run}/eval/trajectories/step_0000050"
+                                         for run in plan.run_names]
+    assert not any("trajectories" in target for target in plan.all_targets())
+
+
 def test_variants_share_a_data_pack_when_only_the_model_differs():
     plan = _plan()
     assert len(plan.run_names) >= 2 and len(plan.data_ids) == 1
