@@ -70,6 +70,7 @@ rule eval_trajectories:
     output:
         out=directory(RUN.trajectories_dir(STEP)),
     params:
+        run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
     log:
         RUN.log("eval_trajectories", STEP),
