@@ -13,7 +13,7 @@ time at OMP_NUM_THREADS threads, default 1, with the wall-time ratio beside them
 Three models, all timed:
 
 - ``trained``: the default model after ``--train-steps`` AdamW steps of deep supervision on
-  the corpus (seconds), with the default ``eval.adaptive_thresholds`` (KL criterion): the
+  the corpus (seconds), with the default ``eval.adaptive.thresholds`` (KL criterion): the
   typical cost, where tokens exit as their predictions settle. The headline.
 - ``worst``: weights drawn with init_std 0.2 (predictions keep moving) and thresholds
   (0, 1e-30): no token ever exits early (asserted), so every readout covers every token.
@@ -51,7 +51,8 @@ import torch  # noqa: E402
 from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.diagnostics.timing import alternated  # noqa: E402
-from pipeline_lib.evaluate.adaptive import AdaptiveSpec, adaptive_section  # noqa: E402
+from pipeline_lib.evaluate.exit.results import adaptive_section  # noqa: E402
+from pipeline_lib.evaluate.exit.spec import ExitSpec  # noqa: E402
 from pipeline_lib.evaluate.heff import sweep_losses  # noqa: E402
 from pipeline_lib.evaluate.sweep_pass import sweep_pass  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402
@@ -92,8 +93,8 @@ def exit_cases(cfg, data: PackedData, h_effs: list[int], args) -> dict:
     train_loss = train_briefly(trained, data, args.train_steps, cfg.train.micro_batch_rows)
     torch.manual_seed(0)
     moving = LoopedLM(dataclasses.replace(cfg.model, init_std=0.2))
-    default = AdaptiveSpec(tuple(cfg.eval.adaptive_thresholds), "kl", max_h).resolved(h_effs)
-    worst = AdaptiveSpec(WORST_THRESHOLDS, "kl", max_h).resolved(h_effs)
+    default = ExitSpec(tuple(cfg.eval.adaptive.thresholds), "kl", max_h).resolved(h_effs)
+    worst = ExitSpec(WORST_THRESHOLDS, "kl", max_h).resolved(h_effs)
     result: dict = {"train_loss": round(train_loss, 3)}
     for case, (model, spec) in {"trained": (trained.eval(), default),
                                 "worst": (moving.eval(), worst)}.items():
@@ -131,8 +132,8 @@ def criteria_case(cfg, data: PackedData, h_effs: list[int], args) -> dict:
     train_loss = train_briefly(model, data, args.train_steps, cfg.train.micro_batch_rows,
                                exit_entropy_weight=0.01)
     model.eval()
-    every = [spec.resolved(h_effs) for spec in AdaptiveSpec.all_from_eval_config(
-        EvalConfig(adaptive_criteria=list(EXIT_CRITERIA)))]
+    every = [spec.resolved(h_effs) for spec in ExitSpec.from_config(
+        dataclasses.replace(EvalConfig().adaptive, criteria=list(EXIT_CRITERIA)))]
     timed = alternated({
         "one_pass": lambda: sweep_pass(model, batches, h_effs, every, args.tokens),
         "per_criterion": lambda: [sweep_pass(model, batches, h_effs, (), args.tokens)] + [

@@ -12,7 +12,6 @@ import pytest
 
 from pipeline_lib.errors import UsageError
 from pipeline_lib.output_paths import (
-    _PROTECTED,
     DEPTH_JSON,
     DEVICE_JSON,
     FIGURE,
@@ -23,16 +22,6 @@ from pipeline_lib.output_paths import (
     protected_folder,
 )
 from pipeline_lib.output_set import output_set
-
-
-def test_protected_folders_are_named_as_their_writers_name_them() -> None:
-    from pipeline_lib.checkpoint.manifest import MANIFEST_NAME
-    from pipeline_lib.export.hf import CONFIG_JSON, MODELING_FILE
-
-    names = dict(_PROTECTED)
-    assert names["snapshot"] == (MANIFEST_NAME,)
-    assert names["export"] == (CONFIG_JSON, MODELING_FILE)
-    assert names["data pack"] == ("metadata.json", "tokens.bin")  # data.pack writes these
 
 
 def test_the_kinds_recognise_real_outputs_and_nothing_else(tmp_path: Path) -> None:

@@ -120,6 +120,25 @@ def test_a_named_section_leaves_the_default_section_alone(tmp_path: Path):
         write_results_doc(tmp_path / "results", readme, tmp_path / "docs", "other")
 
 
+def test_a_retrofit_plan_beside_the_results_is_shown_with_its_figure(tmp_path: Path):
+    results = _results(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{HEAD}{BEGIN}\n(old)\n{END}{TAIL}")
+    write_results_doc(results, readme, tmp_path / "docs")
+    assert "retrofit-plan" not in readme.read_text()  # no plan: no such part
+    plan = results / "compare" / "retrofit_plan"
+    plan.mkdir()
+    (plan / "plan.md").write_text("Retrofit plan for `x`.\n\n| rank | choice |\n|---|---|\n"
+                                  "| 1 | 0:11 / 11:12 ×4 / 15:30 |\n")
+    (plan / "plan.png").write_bytes(b"plan png")
+    write_results_doc(results, readme, tmp_path / "docs")
+    text = readme.read_text()
+    assert "### Layer choice at step 0 (`retrofit-plan`)" in text
+    assert "| 1 | 0:11 / 11:12 ×4 / 15:30 |" in text
+    assert (tmp_path / "docs" / "retrofit_plan.png").read_bytes() == b"plan png"
+    assert "(docs/retrofit_plan.png)" in text
+
+
 def test_validation_curves_by_heff_are_drawn_and_linked(tmp_path: Path):
     """A variant whose training log has val/loss_h{H} gets a figure (loss vs step, one line
     per H_eff) drawn into the docs folder and linked; variants without them get none."""

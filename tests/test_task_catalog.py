@@ -152,13 +152,6 @@ def test_installed_names_equal_lm_eval_task_index(names_cache):
     assert installed_task_names() == set(TaskManager().all_tasks)
 
 
-def test_builtin_names_match_the_bench_package():
-    from pipeline_lib.bench.tasks import BUILTIN_TASKS, TASK_PREFIX
-
-    assert task_catalog.BUILTIN_TASK_NAMES == tuple(BUILTIN_TASKS)
-    assert task_catalog.BUILTIN_PREFIX == TASK_PREFIX
-
-
 def test_checking_stays_light(tmp_path: Path, user_dir: Path):
     """What the Snakefile runs: no torch, mlflow or lm_eval import, even for installed names."""
     code = ("import sys; from pipeline_lib.spec.config import BenchConfig; "

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UsageError
+from .spec.names import CONFIG_JSON, MANIFEST_NAME, MODELING_FILE, PACK_METADATA, PACK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,10 @@ FIGURE = OutputKind("a figure (PNG, SVG or PDF)", (".png", ".svg", ".pdf"),
 PAGE = OutputKind("a Markdown page", (".md",), _starts_with(b""))  # markers: results_doc
 SQLITE = OutputKind("a SQLite database", (), _starts_with(b"SQLite format 3\x00"))  # any name
 
-# Folders no command writes into. The names agree with checkpoint.manifest.MANIFEST_NAME,
-# the data pack's metadata.json and tokens.bin, and the export's config.json and modelling
-# file (tests/test_output_paths.py checks it).
-_PROTECTED = (("snapshot", ("MANIFEST.json",)),
-              ("data pack", ("metadata.json", "tokens.bin")),
-              ("export", ("config.json", "modeling_loopline.py")))
+# Folders no command writes into, by the files their writers name them with.
+_PROTECTED = (("snapshot", (MANIFEST_NAME,)),
+              ("data pack", (PACK_METADATA, PACK_TOKENS)),
+              ("export", (CONFIG_JSON, MODELING_FILE)))
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,10 @@ def copy_figures(results: Path, runs: Sequence[str], docs: Path) -> list[tuple[s
             detail = p.stem.removeprefix("heff_adaptive").strip("_").replace("_", " ")
             found.append((f"{run}: adaptive exit, loss vs mean loops used"
                           + (f" ({detail})" if detail else ""), p, f"{run}_{p.name}"))
+    plan_png = layout.retrofit_plan_dir / "plan.png"
+    if plan_png.is_file():
+        found.append(("retrofit-plan: angular distance of the source's layers, and the "
+                      "measured choices' loss at step 0 by H_eff", plan_png, "retrofit_plan.png"))
     docs.mkdir(parents=True, exist_ok=True)
     copied = []
     for caption, src, name in found:
@@ -182,11 +186,14 @@ def plot_val_curve_figures(results: Path, runs: Sequence[str],
 
 def results_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any],
                      figures: Sequence[tuple[str, str]], stamp: str,
-                     demo_time: str | None = None) -> str:
-    """The generated section; ``figures``: (caption, link relative to the page)."""
+                     demo_time: str | None = None, plan: str | None = None) -> str:
+    """The generated section; ``figures``: (caption, link relative to the page); ``plan``:
+    a ``retrofit-plan`` table (``plan.md``) shown before the variants."""
     lines = [GENERATED, stamp, ""]
     if demo_time:
         lines += [demo_time, ""]
+    if plan:
+        lines += ["### Layer choice at step 0 (`retrofit-plan`)", "", plan.strip(), ""]
     lines += variants_table(runs, level=3) + [""] + loss_table(runs, level=3)
     lines += ["", "### Benchmark accuracy", "",
               "Levels above a variant's training range are marked (beyond)."]
@@ -272,7 +279,9 @@ def write_results_doc(results: Path, doc: Path, docs: Path, section: str = "",
     _prune_figures(docs, [p for _, p in copied])
     links = [(caption, _relative(p, doc)) for caption, p in copied]
     demo_time = demo_time_line(Path(results))
-    body = results_markdown(runs, depth, links, stamp, demo_time)
+    plan_md = ResultsLayout(Path(results)).retrofit_plan_dir / "plan.md"
+    plan = plan_md.read_text() if plan_md.is_file() else None
+    body = results_markdown(runs, depth, links, stamp, demo_time, plan)
     doc.write_text(replace_between_markers(text, body, doc, section))
     log.info("%s: results section regenerated from %s (%d figures in %s)", doc, results,
              len(copied), docs)

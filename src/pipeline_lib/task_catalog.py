@@ -32,6 +32,7 @@ from typing import Any
 from .errors import ConfigError
 from .fsio import write_text_atomic
 from .spec.config import BenchConfig
+from .spec.names import BUILTIN_TASK_NAMES, BUILTIN_TASK_PREFIX
 from .task_yaml import (
     IGNORED_DIRS,
     data_path_entries,
@@ -45,11 +46,6 @@ from .task_yaml import (
 )
 
 log = logging.getLogger(__name__)
-
-# Equals pipeline_lib.bench.tasks.BUILTIN_TASKS (tested); repeated here because importing the
-# bench package imports lm-eval.
-BUILTIN_TASK_NAMES = ("loopline_khop", "loopline_addition", "loopline_parity")
-BUILTIN_PREFIX = "loopline_"
 
 
 # --------------------------------------------------------------------------- user tasks
@@ -253,10 +249,10 @@ def check_bench_tasks(bench: BenchConfig, key: str = "bench") -> list[str]:
     """
     user = (scan_include_path(bench.include_path, f"{key}.include_path")
             if bench.include_path else None)
-    reserved = sorted(t for t in (user.tasks if user else ()) if t.startswith(BUILTIN_PREFIX))
+    reserved = sorted(t for t in (user.tasks if user else ()) if t.startswith(BUILTIN_TASK_PREFIX))
     if reserved:
         raise ConfigError(f"{key}.include_path defines task {reserved[0]!r} in "
-                          f"{user.tasks[reserved[0]]}; the {BUILTIN_PREFIX} prefix is reserved "
+                          f"{user.tasks[reserved[0]]}; the {BUILTIN_TASK_PREFIX} prefix is reserved "
                           "for built-in tasks: rename its task:")
     tasks = selected_tasks(bench, user)
     if not tasks:

@@ -22,7 +22,7 @@ from pipeline_lib.bench.runner import adaptive_settings, run_benchmarks
 from pipeline_lib.bench.scoring import SUMMARY_COLUMNS, bench_metrics, summarize_bench
 from pipeline_lib.bench.tasks import GENERATION_STOPS
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import BenchConfig, Config, validate_config
+from pipeline_lib.spec.config import AdaptiveExitConfig, BenchConfig, Config, validate_config
 from pipeline_lib.tracking.commit import check_metric_key
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ NEVER, EARLY = "adaptive:0:3", "adaptive:0.01:3"
 def adaptive_report(tmp_path_factory, snapshot_dir, small_bench):
     """(report, tasks dir) at H_eff 1, 3 and adaptive exit 0 (never early) and 0.01, MAX 3."""
     out = tmp_path_factory.mktemp("bench_adaptive")
-    bench = replace(small_bench, adaptive_thresholds=[0.01, 0.0])
+    bench = replace(small_bench, adaptive=AdaptiveExitConfig(thresholds=[0.01, 0.0]))
     report = run_benchmarks(snapshot_dir, bench, out / "tasks", out / "step_0000007.json")
     return report, out / "tasks"
 
@@ -157,29 +157,45 @@ def test_loops_summary_and_counter():
 
 
 def test_adaptive_settings_from_the_bench_config():
-    bench = BenchConfig(h_eff=[1, 4, 8], adaptive_thresholds=[0.01, 0.0, 0.01, 1e-3])
+    adaptive = AdaptiveExitConfig(thresholds=[0.01, 0.0, 0.01, 1e-3])
+    bench = BenchConfig(h_eff=[1, 4, 8], adaptive=adaptive)
     assert adaptive_settings(bench, bench.h_eff) == [
         "adaptive:0:8", "adaptive:0.001:8", "adaptive:0.01:8"]
-    assert adaptive_settings(replace(bench, adaptive_max_loops=12), [2]) == [
+    assert adaptive_settings(replace(bench, adaptive=replace(adaptive, max_loops=12)), [2]) == [
         "adaptive:0:12", "adaptive:0.001:12", "adaptive:0.01:12"]
     assert adaptive_settings(BenchConfig(), [1, 4]) == []
     cfg = Config()
-    cfg.bench.adaptive_thresholds = [0.01, float("nan")]
-    with pytest.raises(ConfigError, match="bench.adaptive_thresholds"):
+    cfg.bench.adaptive.thresholds = [0.01, float("nan")]
+    with pytest.raises(ConfigError, match=r"bench\.adaptive\.thresholds"):
         validate_config(cfg)
 
 
-def test_bench_criteria_are_the_eval_criteria():
-    """bench.adaptive_criterion accepts every criterion the H_eff sweep and the lm-eval
-    model accept (a criterion added to one is added to both)."""
+def test_adaptive_settings_of_several_criteria_name_all_but_the_first():
+    """bench.adaptive takes the keys of eval.adaptive: every criterion, its own thresholds;
+    the first criterion is the lm-eval model's default and goes unnamed."""
+    adaptive = AdaptiveExitConfig(criteria=["entropy", "argmax_stable"], thresholds=[0.5],
+                                  criterion_thresholds={"argmax_stable": [2, 0]})
+    assert adaptive_settings(BenchConfig(adaptive=adaptive), [1, 3]) == [
+        "adaptive:0.5:3", "adaptive:argmax_stable:0:3", "adaptive:argmax_stable:2:3"]
+    cfg = Config()
+    cfg.bench.adaptive = AdaptiveExitConfig(criteria=["argmax_stable"], thresholds=[0.5])
+    with pytest.raises(ConfigError, match=r"bench\.adaptive\.thresholds \(argmax_stable\) = "
+                                          r"0\.5: argmax_stable takes a whole number"):
+        validate_config(cfg)
+
+
+def test_bench_and_eval_share_one_adaptive_section():
+    """Both sections name their adaptive exit with one dataclass (one set of keys), so a
+    criterion or key added to one is added to both."""
     from dataclasses import fields
 
-    from pipeline_lib.evaluate.adaptive import CRITERIA
+    from pipeline_lib.evaluate.exit.spec import CRITERIA
     from pipeline_lib.spec.config import EvalConfig
 
-    def choices(cls, name):
-        (f,) = [f for f in fields(cls) if f.name == name]
-        return f.metadata["choices"]
+    def field_type(cls):
+        (f,) = [f for f in fields(cls) if f.name == "adaptive"]
+        return type(f.default_factory())
 
-    assert choices(BenchConfig, "adaptive_criterion") == choices(EvalConfig, "adaptive_criterion")
-    assert sorted(choices(BenchConfig, "adaptive_criterion")) == sorted(CRITERIA)
+    assert field_type(BenchConfig) is field_type(EvalConfig) is AdaptiveExitConfig
+    (criteria,) = [f for f in fields(AdaptiveExitConfig) if f.name == "criteria"]
+    assert sorted(criteria.metadata["items"]["choices"]) == sorted(CRITERIA)

@@ -17,7 +17,7 @@ def test_bench_and_summarize_commands(snapshot_dir, tmp_path, capsys):
     store = tmp_path / "mlflow.db"
     rc = main(["bench", "--snapshot", str(snapshot_dir), "--out", str(out), "--h-eff", "1,2",
                "bench.tasks=[loopline_parity]", "bench.examples_per_level=2",
-               "bench.max_difficulty=2", "bench.adaptive_thresholds=[0]",
+               "bench.max_difficulty=2", "bench.adaptive.thresholds=[0]",
                f"tracking.uri=sqlite:///{store}", "--no-track"])
     assert rc == 0
     assert not store.exists()  # a plain local run contacts no store

@@ -21,6 +21,8 @@ from snapshot_helpers import (
 from pipeline_lib.bench import LooplineLM
 from pipeline_lib.bench.lm_wrapper import score_windows
 from pipeline_lib.errors import CheckpointError, ConfigError
+from pipeline_lib.evaluate.exit.criteria import adaptive_logits
+from pipeline_lib.evaluate.exit.spec import ExitSpec
 
 
 def ll_request(context: str, continuation: str) -> Instance:
@@ -233,11 +235,9 @@ def adaptive_reference(model, ctx: list[int], cont: list[int], threshold: float,
                        criterion: str = "kl") -> tuple[float, list[int]]:
     """(Σ log p(cont | ctx), exit loop of each continuation token), each position read out at
     its own adaptive exit; the request fits one window."""
-    from pipeline_lib.evaluate.adaptive import adaptive_logits
-
     tokens = ctx + cont
-    logits, exits = adaptive_logits(model, torch.tensor([tokens[:-1]]), threshold, max_loops,
-                                    criterion)
+    logits, exits = adaptive_logits(model, torch.tensor([tokens[:-1]]),
+                                    ExitSpec((threshold,), criterion, max_loops))
     logp = torch.log_softmax(logits[0].double(), dim=-1)
     first = len(ctx)
     return (float(sum(logp[i - 1, tokens[i]] for i in range(first, len(tokens)))),
@@ -256,7 +256,7 @@ def test_adaptive_loglikelihood_reads_each_token_at_its_exit(random_model, token
     enc = lambda s: tokenizer.encode(s).ids  # noqa: E731
     lm = make_lm(random_model, tokenizer, h_eff=f"adaptive:{threshold}:5", batch_size=2,
                  adaptive_criterion=criterion)
-    assert lm.h_eff == f"adaptive:{threshold:g}:5" and lm.adaptive == (threshold, 5, criterion)
+    assert lm.h_eff == f"adaptive:{threshold:g}:5" and lm.adaptive == ExitSpec((threshold,), criterion, 5)
     got = lm.loglikelihood([task_request("loglikelihood", p, "a" if i else "b")
                             for i, p in enumerate(pairs)], disable_tqdm=True)
     loops = {"a": [], "b": []}
@@ -283,7 +283,7 @@ def test_h_eff_names_the_gate_criterion_and_needs_a_gated_model(random_model, to
     with torch.no_grad():
         gated.exit_gate.weight.normal_(std=2.0)
     lm = make_lm(gated, tokenizer, h_eff="adaptive:gate:0.5:4")
-    assert lm.h_eff == "adaptive:gate:0.5:4" and lm.adaptive == (0.5, 4, "gate")
+    assert lm.h_eff == "adaptive:gate:0.5:4" and lm.adaptive == ExitSpec((0.5,), "gate", 4)
     pairs = [("0123", "456"), ("a=7;b=a;print(b)=", "7")]
     enc = lambda s: tokenizer.encode(s).ids  # noqa: E731
     got = lm.loglikelihood([task_request("loglikelihood", p, "a") for p in pairs],
@@ -292,7 +292,7 @@ def test_h_eff_names_the_gate_criterion_and_needs_a_gated_model(random_model, to
         want, _ = adaptive_reference(gated, enc(ctx), enc(cont), 0.5, 4, "gate")
         assert logprob == pytest.approx(want, abs=1e-5)
     lm.h_eff = "adaptive:0.05:4"  # no criterion named: back to the model_args default
-    assert lm.adaptive == (0.05, 4, "kl")
+    assert lm.adaptive == ExitSpec((0.05,), "kl", 4)
     with pytest.raises(ConfigError, match=r"\[0, 1\]"):
         lm.h_eff = "adaptive:gate:1.5"
 
@@ -348,7 +348,7 @@ def test_adaptive_mean_loops_per_task_through_simple_evaluate(trained_model, tok
 def test_adaptive_max_defaults_to_the_training_loops(snapshot_dir):
     lm = LooplineLM.create_from_arg_string(f"snapshot={snapshot_dir},h_eff=adaptive:0.01")
     loops = tiny_model_config().loops
-    assert lm.h_eff == f"adaptive:0.01:{loops}" and lm.adaptive == (0.01, loops, "kl")
+    assert lm.h_eff == f"adaptive:0.01:{loops}" and lm.adaptive == ExitSpec((0.01,), "kl", loops)
     lm.h_eff = 3  # back to a fixed depth
     assert (lm.h_eff, lm.adaptive) == (3, None)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from snapshot_helpers import write_tiny_snapshot
 
-from pipeline_lib.data.identity import data_id
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.evaluate.loading import load_for_eval as load_for_bench
 from pipeline_lib.spec.config import load_config
+from pipeline_lib.spec.data_id import data_id
 
 
 def test_tokenizer_from_the_snapshot_or_override(trained_model, tokenizer, tmp_path,

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from pipeline_lib.data.loader import (
-    IGNORE_INDEX,
     DataCursor,
     PackedData,
     PackedSplit,
@@ -20,6 +19,7 @@ from pipeline_lib.data.loader import (
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.errors import ConfigError, DataError
 from pipeline_lib.spec.config import DataConfig, SourceConfig
+from pipeline_lib.spec.names import IGNORE_INDEX
 
 PAD = 99
 

@@ -16,12 +16,12 @@ from data_corpus import QA_RECORDS, TEXT_DOCS, write_qa_jsonl, write_text_files
 from pretrained_tokenizers import trained_bpe, write_hf_directory, write_tokenizer_json
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from pipeline_lib.data.identity import data_fingerprint, data_id
 from pipeline_lib.data.loader import PackedData
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.data.tokenizer import bos_id, eos_id, load_tokenizer, pad_id
 from pipeline_lib.errors import ConfigError, DataError
 from pipeline_lib.spec.config import DataConfig, SourceConfig, TokenizerConfig
+from pipeline_lib.spec.data_id import data_fingerprint, data_id
 
 
 def file_config(make_data_config, sources, path, **tokenizer):

@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 
 from pipeline_lib.data.tokenizer import (
-    BYTE_VOCAB_SIZE,
-    EOS_TOKEN,
     TokenEncoder,
     byte_level_tokenizer,
     eos_id,
@@ -16,6 +14,7 @@ from pipeline_lib.data.tokenizer import (
     train_bpe,
 )
 from pipeline_lib.errors import DataError
+from pipeline_lib.spec.names import BYTE_VOCAB_SIZE, EOS_TOKEN
 
 TEXTS = [
     "def f(x):\n\treturn x ** 2  # square\n",

@@ -20,13 +20,10 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from pipeline_lib.data.gguf_metadata import GGUFArray, read_gguf_metadata
 from pipeline_lib.data.tokenizer import bos_id, eos_id, pad_id
-from pipeline_lib.data.tokenizer_files import (
-    smollm2_gguf_path,
-    source_vocab_size,
-    tokenizer_source_fingerprint,
-)
+from pipeline_lib.data.tokenizer_files import smollm2_gguf_path, source_vocab_size
 from pipeline_lib.data.tokenizer_source import tokenizer_from_source
 from pipeline_lib.errors import DataError
+from pipeline_lib.spec.tokenizer_id import tokenizer_source_fingerprint
 
 
 def reference(tok: Tokenizer) -> Tokenizer:

@@ -21,7 +21,8 @@ def _cfg(snap: Path, precision: str):
         cfg, experiment=dataclasses.replace(cfg.experiment, device="cpu", precision=precision),
         tracking=dataclasses.replace(cfg.tracking, enabled=False),
         eval=dataclasses.replace(cfg.eval, h_eff=[1, 3], max_tokens=300, batch_rows=4,
-                                 adaptive_thresholds=[0.0, 0.01]))
+                                 adaptive=dataclasses.replace(cfg.eval.adaptive,
+                                                              thresholds=[0.0, 0.01])))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -38,7 +39,7 @@ def test_heff_stage_runs_on_the_configured_device_and_precision(tiny_run, tmp_pa
     assert {d for _, _, d in calls} == {dtype}  # the fixed sweep and the adaptive pass
     assert (result["device"], result["precision"]) == (device, precision)
     assert json.loads(out.read_text())["precision"] == precision
-    assert result["adaptive"]["points"][0]["loss"] == pytest.approx(result["losses"]["3"],
+    assert result["adaptive_by_criterion"]["kl"]["points"][0]["loss"] == pytest.approx(result["losses"]["3"],
                                                                    rel=1e-6)
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline_lib.evaluate import exit_readout
-from pipeline_lib.evaluate.adaptive import AdaptiveSpec
+from pipeline_lib.evaluate.exit import readout as exit_readout
+from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.heff import run_heff, sweep_documents
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
 from pipeline_lib.spec.config import ModelConfig
@@ -54,8 +54,8 @@ def batches() -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def specs(h_effs: list[int], max_loops: int, criteria=ALL) -> list[AdaptiveSpec]:
-    return [AdaptiveSpec(THRESHOLDS[c], c, max_loops).resolved(h_effs) for c in criteria]
+def specs(h_effs: list[int], max_loops: int, criteria=ALL) -> list[ExitSpec]:
+    return [ExitSpec(THRESHOLDS[c], c, max_loops).resolved(h_effs) for c in criteria]
 
 
 @pytest.mark.parametrize(("coda_layers", "state_init"),
@@ -86,10 +86,10 @@ def test_one_pass_equals_one_pass_per_criterion(batches, monkeypatch, coda_layer
 
 def test_criteria_with_their_own_max_loops_and_a_repeated_criterion(batches):
     model = gated_model(1, "embedding")
-    every = [AdaptiveSpec(THRESHOLDS["kl"], "kl", 6).resolved([2]),
-             AdaptiveSpec(THRESHOLDS["gate"], "gate", 3).resolved([2]),
-             AdaptiveSpec((0.0, 0.01), "kl", 4).resolved([2]),  # a second kl memory
-             AdaptiveSpec((0, 2), "argmax_stable", 2).resolved([2])]
+    every = [ExitSpec(THRESHOLDS["kl"], "kl", 6).resolved([2]),
+             ExitSpec(THRESHOLDS["gate"], "gate", 3).resolved([2]),
+             ExitSpec((0.0, 0.01), "kl", 4).resolved([2]),  # a second kl memory
+             ExitSpec((0, 2), "argmax_stable", 2).resolved([2])]
     for batch in batches:
         together = sweep_batch(model, batch, [2, 4], every)
         for spec, (losses, exits) in zip(every, together.exits, strict=True):
@@ -126,5 +126,5 @@ def test_run_heff_with_every_criterion_writes_what_one_run_per_criterion_writes(
     for c in criteria:
         alone = run_heff(snap, data_dir, [1, 2, 3], tmp_path / f"{c}.json",
                          adaptive=specs([1, 2, 3], 4, [c]), **kwargs)
-        assert together["adaptive_by_criterion"][c] == alone["adaptive"]
+        assert together["adaptive_by_criterion"][c] == alone["adaptive_by_criterion"][c]
     assert json.loads((tmp_path / "all.json").read_text()) == together

@@ -1,5 +1,5 @@
 """The exported model honours the learned exit gate: ``forward(…, exit_threshold=T)`` reads
-each position out at its gate exit loop with loopline's ``adaptive_logits(…, "gate")``
+each position out at its gate exit loop with loopline's ``adaptive_logits`` (criterion ``gate``)
 logits and exit loops (bit for bit), left padding changes nothing, the KV cache holds the
 coda of every loop and is bound to its loop count and mode, ``config.exit_threshold`` is the
 default, bad thresholds are refused; and with transformers alone, ``generate`` with a
@@ -16,7 +16,8 @@ import torch
 from support.export_helpers import SEQ_LEN, random_model, run_hf_worker, write_model_snapshot
 
 from pipeline_lib.data.tokenizer import byte_level_tokenizer
-from pipeline_lib.evaluate.exit_criteria import adaptive_logits
+from pipeline_lib.evaluate.exit.criteria import adaptive_logits
+from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.generation import Depth, generate_texts
 from pipeline_lib.export import export_snapshot
 from pipeline_lib.export.modeling_loopline import LoopKVCache, LooplineForCausalLM
@@ -57,7 +58,7 @@ def test_gated_logits_and_exit_loops_equal_loopline_s_adaptive_readout(exports,
     spread = set()
     for threshold in THRESHOLDS:
         out = hf(ids, num_loops=max_loops, exit_threshold=threshold)
-        logits, exits = adaptive_logits(model, ids, threshold, max_loops, "gate")
+        logits, exits = adaptive_logits(model, ids, ExitSpec((threshold,), "gate", max_loops))
         assert torch.equal(out.exit_loops, exits), threshold
         assert torch.equal(out.logits, logits), threshold
         spread.add(len(exits.unique()))
@@ -206,13 +207,13 @@ def test_transformers_alone_generates_with_the_gate_as_loopline_does(exports,
     assert answer["pipeline_lib_modules"] == []
     [got] = answer["answers"]
     for (h, t), out in zip(forward, got["forward"], strict=True):
-        logits, exits = adaptive_logits(model, ids, t, h, "gate")
+        logits, exits = adaptive_logits(model, ids, ExitSpec((t,), "gate", h))
         assert out["exit_loops"] == exits.tolist()
         torch.testing.assert_close(torch.tensor(out["logits"]), logits, atol=1e-5, rtol=0)
     tok = byte_level_tokenizer()
     for (h, t), out in zip(runs, got["generate"], strict=True):
         ours = generate_texts(model, tok, PROMPTS, context_len=SEQ_LEN, max_new_tokens=8,
-                              depth=Depth(h, t, "gate"))
+                              depth=Depth(h, ExitSpec((t,), "gate", h)))
         assert out["texts"] == [g.text for g in ours], (h, t)
         for g, loops in zip(ours, out["exit_loops"], strict=True):
             steps = len(g.ids) + (g.stop == "eos")

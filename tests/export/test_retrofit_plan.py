@@ -22,6 +22,7 @@ from pipeline_lib.export.hf_import import import_checkpoint
 from pipeline_lib.export.hf_layout import layer_choice
 from pipeline_lib.export.layer_similarity import measure
 from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, TokenizerConfig
+from pipeline_lib.spec.names import IGNORE_INDEX
 
 LAYERS = 6
 
@@ -49,14 +50,14 @@ def test_layer_distances_are_transformers_hidden_states(setting, tmp_path) -> No
     import_checkpoint(source, tmp_path / "snap", Config())  # every layer, one loop
     model = load_for_eval(tmp_path / "snap", with_tokenizer=False).model
     ids = next(PackedData(pack).val_batches(4, 4))["input_ids"]  # one document per row here
-    targets = torch.where(ids > 0, ids, torch.full_like(ids, -100))  # a few unscored
+    targets = torch.where(ids > 0, ids, torch.full_like(ids, IGNORE_INDEX))  # a few unscored
     sim = measure(model, [{"input_ids": ids, "targets": targets}])
     ang = sim.angular
     assert ang.shape == (LAYERS + 1, LAYERS + 1)
     assert np.allclose(ang, ang.T) and np.all(np.diag(ang) == 0) and ang.min() >= 0
     with torch.no_grad():
         states = hf(ids, output_hidden_states=True).hidden_states
-    keep = (targets != -100).reshape(-1)
+    keep = (targets != IGNORE_INDEX).reshape(-1)
     flat = [s.reshape(-1, s.shape[-1])[keep] for s in states[:LAYERS]]  # [-1] is after norm
     for i, j in [(0, 1), (1, 4), (2, 5), (0, 5)]:
         cos = torch.nn.functional.cosine_similarity(flat[i], flat[j], dim=-1).clamp(-1, 1)

@@ -9,23 +9,36 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline_lib.model.exit_gate import exit_cdf, exit_distribution
+from pipeline_lib.model.exit_gate import exit_step
 from pipeline_lib.model.looped import LoopedLM
+
+
+def _distribution(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """p(t) [T, …] over readouts 1..T and the cumulative exit probability [T−1, …] after
+    loops 1..T−1, stepped through :func:`exit_step` as the objective and the gate criterion
+    step through it."""
+    log_p, cdf, survive = [], [], None
+    for t in range(z.shape[0] - 1):
+        exit_now, survive = exit_step(survive, z[t].float())
+        log_p.append(exit_now)
+        cdf.append(-torch.expm1(survive))
+    log_p.append(survive if survive is not None else torch.zeros_like(z[0]))  # the remainder
+    return torch.stack(log_p).exp(), torch.stack(cdf) if cdf else z[:0]
 
 
 def test_exit_distribution_sums_to_one_and_matches_the_product() -> None:
     z = torch.randn(5, 7, generator=torch.Generator().manual_seed(0)) * 3
-    p = exit_distribution(z)
+    p, cdf = _distribution(z)
     torch.testing.assert_close(p.sum(0), torch.ones(7), rtol=0, atol=1e-6)
     lam = torch.sigmoid(z)
     direct = [lam[t] * torch.prod(1 - lam[:t], 0) for t in range(4)] + [torch.prod(1 - lam[:4], 0)]
     torch.testing.assert_close(p, torch.stack(direct), rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(exit_cdf(z)[:4], torch.cumsum(p, 0)[:4], rtol=1e-5, atol=1e-6)
-    assert exit_distribution(z[:1]).tolist() == [[1.0] * 7]  # one readout: it takes it all
+    torch.testing.assert_close(cdf, torch.cumsum(p, 0)[:4], rtol=1e-5, atol=1e-6)
+    assert _distribution(z[:1])[0].tolist() == [[1.0] * 7]  # one readout: it takes it all
 
 
 def test_zero_gate_logits_give_halving_exit_probabilities() -> None:
-    p = exit_distribution(torch.zeros(4, 2))
+    p, _ = _distribution(torch.zeros(4, 2))
     assert p[:, 0].tolist() == [0.5, 0.25, 0.125, 0.125]  # λ = 0.5; the remainder at loop 4
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline_lib.model.loss import chunked_cross_entropy
+from pipeline_lib.model.loss import chunked_cross_entropy, readout_cross_entropy
 
 ATOL, RTOL = 1e-5, 5e-4
 
@@ -110,3 +110,18 @@ def test_second_backward_through_one_loss_is_refused():
     (loss * 2).backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
+
+
+def test_readout_cross_entropy_casts_the_head_matmul_only_under_autocast() -> None:
+    """The one readout-loss wrapper of ``LoopedLM.readout_loss`` and the expected-exit
+    objective: the head matmul in the autocast dtype, the loss in fp32."""
+
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(9, 8, generator=gen), torch.randn(13, 8, generator=gen)
+    targets = torch.randint(0, 13, (9,), generator=gen)
+    plain = readout_cross_entropy(hidden, weight, targets, chunk_size=4)
+    assert plain.item() == chunked_cross_entropy(hidden, weight, targets, chunk_size=4).item()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = readout_cross_entropy(hidden, weight, targets, chunk_size=4)
+    want = chunked_cross_entropy(hidden.bfloat16(), weight.bfloat16(), targets, chunk_size=4)
+    assert cast.dtype == torch.float32 and cast.item() == want.item() != plain.item()

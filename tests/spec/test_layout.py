@@ -2,8 +2,6 @@
 
 from pathlib import Path
 
-from pipeline_lib.checkpoint.best import BEST_DIR
-from pipeline_lib.checkpoint.index import FINAL_LINK, INDEX_NAME
 from pipeline_lib.spec.layout import (
     ResultsLayout,
     RunLayout,
@@ -52,11 +50,9 @@ def test_results_paths() -> None:
     assert RunLayout.at("out/r") == RunLayout(Path("out"), "r")
 
 
-def test_checkpoint_layer_names_agree() -> None:
-    """The checkpoint layer writes best/, index.json and final where the layout expects."""
-    assert (BEST_DIR, INDEX_NAME, FINAL_LINK) == ("best", "index.json", "final")
+def test_best_index_and_final_sit_in_the_snapshots_dir() -> None:
     run = RunLayout(Path("r"), "x")
-    assert (run.best.name, run.index.name, run.final.name) == (BEST_DIR, INDEX_NAME, FINAL_LINK)
+    assert (run.best.name, run.index.name, run.final.name) == ("best", "index.json", "final")
     assert run.final.parent == run.index.parent == run.best.parent == run.snapshots_dir
 
 

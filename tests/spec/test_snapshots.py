@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.budget import total_steps
 from pipeline_lib.spec.config import ModelConfig, SnapshotsConfig, TrainConfig
+from pipeline_lib.spec.layout import step_dir_name
 from pipeline_lib.spec.size import param_count
 from pipeline_lib.spec.snapshots import (
     ANCHOR_SEGMENTS,
@@ -18,8 +20,6 @@ from pipeline_lib.spec.snapshots import (
     kept_steps,
     previous_end,
     segment_ends,
-    step_dir_name,
-    total_steps,
 )
 
 
@@ -101,7 +101,7 @@ def test_previous_end_and_names():
 
 
 def test_module_is_torch_free():
-    code = ("import sys, pipeline_lib.spec.snapshots as p, pipeline_lib.spec.config as c;"
+    code = ("import sys, pipeline_lib.spec.budget as p, pipeline_lib.spec.config as c;"
             "p.total_steps(c.TrainConfig(total_steps=0), c.ModelConfig(), 128, 260);"
             "import pipeline_lib.checkpoint.best, pipeline_lib.checkpoint.manifest;"
             "print('torch' in sys.modules)")

@@ -1,4 +1,4 @@
-"""Every module of :mod:`pipeline_lib.spec` imports without torch, mlflow or lm-eval.
+"""Every module of :mod:`pipeline_lib.spec` imports without torch, mlflow, lm-eval or omegaconf.
 
 The spec floor is what the Snakefile imports on every call, dry runs included (DESIGN.md:
 heavy imports stay in the stage code); one heavy import anywhere in it costs every call
@@ -15,7 +15,8 @@ import pytest
 
 import pipeline_lib.spec
 
-HEAVY = ("torch", "mlflow", "lm_eval", "transformers", "tokenizers")
+# omegaconf too: it costs as much again as spec.config itself, and only loading a config needs it
+HEAVY = ("torch", "mlflow", "lm_eval", "transformers", "tokenizers", "omegaconf")
 MODULES = sorted(m.name for m in pkgutil.iter_modules(pipeline_lib.spec.__path__))
 
 

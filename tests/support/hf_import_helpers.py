@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline_lib.data.tokenizer import EOS_TOKEN, PAD_TOKEN, byte_level_tokenizer
+from pipeline_lib.data.tokenizer import byte_level_tokenizer
+from pipeline_lib.spec.names import EOS_TOKEN, PAD_TOKEN
 
 VOCAB = 264  # the byte-level tokenizer's 258 ids, padded like many pretrained embeddings
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from trainer_helpers import make_pack, snap, tiny_config
 
-from pipeline_lib.data.identity import data_id
 from pipeline_lib.model.flex import reset_flex_decision
+from pipeline_lib.spec.data_id import data_id
 from pipeline_lib.train.job import train_segment
 
 pytestmark = pytest.mark.slow

@@ -36,7 +36,7 @@ def retrofit(tmp_path_factory) -> tuple[Path, Path]:
                   "micro_batch_rows": 4, "objective": "last", "optimizer": "muon",
                   "eval_interval": 2, "eval_rows": 4, "sample_tokens": 4},
         "snapshots": {"keep_last": 1},
-        "eval": {"h_eff": [1, 2], "max_tokens": 512, "adaptive_thresholds": []},
+        "eval": {"h_eff": [1, 2], "max_tokens": 512, "adaptive": {"thresholds": []}},
         "bench": {"tasks": ["loopline_khop"], "h_eff": [1], "examples_per_level": 2,
                   "max_difficulty": 2},
         "runs": {"original": {"model": {"loops": 1, "init_from": {"core": [0, 4]}}},

@@ -10,17 +10,12 @@ import pytest
 
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.spec.config import load_config, to_dict
-from pipeline_lib.workflow.plan import BYTE_VOCAB_SIZE, WorkflowPlan
+from pipeline_lib.spec.names import BYTE_VOCAB_SIZE
+from pipeline_lib.workflow.plan import WorkflowPlan
 
 
 def _plan(*overrides: str) -> WorkflowPlan:
     return WorkflowPlan(to_dict(load_config(None, list(overrides))))
-
-
-def test_byte_vocab_size_matches_the_tokenizer():
-    from pipeline_lib.data.tokenizer import BYTE_VOCAB_SIZE as TOKENIZER_BYTE_VOCAB
-
-    assert BYTE_VOCAB_SIZE == TOKENIZER_BYTE_VOCAB
 
 
 def test_kept_and_temporary_snapshot_paths():

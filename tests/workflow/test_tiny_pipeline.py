@@ -38,7 +38,8 @@ def test_eval_bench_and_compare_outputs(tiny_pipeline: Path):
         for step in KEPT:
             doc = json.loads((base / "eval" / "heff" / f"step_{step:07d}.json").read_text())
             assert doc["step"] == step and set(doc["losses"]) == {"1", "2", "4"}
-            assert doc["adaptive"]["points"][0]["loss"] == doc["losses"]["4"]  # threshold 0
+            kl = doc["adaptive_by_criterion"]["kl"]
+            assert kl["points"][0]["loss"] == doc["losses"]["4"]  # threshold 0
         bench = json.loads((base / "bench" / "step_0000030.json").read_text())
         assert set(bench["tasks"]) == {"loopline_khop", "loopline_addition", "loopline_parity"}
         for name in ("eval/heff.parquet", "eval/heff.png", "eval/heff_adaptive.parquet",

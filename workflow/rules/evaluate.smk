@@ -1,5 +1,5 @@
 # H_eff sweep: validation loss at every eval.h_eff for each kept snapshot, one pass each
-# (plus the per-token adaptive exit of every eval.adaptive_criteria, from the same pass).
+# (plus the per-token adaptive exit of every eval.adaptive.criteria, from the same pass).
 
 
 rule eval_heff:

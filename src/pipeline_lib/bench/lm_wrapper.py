@@ -9,8 +9,9 @@ the training loop count), so one loaded model serves a whole H_eff sweep: set
 :attr:`LooplineLM.h_eff` between ``simple_evaluate`` calls.
 
 ``h_eff=adaptive:[CRITERION:]THRESHOLD[:MAX]`` (e.g. ``adaptive:gate:0.9``: the learned
-exit gate; any criterion of :mod:`pipeline_lib.evaluate.exit_criteria`) reads every token
-out at its own adaptive exit instead (:mod:`pipeline_lib.evaluate.adaptive`): the first loop whose next-token distribution
+exit gate; any criterion of :mod:`pipeline_lib.evaluate.exit.criteria`, parsed by
+:meth:`~pipeline_lib.evaluate.exit.spec.ExitSpec.parse`) reads every token out at its own
+adaptive exit instead (:mod:`pipeline_lib.evaluate.exit`): the first loop whose next-token distribution
 differs from the previous loop's by a KL divergence below THRESHOLD (or, with
 ``adaptive_criterion=entropy``, whose entropy is below it), at most MAX loops (default: the
 training loop count). Scoring and generation both use it; the loops used (the exit loop of
@@ -46,6 +47,8 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from ..errors import ConfigError
+from ..evaluate.exit.criteria import adaptive_logits, check_model_criterion
+from ..evaluate.exit.spec import ExitSpec
 from ..model.generate import CachedNextIds, greedy_decode, padded_rows
 from .lm_requests import Window, cut_at_stops, generation_settings, score_windows
 from .loops_used import DocKey, LoopsUsed
@@ -56,10 +59,9 @@ from .model_args import (
     as_bool,
     as_int,
     batch_size_arg,
-    check_h_eff,
-    is_adaptive,
+    criterion_arg,
+    h_eff_arg,
     model_device,
-    parse_adaptive_h_eff,
     precision_arg,
     tokenizer_arg,
 )
@@ -102,13 +104,9 @@ class LooplineLM(TemplateLM):
         if unknown:
             raise ConfigError(f"unknown loopline model_args key(s) {sorted(unknown)}; "
                               f"known keys: {', '.join(MODEL_ARGS)}")
-        from ..evaluate.adaptive import CRITERIA
-
-        if adaptive_criterion not in CRITERIA:
-            raise ConfigError(f"loopline model_args adaptive_criterion={adaptive_criterion!r} "
-                              f"is not one of {list(CRITERIA)}; pick one")
-        self.adaptive_criterion = self._default_criterion = adaptive_criterion
-        requested_h_eff = None if h_eff is None else check_h_eff(h_eff)  # fail before loading
+        self._default_criterion = criterion_arg(adaptive_criterion)
+        if h_eff is not None:
+            h_eff_arg(h_eff, self._default_criterion)  # fail before loading
         self._device = model_device(device)
         self._precision = precision_arg(precision, self._device)
         self.batch_size = batch_size_arg(batch_size)
@@ -130,10 +128,10 @@ class LooplineLM(TemplateLM):
         self.seq_len = as_int("seq_len", seq_len, 1)
         self.model = model.to(self._device).eval()
         self._default_loops = default_h_eff
-        self._adaptive: tuple[float, int] | None = None
+        self._exit: ExitSpec | None = None
         self.loops_used = LoopsUsed()  # (task, doc_id) → tokens per loops used
         self._request_keys: list[DocKey] | None = None
-        self.h_eff = default_h_eff if requested_h_eff is None else requested_h_eff
+        self.h_eff = default_h_eff if h_eff is None else h_eff
         from ..data.tokenizer import eos_id
 
         self._eos = eos_id(tok)
@@ -178,38 +176,32 @@ class LooplineLM(TemplateLM):
 
     @property
     def h_eff(self) -> int | str:
-        """Loop count at which every score is read out, or ``adaptive:THRESHOLD:MAX``."""
-        if self._adaptive is not None:
-            named = ("" if self.adaptive_criterion == self._default_criterion
-                     else f"{self.adaptive_criterion}:")
-            return f"adaptive:{named}{self._adaptive[0]:g}:{self._adaptive[1]}"
+        """Loop count at which every score is read out, or ``adaptive:[CRITERION:]T:MAX``
+        (the criterion named unless it is the ``adaptive_criterion`` model arg)."""
+        if self._exit is not None:
+            return self._exit.text(self._default_criterion)
         return self._h_eff
 
     @h_eff.setter
     def h_eff(self, value: Any) -> None:
         if value is None:
             raise ConfigError("loopline model_args need h_eff=N (test-time loops, N >= 1)")
-        if is_adaptive(value):
-            criterion, threshold, max_loops = parse_adaptive_h_eff(value, self._default_criterion)
-            from ..evaluate.exit_criteria import check_model_criterion
-
-            check_model_criterion(self.model, criterion, "loopline model_args h_eff")
-            self.adaptive_criterion = criterion
-            max_loops = max_loops or self._default_loops
-            if max_loops is None:
-                raise ConfigError(f"loopline model_args h_eff={value!r}: this model has no "
-                                  "training loop count to default MAX to; pass "
-                                  "h_eff=adaptive:THRESHOLD:MAX")
-            self._adaptive, self._h_eff = (threshold, int(max_loops)), int(max_loops)
-        else:
-            self._adaptive, self._h_eff = None, as_int("h_eff", value, 1)
+        parsed = h_eff_arg(value, self._default_criterion)
+        if not isinstance(parsed, ExitSpec):
+            self._exit, self._h_eff = None, parsed
+            return
+        check_model_criterion(self.model, parsed.criterion, "loopline model_args h_eff")
+        if not parsed.max_loops and self._default_loops is None:
+            raise ConfigError(f"loopline model_args h_eff={value!r}: this model has no "
+                              "training loop count to default MAX to; pass "
+                              "h_eff=adaptive:THRESHOLD:MAX")
+        self._exit = parsed.with_max_loops(self._default_loops or 0)
+        self._h_eff = self._exit.max_loops
 
     @property
-    def adaptive(self) -> tuple[float, int, str] | None:
-        """(threshold, max loops, criterion) when reading out at adaptive exits, else None."""
-        if self._adaptive is None:
-            return None
-        return (*self._adaptive, self.adaptive_criterion)
+    def adaptive(self) -> ExitSpec | None:
+        """The adaptive exit every score is read out at (its MAX filled), else None."""
+        return self._exit
 
     @property
     def mean_loops(self) -> dict[str, float]:
@@ -237,8 +229,8 @@ class LooplineLM(TemplateLM):
         info = {"snapshot": str(self.snapshot) if self.snapshot else None, "step": self.step,
                 "h_eff": self.h_eff, "seq_len": self.seq_len, "device": str(self._device),
                 "precision": self._precision.name}
-        if self.adaptive is not None:
-            info["adaptive_criterion"] = self.adaptive_criterion
+        if self._exit is not None:
+            info["adaptive_criterion"] = self._exit.criterion
             info["mean_loops"] = self.mean_loops
         return info
 
@@ -257,11 +249,8 @@ class LooplineLM(TemplateLM):
         after [B, L] (its adaptive exit, or h_eff) and the lengths [B]; all on the device."""
         ids, lengths = padded_rows(rows, self._eos, self._device)
         with self._precision.autocast():
-            if self._adaptive is not None:
-                from ..evaluate.adaptive import adaptive_logits
-
-                logits, loops = adaptive_logits(self.model, ids, *self._adaptive,
-                                                criterion=self.adaptive_criterion)
+            if self._exit is not None:
+                logits, loops = adaptive_logits(self.model, ids, self._exit)
             else:
                 logits = self.model.logits_at(ids, self._h_eff)  # [B, L, V]
                 loops = torch.full(ids.shape, self._h_eff, dtype=torch.long, device=ids.device)
@@ -380,7 +369,7 @@ class LooplineLM(TemplateLM):
                                reserve=max(budgets, default=0))
 
         def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
-            if self._adaptive is None:
+            if self._exit is None:
                 for i in active:
                     self.loops_used.add(*keys[i], (self._h_eff,))
                 return cached(active, rows)

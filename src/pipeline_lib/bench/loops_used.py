@@ -4,7 +4,7 @@
 it scores or generates: for every (task, lm-eval ``doc_id``) how many tokens were read out
 after 1, 2, … loops (a token's loops used is its exit loop; at a fixed h_eff, h_eff). The
 counts come straight from the loops tensor of the scoring or decoding pass, so any exit
-criterion of :mod:`pipeline_lib.evaluate.adaptive` is counted the same way.
+criterion of :mod:`pipeline_lib.evaluate.exit` is counted the same way.
 
 :func:`loops_summary` turns one task's counts into the ``loops`` entry of the bench JSON::
 

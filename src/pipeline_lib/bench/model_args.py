@@ -13,7 +13,11 @@ from typing import Any
 
 import torch
 
+from ..data.tokenizer import load_tokenizer
+from ..device import DEVICE_CHOICES, resolve_device
 from ..errors import ConfigError, DeviceError
+from ..evaluate.exit.spec import CRITERIA, ExitSpec
+from ..precision import Precision
 from ..spec.rules import check_test_loops
 
 log = logging.getLogger(__name__)
@@ -50,36 +54,29 @@ def as_bool(name: str, value: Any) -> bool:
     raise ConfigError(f"loopline model_args {name}={value!r} is not a boolean; use true or false")
 
 
-def is_adaptive(value: Any) -> bool:
-    """Whether an ``h_eff`` value asks for adaptive exits (``adaptive:…``)."""
-    return isinstance(value, str) and value.strip().lower().startswith("adaptive")
-
-
-def parse_adaptive_h_eff(value: str, criterion: str = "kl") -> tuple[str, float, int | None]:
-    """(criterion, threshold, max loops or None) of ``h_eff=adaptive:[CRITERION:]T[:MAX]``
-    (``criterion`` when the value names none)."""
-    from ..evaluate.exit_criteria import parse_adaptive_spec
-
-    try:
-        return parse_adaptive_spec(value.strip(), "h_eff", criterion)
-    except ConfigError as exc:
-        raise ConfigError(f"loopline model_args {exc}") from None
-
-
-def check_h_eff(value: Any) -> Any:
-    """``value`` when it is a loop count ≥ 1 or a well-formed ``adaptive:…``; else the error."""
-    if is_adaptive(value):
-        parse_adaptive_h_eff(value)
-        return value
+def h_eff_arg(value: Any, criterion: str = "kl") -> int | ExitSpec:
+    """``h_eff``: a loop count ≥ 1, or an adaptive exit ``adaptive:[CRITERION:]T[:MAX]``
+    (:meth:`ExitSpec.parse`; ``criterion`` when the value names none)."""
+    if ExitSpec.is_text(value):
+        try:
+            return ExitSpec.parse(value.strip(), "h_eff", criterion)
+        except ConfigError as exc:
+            raise ConfigError(f"loopline model_args {exc}") from None
     loops = as_int("h_eff", value, 1)
     check_test_loops(loops, "loopline model_args h_eff")
     return loops
 
 
+def criterion_arg(value: Any) -> str:
+    """``adaptive_criterion``: the criterion of an ``h_eff=adaptive:…`` that names none."""
+    if value not in CRITERIA:
+        raise ConfigError(f"loopline model_args adaptive_criterion={value!r} is not one of "
+                          f"{list(CRITERIA)}; pick one")
+    return value
+
+
 def model_device(device: Any) -> torch.device:
     """``auto``/``cpu``/``cuda``/``npu`` as ``experiment.device`` means; also ``cuda:N``."""
-    from ..device import DEVICE_CHOICES, resolve_device
-
     name = "auto" if device in (None, "") else str(device)
     if name in DEVICE_CHOICES:
         return resolve_device(name)
@@ -96,8 +93,6 @@ def model_device(device: Any) -> torch.device:
 
 def precision_arg(value: Any, device: torch.device) -> Any:
     """``precision=auto|bf16|fp32`` (as ``experiment.precision``) resolved on ``device``."""
-    from ..precision import Precision
-
     name = "auto" if value in (None, "") else str(value)
     return Precision.resolve(name, device, key="loopline model_args precision")
 
@@ -118,7 +113,5 @@ def tokenizer_arg(tokenizer: Any) -> Any:
         raise ConfigError("loopline: a model object needs tokenizer= (a tokenizers.Tokenizer "
                           "or the path of a tokenizer.json)")
     if isinstance(tokenizer, (str, Path)):
-        from ..data.tokenizer import load_tokenizer
-
         return load_tokenizer(tokenizer)
     return tokenizer

@@ -2,7 +2,7 @@
 
 One model is loaded and every task is scored through ``lm_eval.simple_evaluate`` once per
 H_eff (the wrapper's ``h_eff`` is switched between calls), then once per adaptive-exit
-threshold (``bench.adaptive_thresholds``: ``h_eff=adaptive:THRESHOLD:MAX``), whose scores
+threshold of every criterion (``bench.adaptive``: ``h_eff=adaptive:[CRITERION:]T:MAX``), whose scores
 go to each task's ``adaptive`` section with the loops used (:mod:`.loops_used`). Built-in
 ``loopline_*`` tasks are written first (YAML + JSONL) and scored per difficulty level from
 lm-eval's per-sample logs; the user's tasks (``bench.include_path``, mirrored with absolute
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..evaluate.exit.spec import ExitSpec
 from ..fsio import output_file_problem, write_text_atomic
 from ..spec.config import BenchConfig
 from ..task_catalog import check_bench_tasks
 from .loops_used import loops_summary
-from .model_args import is_adaptive
 from .scoring import (
     add_paired_comparisons,
     chance_level,
@@ -113,7 +113,8 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
     for setting in [*h_effs, *adaptive]:
         lm.h_eff = setting
         lm.reset_loop_stats()
-        section, key = ("adaptive" if is_adaptive(setting) else "h_eff"), str(lm.h_eff)
+        section = "adaptive" if ExitSpec.is_text(setting) else "h_eff"
+        key = str(lm.h_eff)
         started = time.perf_counter()
         results = lm_eval.simple_evaluate(
             model=lm, tasks=list(tasks), task_manager=manager, limit=limit or None,
@@ -123,7 +124,7 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
             info = out[name]
             scores = _scores_of(info, results, name, level_field)
             if section == "adaptive":
-                scores["loops"] = loops_summary(lm.loops_used.documents(name), lm.adaptive[1],
+                scores["loops"] = loops_summary(lm.loops_used.documents(name), lm.adaptive.max_loops,
                                                 info.get("sample_levels"))
             info.setdefault(section, {})[key] = scores
         log.info("bench h_eff=%s: %s (%.1f s)", key, {
@@ -147,10 +148,13 @@ def _check_outputs(tasks_dir: Path, out_json: Path | None) -> None:
 
 
 def adaptive_settings(bench: BenchConfig, h_effs: Sequence[int]) -> list[str]:
-    """``adaptive:THRESHOLD:MAX`` of every distinct ``bench.adaptive_thresholds`` value, in
-    increasing order; MAX is ``bench.adaptive_max_loops``, or the largest H_eff when 0."""
-    max_loops = bench.adaptive_max_loops or max(h_effs)
-    return [f"adaptive:{t:g}:{max_loops}" for t in sorted(set(bench.adaptive_thresholds))]
+    """``adaptive:[CRITERION:]THRESHOLD:MAX`` of every exit of ``bench.adaptive``
+    (:meth:`ExitSpec.from_config`): criteria in order, each one's distinct thresholds in
+    increasing order; the first criterion is the model's default and goes unnamed. MAX is
+    ``bench.adaptive.max_loops``, or the largest H_eff when 0."""
+    specs = ExitSpec.from_config(bench.adaptive)
+    return [point.text(specs[0].criterion) for spec in specs
+            for point in spec.with_max_loops(max(h_effs)).points()]
 
 
 def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_json: Path | None,
@@ -173,9 +177,10 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
             if bench.include_path else None)
     manager = task_manager_for(tasks, Path(tasks_dir), user.names if user else ())
     adaptive = adaptive_settings(bench, h_effs)
+    first = bench.adaptive.criteria[0]  # the criterion the settings leave unnamed
     lm = LooplineLM(snapshot=str(snapshot_dir), h_eff=h_effs[0], batch_size=bench.batch_size,
                     max_gen_toks=bench.max_gen_toks, device=device, precision=precision,
-                    adaptive_criterion=bench.adaptive_criterion)
+                    adaptive_criterion=first)
     started = time.perf_counter()
     scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field, adaptive)
     import lm_eval
@@ -190,9 +195,10 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
                   "min_difficulty": bench.min_difficulty, "max_difficulty": bench.max_difficulty,
                   "limit": bench.limit, "max_gen_toks": bench.max_gen_toks,
                   "include_path": bench.include_path, "level_field": bench.level_field,
-                  "adaptive_thresholds": list(bench.adaptive_thresholds),
-                  "adaptive_criterion": bench.adaptive_criterion,
-                  "adaptive_max_loops": bench.adaptive_max_loops},
+                  # the keys' names before bench.adaptive (the JSON keeps its format)
+                  "adaptive_thresholds": list(bench.adaptive.thresholds),
+                  "adaptive_criterion": first,
+                  "adaptive_max_loops": bench.adaptive.max_loops},
         "lm_eval_version": getattr(lm_eval, "__version__", None),
         "seconds": round(time.perf_counter() - started, 3),
         "tasks": scores,

@@ -18,7 +18,7 @@ One benchmark JSON per snapshot (written by :func:`pipeline_lib.bench.runner.run
                                                                   "per_sample": ...,
                                                                   "loops": {...}}}}}}
 
-``adaptive`` (only with ``bench.adaptive_thresholds``) holds the same scores under each
+``adaptive`` (only with ``bench.adaptive.thresholds``) holds the same scores under each
 adaptive exit, with ``loops``: the mean loops used and their histogram for the whole task and
 per level (:func:`.loops_used.loops_summary`).
 

@@ -22,13 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from ..data.reasoning import generate_problems
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
+from ..output_paths import check_output_dir
 from ..spec.config import BenchConfig
+from ..spec.names import BUILTIN_TASK_NAMES, BUILTIN_TASK_PREFIX, REASONING_TASKS
+from .user_tasks import USER_TASKS_DIR
 
 log = logging.getLogger(__name__)
 
-TASK_PREFIX = "loopline_"
 TASK_TAG = "loopline"
 TASK_FORMAT_VERSION = 1
 
@@ -43,13 +48,12 @@ class BuiltinTask:
     metric: str  # the metric scored per sample (acc | exact_match)
 
 
+# How each reasoning generator is scored: (lm-eval output type, per-sample metric)
+_SCORING = {"khop": ("multiple_choice", "acc"), "addition": ("generate_until", "exact_match"),
+            "parity": ("multiple_choice", "acc")}
 BUILTIN_TASKS: dict[str, BuiltinTask] = {
-    t.name: t
-    for t in (
-        BuiltinTask("loopline_khop", "khop", "multiple_choice", "acc"),
-        BuiltinTask("loopline_addition", "addition", "generate_until", "exact_match"),
-        BuiltinTask("loopline_parity", "parity", "multiple_choice", "acc"),
-    )
+    name: BuiltinTask(name, generator, *_SCORING[generator])
+    for name, generator in zip(BUILTIN_TASK_NAMES, REASONING_TASKS, strict=True)
 }
 
 # Generation stops at the first of these (and always at EOS, which ends every training document).
@@ -70,7 +74,7 @@ def _check_bench(bench: BenchConfig) -> None:
     if bench.min_difficulty > bench.max_difficulty:
         raise ConfigError(f"bench.min_difficulty = {bench.min_difficulty} exceeds bench."
                           f"max_difficulty = {bench.max_difficulty}; swap them")
-    unknown = [t for t in bench.tasks if t.startswith(TASK_PREFIX) and t not in BUILTIN_TASKS]
+    unknown = [t for t in bench.tasks if t.startswith(BUILTIN_TASK_PREFIX) and t not in BUILTIN_TASKS]
     if unknown:
         raise ConfigError(f"bench.tasks names unknown built-in task(s) {unknown}; built-ins are "
                           f"{sorted(BUILTIN_TASKS)}")
@@ -82,8 +86,6 @@ def task_examples(task: BuiltinTask, bench: BenchConfig) -> list[dict[str, Any]]
     Multiple-choice rows hold ``choices`` (answer and distractors, shuffled by a seeded
     stream) and the index ``label`` of the answer.
     """
-    from ..data.reasoning import generate_problems
-
     levels = range(bench.min_difficulty, bench.max_difficulty + 1)
     per_level = {
         level: generate_problems(task.generator, level, bench.examples_per_level, bench.seed)
@@ -149,16 +151,12 @@ def task_config(task: BuiltinTask, data_file: Path, bench: BenchConfig) -> dict[
 def is_tasks_dir(path: Path) -> bool:
     """Whether every entry of ``path`` is a built-in task file or the user-task folder a
     bench job writes there (so the job may write into it again)."""
-    from .user_tasks import USER_TASKS_DIR
-
     ours = {f"{name}.{ext}" for name in BUILTIN_TASKS for ext in ("yaml", "jsonl")}
     return all(p.name in ours or p.name == USER_TASKS_DIR for p in Path(path).iterdir())
 
 
 def check_tasks_dir(path: Path) -> None:
     """Before a bench job: ``path`` is new, empty or a bench job's task folder (one line)."""
-    from ..output_paths import check_output_dir
-
     check_output_dir(path, "bench task directory", owned=is_tasks_dir,
                      kind="a bench task folder (files other than the built-in tasks' are in "
                           "it)")
@@ -170,8 +168,6 @@ def write_builtin_tasks(bench: BenchConfig, out_dir: Path) -> list[str]:
     Returns the built-in task names written (in ``bench.tasks`` order); other names in
     ``bench.tasks`` are installed lm-eval tasks and need no files.
     """
-    import yaml
-
     _check_bench(bench)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

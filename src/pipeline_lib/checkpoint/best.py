@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from ..spec.layout import BEST_DIR
 from .fsutil import clean_stale_siblings, tmp_sibling
 from .manifest import staged_snapshot, verify_snapshot, write_bytes_file
 
 log = logging.getLogger(__name__)
 
-BEST_DIR = "best"
 BEST_INFO = "BEST.json"
 
 

@@ -25,14 +25,19 @@ fresh), and the trainer records that it did so.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..data.tokenizer_identity import check_model_fits_pack
 from ..errors import CheckpointError, ConfigError
 from ..spec.config import Config, config_from_dict, load_config, to_dict
-from .contents import CONFIG_FILE
+from ..spec.config_files import omegaconf
+from ..spec.names import TOKENIZER_FILE
+from .contents import CONFIG_FILE, TRAINER_STATE
+from .manifest import MANIFEST_NAME, describe_non_snapshot, verify_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +100,7 @@ def check_resume_compatible(snapshot_config: Config, current: Config, *,
 
 def config_from_yaml(text: str, source: str) -> Config:
     """The :class:`Config` stored in a snapshot's ``config.yaml``."""
-    from omegaconf import OmegaConf
-
+    OmegaConf = omegaconf().OmegaConf
     try:
         data = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
     except Exception as exc:  # yaml and omegaconf errors have no common base
@@ -120,8 +124,6 @@ def snapshot_config(path: Path, overrides: Sequence[str] = (), *,
         raise CheckpointError(f"snapshot {path} does not exist or is not a directory; pass the "
                               "path of a snapshot directory (…/snapshots/step_NNNNNNN)")
     if not config_file.is_file():
-        from .manifest import MANIFEST_NAME, describe_non_snapshot
-
         if not (Path(path) / MANIFEST_NAME).is_file():  # a data pack, a run directory, …
             raise CheckpointError(describe_non_snapshot(Path(path), "--snapshot"))
         raise CheckpointError(f"snapshot {path} has no {CONFIG_FILE}; it is incomplete: {fix}")
@@ -134,9 +136,6 @@ def check_snapshot_fits_pack(snapshot: Path, data: Any, *, use: str, fix: str | 
     (:func:`~pipeline_lib.data.tokenizer_identity.check_model_fits_pack`), the snapshot's
     ``tokenizer.json`` verified first: a damaged file is named as such, not as another
     tokenizer. ``cfg``: the snapshot's config when the caller has it."""
-    from ..data.tokenizer_identity import TOKENIZER_FILE, check_model_fits_pack
-    from .manifest import verify_snapshot
-
     verify_snapshot(snapshot, hash_files=[TOKENIZER_FILE])
     check_model_fits_pack(snapshot, cfg or snapshot_config(snapshot), data, use=use, fix=fix)
 
@@ -151,9 +150,7 @@ def load_weights_only(snapshot_dir: str | Path, model: Any, *, which: str = "mod
     ``strict``, missing, unexpected or differently shaped keys raise CheckpointError listing
     them. Returns ``{"warm_start_from": path, "step": …}`` for the trainer state and logs.
     """
-    import json
-
-    from .snapshot import TRAINER_STATE, load_model_state
+    from .snapshot import load_model_state  # lazy: torch, which this module does not need
 
     snapshot_dir = Path(snapshot_dir)
     state = load_model_state(snapshot_dir, which=which)
@@ -171,7 +168,10 @@ def load_weights_only(snapshot_dir: str | Path, model: Any, *, which: str = "mod
                               f"({shown}); match the model config to the snapshot's")
     if any(type(t).__name__ == "DTensor" for t in own.values()):
         # an FSDP-sharded model: every rank cuts its own shards out of the full tensors
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (  # lazy: torch, as above
+            StateDictOptions,
+            set_model_state_dict,
+        )
 
         set_model_state_dict(model, state,
                              options=StateDictOptions(full_state_dict=True, strict=strict))

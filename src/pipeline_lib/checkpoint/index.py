@@ -9,14 +9,13 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from ..fsio import write_text_atomic
+from ..spec.layout import FINAL_LINK
+from .contents import TRAINER_STATE
 from .manifest import read_manifest
-
-INDEX_NAME = "index.json"
-FINAL_LINK = "final"
 
 
 def _trainer_step(snapshot: Path) -> int:
-    state = json.loads((snapshot / "trainer_state.json").read_text())
+    state = json.loads((snapshot / TRAINER_STATE).read_text())
     return int(state["step"])
 
 

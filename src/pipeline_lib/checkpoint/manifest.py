@@ -23,8 +23,9 @@ from typing import Any, BinaryIO
 
 from ..errors import CheckpointError
 from ..fsio import file_sha256
+from ..spec.names import CONFIG_JSON, MANIFEST_NAME, PACK_METADATA, PACK_TOKENS
+from .fsutil import publish_dir
 
-MANIFEST_NAME = "MANIFEST.json"
 SNAPSHOT_FORMAT = "loopline-snapshot"
 SNAPSHOT_VERSION = 1
 # Files every snapshot holds (checkpoint.contents names them; repeated here, torch-free).
@@ -114,7 +115,7 @@ def describe_non_snapshot(path: Path, option: str = "--resume-from") -> str:
     it (``--resume-from`` also takes ``none``)."""
     names = {p.name for p in path.iterdir()}
     steps = sorted(n for n in names if n.startswith("step_") and (path / n).is_dir())
-    if {"metadata.json", "tokens.bin"} <= names:
+    if {PACK_METADATA, PACK_TOKENS} <= names:
         none = " or none" if option == "--resume-from" else ""
         return (f"{path} is a packed data directory, not a snapshot; pass it as --data, and "
                 f"as {option} a snapshot directory (…/snapshots/step_NNNNNNN){none}")
@@ -124,7 +125,7 @@ def describe_non_snapshot(path: Path, option: str = "--resume-from") -> str:
     if steps:
         return (f"{path} holds snapshots but is not one; pass one of them, e.g. "
                 f"{path / steps[-1]}")
-    if "config.json" in names and "config.yaml" not in names:
+    if CONFIG_JSON in names and "config.yaml" not in names:
         return _describe_model_directory(path, option)
     if names & _SNAPSHOT_FILES:
         return (f"snapshot {path} is incomplete: {MANIFEST_NAME} is missing (its write was "
@@ -138,7 +139,7 @@ def _describe_model_directory(path: Path, option: str) -> str:
     """A directory with a Hugging Face ``config.json``: loopline's export of a snapshot, or
     another model (which import-hf turns into a snapshot)."""
     try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+        model_type = json.loads((path / CONFIG_JSON).read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         model_type = None
     if model_type == "loopline":
@@ -270,8 +271,6 @@ def staged_snapshot(tmp: Path, target: Path, what: str) -> Iterator[dict[str, di
     ``target``; on any failure ``tmp`` is removed, so nothing half-written is ever seen as a
     snapshot. An OSError becomes a CheckpointError saying what could not be done.
     """
-    from .fsutil import publish_dir
-
     records: dict[str, dict[str, Any]] = {}
     try:
         yield records

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..device import flagged_ranks
 from ..errors import CheckpointError
@@ -67,6 +68,14 @@ KEY_SEP = "/"  # optimizer tensor keys: "{parameter fqn}/{state name}" (fqns hol
 # --------------------------------------------------------------------------- DCP I/O
 
 
+def _dcp() -> Any:
+    """``torch.distributed.checkpoint``, imported on first use: it costs ~2 s, which the
+    unsharded snapshots (every 1-process run) never need."""
+    import torch.distributed.checkpoint as dcp  # lazy: see the docstring
+
+    return dcp
+
+
 def _check_tensors(tensors: Mapping[str, Any], where: str) -> None:
     for key, value in tensors.items():
         if not isinstance(value, torch.Tensor):
@@ -79,24 +88,19 @@ def save_dcp(tensors: Mapping[str, torch.Tensor], directory: Path) -> None:
 
     Collective when a process group is up: every rank calls it with its own shards.
     """
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
-
+    dcp = _dcp()
     _check_tensors(tensors, str(directory))
-    writer = HuggingFaceStorageWriter(str(directory), save_distributed=True)
+    writer = dcp.HuggingFaceStorageWriter(str(directory), save_distributed=True)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*single process.*")
         dcp.save(dict(tensors), storage_writer=writer, no_dist=not dist.is_initialized())
 
 
 def _reader(directory: Path) -> Any:
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
-
     if not directory.is_dir():
         raise CheckpointError(f"DCP directory {directory} is missing; the snapshot is "
                               "incomplete, resume from another one")
-    return HuggingFaceStorageReader(str(directory))
+    return _dcp().HuggingFaceStorageReader(str(directory))
 
 
 def dcp_layout(directory: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -112,9 +116,6 @@ def load_dcp(tensors: dict[str, torch.Tensor], directory: Path) -> None:
     Collective when a process group is up (each rank passes its own shards as templates).
     CheckpointError names the keys the directory lacks or whose shape differs.
     """
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
     _check_tensors(tensors, str(directory))
     layout = dcp_layout(directory)
     missing = sorted(set(tensors) - set(layout))
@@ -125,19 +126,17 @@ def load_dcp(tensors: dict[str, torch.Tensor], directory: Path) -> None:
                               f"{wrong[:6]}); resume with the snapshot's model config")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*single process.*")
-        dcp.load(tensors, storage_reader=_reader(directory), no_dist=not dist.is_initialized())
+        _dcp().load(tensors, storage_reader=_reader(directory), no_dist=not dist.is_initialized())
 
 
 def read_dcp(directory: Path, *, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Every tensor of a DCP directory, consolidated to its full shape, without any
     process group (evaluation, export, a 1-process resume)."""
-    import torch.distributed.checkpoint as dcp
-
     full = {key: torch.empty(shape, dtype=dtype)
             for key, (shape, dtype) in sorted(dcp_layout(directory).items())}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*single process.*")
-        dcp.load(full, storage_reader=_reader(directory), no_dist=True)
+        _dcp().load(full, storage_reader=_reader(directory), no_dist=True)
     return {k: v.to(device) for k, v in full.items()}
 
 
@@ -211,8 +210,6 @@ def write_sharded_snapshot(
     ``{fqn}/{name}``, ``extra_sharded``) and RNG state; the JSON parts are taken from
     rank 0. All ranks return once the snapshot is published, or all raise CheckpointError.
     """
-    from torch.distributed.checkpoint.api import CheckpointException
-
     out_dir = Path(out_dir)
     extra_sharded = dict(extra_sharded or {})
     extra_files = dict(extra_files or {})
@@ -228,7 +225,7 @@ def write_sharded_snapshot(
         rng_st, rng_js = rng_names(rank)
         write_safetensors(tmp / rng_st, rng_tensors, role="rng_tensors")
         write_bytes_file(tmp / rng_js, dumps_json(rng_doc), "rng_json")
-    except (OSError, CheckpointError, CheckpointException) as exc:
+    except (OSError, CheckpointError, _dcp().CheckpointException) as exc:
         problem = f"cannot write snapshot {out_dir} on rank {rank}: {exc}; check free space"
     _agree(problem, device)  # also the barrier: every rank's files are in place
     if rank == 0:
@@ -304,8 +301,6 @@ def _agree(problem: str, device: torch.device) -> None:
 
 def _broadcast_text(text: str, device: torch.device, src: int = 0) -> str:
     """Rank ``src``'s string on every rank (UTF-8 bytes in a tensor: no pickle)."""
-    import torch.distributed as dist
-
     blob = text.encode() if dist.get_rank() == src else b""
     size = torch.tensor([len(blob)], dtype=torch.int64, device=device)
     dist.broadcast(size, src)

@@ -121,10 +121,10 @@ def run(args: argparse.Namespace) -> int:
                            tokenizer_option="--tokenizer {}")
     depth = parse_depth(args.h_eff, args.adaptive, loaded.config.model.loops,
                         args.adaptive_criterion)
-    if depth.threshold is not None:  # the gate criterion needs a gated snapshot
-        from ..evaluate.exit_criteria import check_model_criterion
+    if depth.exit is not None:  # the gate criterion needs a gated snapshot
+        from ..evaluate.exit.criteria import check_model_criterion
 
-        check_model_criterion(loaded.model, depth.criterion, "generate --adaptive-criterion")
+        check_model_criterion(loaded.model, depth.exit.criterion, "generate --adaptive-criterion")
     model = loaded.model.to(resolve_device(args.device))
 
     def show(_: int, piece: str) -> None:

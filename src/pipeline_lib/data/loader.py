@@ -35,13 +35,12 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
-from .identity import ANSWER_SPAN_VERSION, FORMAT_VERSION
+from ..spec.data_id import ANSWER_SPAN_VERSION, FORMAT_VERSION, LAYOUT
+from ..spec.names import IGNORE_INDEX, MANIFEST_NAME, PACK_METADATA, PACK_TOKENS
 from .verify import check_metadata, verify_pack
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
-LAYOUT = "document_causal_lm"
 Batch = dict[str, torch.Tensor]
 
 
@@ -145,10 +144,10 @@ def assemble_rows(tokens: np.ndarray, split: PackedSplit, rows: np.ndarray, row_
 def _not_a_pack(path: Path) -> str:
     """Why ``path`` (given as a data pack) is none, and what to pass instead."""
     if path.is_file():
-        pack = (path.parent if (path.parent / "metadata.json").is_file()
+        pack = (path.parent if (path.parent / PACK_METADATA).is_file()
                 else "a pack's directory (results/data/<data_id>)")
         return f"{path} is a file, not a packed data directory; pass {pack}"
-    if (path / "MANIFEST.json").is_file() or (path / "model.safetensors").is_file():
+    if (path / MANIFEST_NAME).is_file() or (path / "model.safetensors").is_file():
         return (f"{path} is a snapshot, not a packed data directory; pass it as --snapshot "
                 "and the run's pack (results/data/<data_id>) as --data")
     return (f"{path} is not a packed data directory (no metadata.json); run `python -m "
@@ -177,7 +176,7 @@ class PackedData:
 
     def __init__(self, data_dir: str | Path):
         self.data_dir = Path(data_dir)
-        meta_path = self.data_dir / "metadata.json"
+        meta_path = self.data_dir / PACK_METADATA
         if not meta_path.is_file():
             raise DataError(_not_a_pack(self.data_dir))
         try:
@@ -201,7 +200,7 @@ class PackedData:
         self.vocab_size: int = m["vocab_size"]
         self.eos_id: int = m["eos_id"]
         self.pad_id: int = m["pad_id"]
-        tokens_path = self._path("tokens.bin")
+        tokens_path = self._path(PACK_TOKENS)
         dtype = np.dtype(m["token_dtype"])
         expected = m["total_tokens"] * dtype.itemsize
         if tokens_path.stat().st_size != expected:

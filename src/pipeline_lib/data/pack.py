@@ -41,14 +41,16 @@ from ..errors import ConfigError, DataError
 from ..fsio import file_sha256, is_write_failure
 from ..output_paths import check_output_dir
 from ..spec.config import DataConfig
-from .identity import (
+from ..spec.data_id import (
     ANSWER_SPAN_VERSION,
     FORMAT_VERSION,
+    LAYOUT,
     data_id,
     fingerprint_hash,
     glob_source,
     source_fingerprint,
 )
+from ..spec.names import PACK_METADATA, PACK_TOKENS
 from .packing import PackedRows, fill_ratio, pack_documents, pack_documents_by_level
 from .sources import MAX_NAMED_FILES, SourceStats, check_source
 from .token_stream import TokenizedCorpus, all_documents, tokenize_corpus
@@ -59,7 +61,6 @@ from .verify import SELF_HASH_KEY, metadata_digest
 
 log = logging.getLogger(__name__)
 
-LAYOUT = "document_causal_lm"
 _DTYPE_MAX_IDS = {"uint16": 1 << 16, "uint32": 1 << 32}
 # Stream ids of the seeded generators (default_rng([seed, stream, …])).
 _SPLIT, _WEIGHTS, _EPOCH, _VAL = 1, 2, 3, 4
@@ -182,9 +183,9 @@ def _write_documents(data: DataConfig, tmp: Path, tokenizer: Any, eos: int, bos:
     the tokenized corpus, each source's statistics and each document's first token."""
     enc = TokenEncoder(tokenizer, byte_level=data.tokenizer.type == "byte")
     stats = [SourceStats() for _ in data.sources]
-    tok = tokenize_corpus(data, enc, eos, bos, dtype, tmp / "tokens.bin", stats)
+    tok = tokenize_corpus(data, enc, eos, bos, dtype, tmp / PACK_TOKENS, stats)
     doc_start = np.cumsum(tok.doc_len) - tok.doc_len
-    hashes["tokens.bin"] = tok.tokens_sha256
+    hashes[PACK_TOKENS] = tok.tokens_sha256
     _save(tmp, "docs.npy", np.stack([doc_start, tok.doc_len], axis=1), hashes)
     _save(tmp, "answer_spans.npy", tok.answer_spans, hashes)
     _save(tmp, "levels.npy", tok.doc_level, hashes)
@@ -283,14 +284,14 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
     }
     # over the JSON round trip (what a reader sees), so a flipped byte in it is noticed too
     meta[SELF_HASH_KEY] = metadata_digest(json.loads(json.dumps(meta)))
-    (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    (tmp / PACK_METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
 
 
 def is_pack_dir(path: Path) -> bool:
     """Whether ``path`` holds a data pack this module wrote (its metadata.json's layout)."""
     try:
-        meta = json.loads((Path(path) / "metadata.json").read_text())
+        meta = json.loads((Path(path) / PACK_METADATA).read_text())
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("layout") == LAYOUT

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 from ..errors import DataError
 from ..spec.config import SourceConfig
+from ..spec.names import REASONING_TASKS
 
-TASKS = ("khop", "addition", "parity")
 NUM_DISTRACTORS = 3
 
 
@@ -113,7 +113,7 @@ _GENERATORS = {"khop": _khop, "addition": _addition, "parity": _parity}
 def generate_problem(task: str, difficulty: int, rng: random.Random) -> Problem:
     """One problem of ``task`` needing ``difficulty`` sequential steps, drawn from ``rng``."""
     if task not in _GENERATORS:
-        raise DataError(f"unknown reasoning task {task!r}; use one of {list(TASKS)}")
+        raise DataError(f"unknown reasoning task {task!r}; use one of {list(REASONING_TASKS)}")
     if difficulty < 1:
         raise DataError(f"reasoning difficulty {difficulty} for task {task!r} must be >= 1")
     p = _GENERATORS[task](difficulty, rng)

@@ -8,7 +8,7 @@ Invalid UTF-8 is decoded with replacement characters and counted, never fatal; d
 without text (empty or whitespace only) are skipped and counted. Both are warned about once
 per source, naming the files (:func:`warn_source_problems`). A glob reads every file once:
 symlink loops are not followed and a file reached by several paths is read under one
-(:func:`~pipeline_lib.data.identity.glob_source`, warned about by :func:`check_source`).
+(:func:`~pipeline_lib.spec.data_id.glob_source`, warned about by :func:`check_source`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..spec.config import SourceConfig
-from .identity import FILE_SOURCE_TYPES, SourceGlob, glob_source, stdlib_dir
+from ..spec.data_id import FILE_SOURCE_TYPES, SourceGlob, glob_source, stdlib_dir
 from .reasoning import iter_reasoning_problems
 
 log = logging.getLogger(__name__)

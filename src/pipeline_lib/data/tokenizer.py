@@ -24,14 +24,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from ..errors import DataError
 from ..spec.config import TokenizerConfig
+from ..spec.names import EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TOKENIZER_FILE
 
 log = logging.getLogger(__name__)
-
-EOS_TOKEN = "<|endoftext|>"
-PAD_TOKEN = "<|pad|>"
-SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN]
-BYTE_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
-TOKENIZER_FILE = "tokenizer.json"  # in a data pack, and a copy in every snapshot
 
 
 @lru_cache(maxsize=1)
@@ -60,7 +55,7 @@ def byte_level_tokenizer() -> Tokenizer:
     vocab = {ch: b for b, ch in bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
     return _finish(tok)
 
 
@@ -71,7 +66,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Toke
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

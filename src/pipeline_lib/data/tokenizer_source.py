@@ -29,18 +29,16 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from ..errors import DataError
-from .tokenizer import EOS_NAMES, bos_id, eos_id, pad_id, set_document_start
-from .tokenizer_files import (
+from ..spec.names import TOKENIZER_FILE
+from ..spec.tokenizer_id import (
     HF_SIDE_FILES,
     KIND_GGUF,
     KIND_HF_DIR,
-    TOKENIZER_JSON,
-    check_tokenizer_source,
-    gguf_tokenizer_metadata,
-    read_json,
     source_kind,
     tokenizer_source_fingerprint,
 )
+from .tokenizer import EOS_NAMES, bos_id, eos_id, pad_id, set_document_start
+from .tokenizer_files import check_tokenizer_source, gguf_tokenizer_metadata, read_json
 
 log = logging.getLogger(__name__)
 ADD_BOS_CHOICES = ("auto", "true", "false")
@@ -59,7 +57,7 @@ class TokenizerInfo:
     source_bos_id: int | None  # the BOS the source declares (used or not)
     source_eos_id: int | None  # the EOS the source declares (may be an end-of-turn token)
     source_add_bos: bool  # whether the source asks for a BOS before each text
-    fingerprint: dict[str, Any]  # .tokenizer_files.tokenizer_source_fingerprint
+    fingerprint: dict[str, Any]  # spec.tokenizer_id.tokenizer_source_fingerprint
 
     @property
     def add_bos(self) -> bool:
@@ -176,7 +174,7 @@ def _load(p: Path, kind: str) -> tuple[Tokenizer, _Declared]:
     if kind == KIND_GGUF:
         tok, declared, n_tokens = _gguf(p)
     else:
-        tok = _from_json(p / TOKENIZER_JSON if kind == KIND_HF_DIR else p)
+        tok = _from_json(p / TOKENIZER_FILE if kind == KIND_HF_DIR else p)
     tok.no_truncation()
     tok.no_padding()
     tok.encode_special_tokens = True  # a literal "<|endoftext|>" in a document is text

@@ -37,6 +37,7 @@ from typing import Any
 
 from ..errors import DataError
 from ..fsio import file_sha256, write_text_atomic
+from ..spec.names import PACK_METADATA
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def check_metadata(data_dir: Path, meta: Mapping[str, Any]) -> None:
     """Raise DataError naming metadata.json when it does not match its own digest (packs
     written before the digest existed carry none and pass)."""
     if SELF_HASH_KEY in meta and meta[SELF_HASH_KEY] != metadata_digest(meta):
-        raise _damaged(Path(data_dir) / "metadata.json",
+        raise _damaged(Path(data_dir) / PACK_METADATA,
                        "does not match its own metadata_sha256", Path(data_dir))
 
 
@@ -87,7 +88,7 @@ def expected_hashes(data_dir: Path, meta: Mapping[str, Any]) -> dict[str, str]:
     check_metadata(data_dir, meta)
     arrays = meta.get("arrays")
     if not isinstance(arrays, dict) or not arrays:
-        raise _damaged(data_dir / "metadata.json", "lists no array checksums", data_dir)
+        raise _damaged(data_dir / PACK_METADATA, "lists no array checksums", data_dir)
     hashes = dict(arrays)
     if meta.get("tokenizer_sha256"):
         hashes["tokenizer.json"] = meta["tokenizer_sha256"]

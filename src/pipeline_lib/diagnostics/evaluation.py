@@ -19,13 +19,13 @@ from ..evaluate.loading import load_for_eval
 from ..model.generate import CachedNextIds, greedy_decode, greedy_generate
 from ..model.looped import LoopedLM
 from ..spec.config import BenchConfig
+from ..spec.names import BUILTIN_TASK_NAMES
 from ..train.evaluation import generate_samples
 from .core import CheckResult, Context, max_diff, relative_diff
 from .timing import alternated
 from .workloads import trained_model
 
 H_EFFS = [1, 2, 4, 8]
-BUILTIN_TASKS = ["loopline_khop", "loopline_addition", "loopline_parity"]
 PROMPT_TOKENS = 32
 
 
@@ -79,7 +79,7 @@ def lm_eval(ctx: Context) -> CheckResult:
         return CheckResult("lm_eval", "skip", detail="lm-eval is not installed (the bench extra)")
 
     per_level, levels, h_effs, gen_tokens = ctx.sizes.bench
-    bench = BenchConfig(tasks=BUILTIN_TASKS, h_eff=list(h_effs), examples_per_level=per_level,
+    bench = BenchConfig(tasks=list(BUILTIN_TASK_NAMES), h_eff=list(h_effs), examples_per_level=per_level,
                         max_difficulty=levels, max_gen_toks=gen_tokens, batch_size=16)
     run = trained_model(ctx)
     report = run_benchmarks(run.snapshot, bench, ctx.work / "bench_tasks",
@@ -89,7 +89,7 @@ def lm_eval(ctx: Context) -> CheckResult:
     figures = {"tasks": len(report["tasks"]), "h_eff": list(h_effs), "examples": examples,
                "max_gen_toks": gen_tokens, "seconds": report["seconds"],
                "examples_per_s": round(examples / max(report["seconds"], 1e-9), 1)}
-    ok = set(report["tasks"]) == set(BUILTIN_TASKS) and examples > 0
+    ok = set(report["tasks"]) == set(BUILTIN_TASK_NAMES) and examples > 0
     return CheckResult("lm_eval", "pass" if ok else "fail", figures,
                        "" if ok else f"scored {sorted(report['tasks'])}, {examples} examples")
 

@@ -25,6 +25,7 @@ import pipeline_lib
 from ..device import synchronize
 from ..model.loss import chunked_cross_entropy
 from ..model.triton_loss import triton_available
+from ..spec.names import IGNORE_INDEX
 from .core import CheckResult, Context, first_line, relative_diff
 from .timing import alternated
 
@@ -37,7 +38,7 @@ def _inputs(n: int, d: int, v: int, device: torch.device, dtype: torch.dtype):
     hidden = torch.randn(n, d, generator=gen).to(device, dtype).requires_grad_(True)
     weight = (torch.randn(v, d, generator=gen) * d**-0.5).to(device, dtype).requires_grad_(True)
     targets = torch.randint(0, v, (n,), generator=gen)
-    targets[::17] = -100
+    targets[::17] = IGNORE_INDEX
     return hidden, weight, targets.to(device)
 
 

@@ -6,7 +6,7 @@ batch in :func:`_decode`, over the KV cache at a fixed H_eff); this module decid
 next token is chosen:
 
 - depth: the logits after ``h_eff`` core loops, or every token read out at its own adaptive
-  exit (:func:`~pipeline_lib.evaluate.adaptive.adaptive_logits`: the first loop whose
+  exit (:func:`~pipeline_lib.evaluate.exit.criteria.adaptive_logits`: the first loop whose
   next-token distribution moved less than the threshold, at most ``max_loops``);
 - choice: the argmax (greedy, the default), or a draw at ``temperature`` from the smallest
   set of tokens holding ``top_p`` of the probability (nucleus sampling), from a generator
@@ -27,29 +27,33 @@ from typing import Any
 
 import torch
 
+from ..data.tokenizer import eos_id
 from ..errors import ConfigError, UsageError
+from ..model.generate import CachedNextIds, greedy_decode
 from ..spec.rules import check_test_loops
-from .exit_criteria import CRITERIA, parse_adaptive_spec
+from .exit.criteria import adaptive_logits
+from .exit.spec import CRITERIA, ExitSpec
 
 
 @dataclass(frozen=True)
 class Depth:
-    """How many loops a token gets: ``loops``, or an adaptive exit at most ``loops`` deep."""
+    """How many loops a token gets: ``loops``, or ``exit``, an adaptive exit (its
+    ``max_loops`` filled) at most ``loops`` deep."""
 
     loops: int
-    threshold: float | None = None  # None: fixed depth
-    criterion: str = "kl"
+    exit: ExitSpec | None = None  # None: fixed depth
 
     def __str__(self) -> str:
-        if self.threshold is None:
+        if self.exit is None:
             return f"h_eff={self.loops}"
-        return f"adaptive:{self.threshold:g}:{self.loops} ({self.criterion})"
+        return f"adaptive:{self.exit.threshold:g}:{self.loops} ({self.exit.criterion})"
 
 
 def parse_depth(h_eff: str | None, adaptive: str | None, train_loops: int,
                 criterion: str = "kl") -> Depth:
-    """``--h-eff N|adaptive:T[:MAX]`` or ``--adaptive T[:MAX]`` (MAX defaults to the
-    training loop count, as does a missing ``--h-eff``)."""
+    """``--h-eff N|adaptive:[CRITERION:]T[:MAX]`` or ``--adaptive [CRITERION:]T[:MAX]``
+    (:meth:`ExitSpec.parse`; MAX defaults to the training loop count, as does a missing
+    ``--h-eff``)."""
     if criterion not in CRITERIA:
         raise ConfigError(f"--adaptive-criterion {criterion!r} is not one of {list(CRITERIA)}")
     if h_eff is not None and adaptive is not None:
@@ -58,25 +62,28 @@ def parse_depth(h_eff: str | None, adaptive: str | None, train_loops: int,
     if adaptive is not None:
         text = str(adaptive).strip()
         try:
-            criterion, threshold, max_loops = parse_adaptive_spec(
-                text if text.lower().startswith("adaptive") else f"adaptive:{text}", "--adaptive",
-                criterion)
+            spec = ExitSpec.parse(text if ExitSpec.is_text(text) else f"adaptive:{text}",
+                                  "--adaptive", criterion)
         except ConfigError as exc:
             raise ConfigError(f"--adaptive {adaptive!r} is not [CRITERION:]THRESHOLD[:MAX] "
                               f"({str(exc).split('; ')[0]}); use e.g. --adaptive 0.01, "
                               "--adaptive 0.01:8 or --adaptive gate:0.9") from None
-        return Depth(max_loops or train_loops, threshold, criterion)
+        return _adaptive_depth(spec, train_loops)
     if h_eff is None:
         return Depth(train_loops)
     text = str(h_eff).strip()
-    if text.lower().startswith("adaptive"):
-        criterion, threshold, max_loops = parse_adaptive_spec(text, "--h-eff", criterion)
-        return Depth(max_loops or train_loops, threshold, criterion)
+    if ExitSpec.is_text(text):
+        return _adaptive_depth(ExitSpec.parse(text, "--h-eff", criterion), train_loops)
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"--h-eff {h_eff!r} is not a loop count; use --h-eff N with N >= 1 "
                           "(e.g. 4), or --h-eff adaptive:THRESHOLD[:MAX]")
     check_test_loops(int(text), "--h-eff")
     return Depth(int(text))
+
+
+def _adaptive_depth(spec: ExitSpec, train_loops: int) -> Depth:
+    spec = spec.with_max_loops(train_loops)
+    return Depth(spec.max_loops, spec)
 
 
 @dataclass(frozen=True)
@@ -152,8 +159,6 @@ def last_logits(model: torch.nn.Module, rows: list[list[int]], depth: Depth, pad
 
     Rows are right-padded: the model is causal, so padding never changes earlier logits.
     """
-    from .adaptive import adaptive_logits
-
     device = next(model.parameters()).device
     ids = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
     for i, row in enumerate(rows):
@@ -161,9 +166,9 @@ def last_logits(model: torch.nn.Module, rows: list[list[int]], depth: Depth, pad
     ids = ids.to(device)
     last = torch.tensor([len(r) - 1 for r in rows], device=device)
     at = torch.arange(len(rows), device=device)
-    if depth.threshold is None:
+    if depth.exit is None:
         return model.logits_at(ids, depth.loops)[at, last].float().cpu(), [depth.loops] * len(rows)
-    logits, exits = adaptive_logits(model, ids, depth.threshold, depth.loops, depth.criterion)
+    logits, exits = adaptive_logits(model, ids, depth.exit)
     return logits[at, last].float().cpu(), exits[at, last].tolist()
 
 
@@ -188,11 +193,9 @@ def _decode(model: torch.nn.Module, prompt_ids: list[list[int]], *, eos: int,
             context_len: int, stream: _TextStream, offset: int
             ) -> list[tuple[list[int], str, int]]:
     """(new ids, stop reason, Σ loops) per prompt of one batch."""
-    from ..model.generate import CachedNextIds, greedy_decode
-
     loops = [0] * len(prompt_ids)
     cached = (CachedNextIds(model, depth.loops, pad_id=eos, reserve=max_new_tokens)
-              if depth.threshold is None else None)  # adaptive exit recomputes the window
+              if depth.exit is None else None)  # adaptive exit recomputes the window
 
     def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
         if cached is not None:
@@ -217,8 +220,6 @@ def generate_texts(model: torch.nn.Module, tok: Any, prompts: Sequence[str], *,
                    sampling: Sampling | None = None, batch_size: int = 16,
                    on_text: Callable[[int, str], None] | None = None) -> list[Generation]:
     """Continuations of ``prompts`` (see the module docstring), ``batch_size`` at a time."""
-    from ..data.tokenizer import eos_id
-
     if max_new_tokens < 1 or batch_size < 1:
         raise ConfigError(f"--max-new-tokens {max_new_tokens} and --batch-size {batch_size} "
                           "must be at least 1")

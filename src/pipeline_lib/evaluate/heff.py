@@ -26,8 +26,9 @@ from ..checkpoint.compat import check_snapshot_fits_pack
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
 from ..spec.rules import check_test_loops
-from .adaptive import AdaptiveLosses, AdaptiveSpec, adaptive_section
-from .exit_criteria import check_model_criterion
+from .exit.criteria import check_model_criterion
+from .exit.results import AdaptiveLosses, adaptive_section
+from .exit.spec import ExitSpec
 from .heff_stats import DocumentLosses, loss_statistics
 from .sweep_pass import NoTokensScored, sweep_pass
 
@@ -115,11 +116,11 @@ def sweep_result(step: int | None, losses: dict[int, float], tokens: int,
     }
 
 
-def _adaptive_specs(adaptive: AdaptiveSpec | Sequence[AdaptiveSpec] | None,
-                    h_effs: Sequence[int], model: Any) -> list[AdaptiveSpec]:
+def _adaptive_specs(adaptive: ExitSpec | Sequence[ExitSpec] | None,
+                    h_effs: Sequence[int], model: Any) -> list[ExitSpec]:
     """The adaptive-exit specs resolved against ``h_effs``; checked before any work (the gate
     criterion needs a gated snapshot)."""
-    specs = [adaptive] if isinstance(adaptive, AdaptiveSpec) else list(adaptive or [])
+    specs = [adaptive] if isinstance(adaptive, ExitSpec) else list(adaptive or [])
     specs = [spec.resolved(h_effs) for spec in specs]
     for spec in specs:
         check_model_criterion(model, spec.criterion)
@@ -128,15 +129,14 @@ def _adaptive_specs(adaptive: AdaptiveSpec | Sequence[AdaptiveSpec] | None,
 
 def _adaptive_sections(results: Sequence[AdaptiveLosses], reference: DocumentLosses
                        ) -> dict[str, Any]:
-    """``adaptive_by_criterion`` (one section per criterion) and ``adaptive``, the first
-    criterion's section (the format before several criteria)."""
-    sections = {r.spec.criterion: adaptive_section(r, reference=reference) for r in results}
-    return {"adaptive": sections[results[0].spec.criterion], "adaptive_by_criterion": sections}
+    """``adaptive_by_criterion``: one section per criterion, in the configured order."""
+    return {"adaptive_by_criterion": {r.spec.criterion: adaptive_section(r, reference=reference)
+                                      for r in results}}
 
 
 def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *,
              max_tokens: int, batch_rows: int, use_ema: bool = False,
-             adaptive: AdaptiveSpec | Sequence[AdaptiveSpec] | None = None,
+             adaptive: ExitSpec | Sequence[ExitSpec] | None = None,
              device: str = "cpu", precision: str = "fp32",
              objective: str | None = None) -> dict[str, Any]:
     """Evaluate ``snapshot`` on the validation split of ``data_dir``; write ``out`` (JSON).
@@ -145,7 +145,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     ``answer_*`` objective scores the answer tokens (and the EOS after each) alone, the
     tokens such a model was trained on; any other scores every token.
 
-    ``adaptive``: also the adaptive exit (:mod:`.adaptive`) of each criterion, from the same
+    ``adaptive``: also the adaptive exit (:mod:`.exit`) of each criterion, from the same
     run of the loops (:func:`_adaptive_sections`). The model and every batch live on
     ``device`` (``experiment.device``), passes run in ``precision`` (``experiment.precision``).
     """

@@ -18,8 +18,15 @@ from typing import Any
 
 import torch
 
-from ..data.tokenizer import TOKENIZER_FILE
+from ..checkpoint.compat import snapshot_config
+from ..checkpoint.manifest import MANIFEST_NAME, describe_non_snapshot, verify_snapshot
+from ..checkpoint.snapshot import load_model_state
+from ..data.tokenizer_identity import check_same_tokenizer, identify, snapshot_identity
 from ..errors import CheckpointError
+from ..model.looped import LoopedLM
+from ..spec.data_id import data_id
+from ..spec.layout import ResultsLayout
+from ..spec.names import TOKENIZER_FILE
 
 
 @dataclass
@@ -38,9 +45,7 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
                        option: str = "tokenizer={} in --model_args") -> Any:
     """The tokenizer stored in the snapshot at ``path`` (or ``override``, a tokenizer.json);
     ``option`` is how the caller's user passes one (``{}``: the data pack's tokenizer.json)."""
-    from ..data.identity import data_id
-    from ..data.tokenizer import load_tokenizer
-    from ..spec.layout import ResultsLayout
+    from ..data.tokenizer import load_tokenizer  # lazy: tokenizers, unused by loss-only evals
 
     stored = path / TOKENIZER_FILE
     if override not in (None, ""):
@@ -56,8 +61,7 @@ def snapshot_tokenizer(path: Path, cfg: Any, override: Any = None,
 def _override_tokenizer(path: Path, cfg: Any, override: Path, option: str) -> Any:
     """The tokenizer passed instead of the snapshot's own: it must exist and be the one the
     snapshot was trained on (by identity; by size for a snapshot without tokenizer.json)."""
-    from ..data.tokenizer import load_tokenizer
-    from ..data.tokenizer_identity import check_same_tokenizer, identify, snapshot_identity
+    from ..data.tokenizer import load_tokenizer  # lazy: as in snapshot_tokenizer
 
     given = option.format(override)
     if not override.is_file():
@@ -98,11 +102,6 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     ``with_tokenizer=False`` skips the tokenizer (loss-only evaluation needs none);
     ``tokenizer_option`` names the caller's way to pass one (see :func:`snapshot_tokenizer`).
     """
-    from ..checkpoint.compat import snapshot_config
-    from ..checkpoint.manifest import MANIFEST_NAME, describe_non_snapshot, verify_snapshot
-    from ..checkpoint.snapshot import load_model_state
-    from ..model.looped import LoopedLM
-
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"snapshot {path} does not exist or is not a directory; pass "

@@ -4,11 +4,11 @@ adaptive exits of every criterion.
 Loop t never depends on the total loop count, so each batch runs its loops once, up to the
 largest of the H_eff list and every criterion's max loops. The fixed losses are read out
 at their counts; every criterion scores loops 1..H−1 of the tokens it still reads out
-(:class:`~.exit_runs.CriterionExits`), each with its own set of still-active rows. Criteria
+(:class:`~.exit.runs.CriterionExits`), each with its own set of still-active rows. Criteria
 whose active rows are the same set share one readout (logits, log-softmax, cross-entropy,
 entropy, KL, top token), and a criterion's cross-entropies after its max loops are the
 fixed readout at that count. The numbers equal, bit for bit, one pass for the fixed sweep
-and one per criterion (:mod:`.exit_readout` says why sharing stops at identical sets).
+and one per criterion (:mod:`.exit.readout` says why sharing stops at identical sets).
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ..errors import ConfigError
-from .adaptive import IGNORE_INDEX, AdaptiveLosses, AdaptiveSpec, document_keys
-from .exit_readout import LoopHidden, RowReadout, cross_entropy_rows
-from .exit_runs import CriterionExits
+from ..spec.names import IGNORE_INDEX
+from .exit.readout import LoopHidden, RowReadout, cross_entropy_rows
+from .exit.results import AdaptiveLosses, document_keys
+from .exit.runs import CriterionExits
+from .exit.spec import ExitSpec
 from .heff_stats import DocumentAccumulator, DocumentLosses
 
 
@@ -52,7 +54,7 @@ class SweepDocuments:
 
 @torch.no_grad()
 def sweep_batch(model: torch.nn.Module, batch: Any, h_effs: Sequence[int],
-                specs: Sequence[AdaptiveSpec]) -> BatchLosses:
+                specs: Sequence[ExitSpec]) -> BatchLosses:
     """The fixed losses at every H_eff and the exits of every (resolved) spec, from one run
     of the loops over ``batch``."""
     hs = sorted({int(h) for h in h_effs})
@@ -113,7 +115,7 @@ def _by_active_rows(runs: Sequence[CriterionExits]) -> list[list[CriterionExits]
 
 @torch.no_grad()
 def sweep_pass(model: torch.nn.Module, batches: Iterable[Any], h_effs: Sequence[int],
-               specs: Sequence[AdaptiveSpec], max_tokens: int,
+               specs: Sequence[ExitSpec], max_tokens: int,
                doc_levels: np.ndarray | None = None) -> SweepDocuments:
     """Summed token losses per document at every H_eff and under every threshold of every
     (resolved) spec, up to ``max_tokens`` targets; one run of the loops per batch.

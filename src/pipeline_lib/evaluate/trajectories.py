@@ -29,10 +29,10 @@ from ..errors import ConfigError, DataError
 from ..output_paths import check_output_dir
 from ..output_set import output_set
 from ..spec.layout import TRAJECTORIES_FIGURE, TRAJECTORIES_JSON
+from ..spec.names import IGNORE_INDEX
 from ..spec.rules import check_test_loops
-from .adaptive import IGNORE_INDEX
-from .exit_criteria import exit_scores
-from .exit_readout import LoopHidden
+from .exit.criteria import exit_scores
+from .exit.readout import LoopHidden
 from .trajectory_paths import (
     MEASURES,
     class_counts,

@@ -27,16 +27,24 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.fsutil import clean_stale_siblings, publish_dir, tmp_sibling
 from ..errors import CheckpointError, UsageError
 from ..output_paths import check_creatable
+from ..spec.names import CONFIG_JSON, MODELING_FILE
+from ..spec.size import (
+    loop_gate_rows,
+    resolved_ffn_hidden,
+    resolved_head_dim,
+    resolved_kv_heads,
+    resolved_moe_hidden,
+    step_embedding_rows,
+)
 
 log = logging.getLogger(__name__)
 
-MODELING_FILE = "modeling_loopline.py"
 LAYERS_FILE = "loopline_layers.py"  # modeling_loopline.py's relative import
 MODELING_FILES = (MODELING_FILE, LAYERS_FILE)
 WEIGHTS_FILE = "model.safetensors"
-CONFIG_JSON = "config.json"
 LOOPLINE_CONFIG = "loopline_config.yaml"
 EXPORT_FILES = (CONFIG_JSON, "generation_config.json", WEIGHTS_FILE, *MODELING_FILES,
                 "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -48,14 +56,6 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any],
               bos: int | None = None) -> dict[str, Any]:
     """config.json of a model with loopline config ``cfg`` (``LooplineConfig`` fields);
     ``bos``: the token its training documents started with, if any."""
-    from ..spec.size import (
-        loop_gate_rows,
-        resolved_ffn_hidden,
-        resolved_head_dim,
-        resolved_kv_heads,
-        resolved_moe_hidden,
-        step_embedding_rows,
-    )
 
     m = cfg.model
     return {
@@ -95,7 +95,7 @@ def tokenizer_files(tok: Any, seq_len: int) -> dict[str, str]:
     of text: ``split_special_tokens``), a BOS added only where training documents began with
     one (a pretrained tokenizer's, :func:`~pipeline_lib.data.tokenizer.bos_id`), no EOS
     added, byte-exact decoding."""
-    from ..data.tokenizer import bos_id, eos_id, pad_id
+    from ..data.tokenizer import bos_id, eos_id, pad_id  # lazy: numpy and tokenizers
 
     bos = bos_id(tok)
     specials = {"eos_token": tok.id_to_token(eos_id(tok)),
@@ -114,7 +114,7 @@ def tokenizer_files(tok: Any, seq_len: int) -> dict[str, str]:
 def export_state(model: Any) -> dict[str, Any]:
     """The weights as the exported model names them: the LoopedLM state dict, plus λ of
     additive injection when it is fixed (a config value loopline does not save)."""
-    import torch
+    import torch  # lazy: the plan imports export.hf_import, and this package imports us
 
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.cfg.injection == "add" and "injection_scale" not in state:
@@ -144,7 +144,7 @@ def _check_out(out: Path, snapshot: Path) -> None:
 def _save_weights(state: dict[str, Any], path: Path) -> None:
     """safetensors' ``save_file``, whose failure to write (a full disk) is an OSError like
     every other write here (it raises its own SafetensorError naming the os error)."""
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError  # lazy: torch, as above
     from safetensors.torch import save_file
 
     try:
@@ -157,7 +157,7 @@ def _save_weights(state: dict[str, Any], path: Path) -> None:
 
 
 def _write_export(tmp: Path, loaded: Any, provenance: dict[str, Any]) -> None:
-    from ..data.tokenizer import bos_id, eos_id, pad_id
+    from ..data.tokenizer import bos_id, eos_id, pad_id  # lazy: numpy and tokenizers
 
     tok, cfg = loaded.tokenizer, loaded.config
     _save_weights(export_state(loaded.model), tmp / WEIGHTS_FILE)
@@ -185,8 +185,7 @@ def export_snapshot(snapshot: Path, out: Path, *, use_ema: bool = False,
     they carried one). Raises CheckpointError for a snapshot that fails its manifest or does
     not fit its config, UsageError for an ``out`` that is not a previous export.
     """
-    from ..checkpoint.fsutil import clean_stale_siblings, publish_dir, tmp_sibling
-    from ..evaluate.loading import load_for_eval
+    from ..evaluate.loading import load_for_eval  # lazy: torch, as above
 
     snapshot, out = Path(snapshot), Path(out)
     _check_out(out, snapshot)

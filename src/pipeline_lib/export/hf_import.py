@@ -32,12 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
 from ..spec.config import Config, config_yaml
 from ..spec.init_source import fingerprint_id, source_fingerprint
+from ..spec.names import CONFIG_JSON, TOKENIZER_FILE
 from .hf_layout import (
-    CONFIG_JSON,
     GGUF_PERMUTED,
     TOP_TENSORS,
     LayerChoice,
@@ -97,7 +98,6 @@ def resolve_init_from(cfg: Config) -> Config:
                           f"but data.tokenizer.type is {tok.type!r}; set data.tokenizer: "
                           f"{{type: file, path: {init.source}}} (a {tok.type} tokenizer does "
                           "not match the pretrained embedding)")
-    from ..data.tokenizer_files import source_vocab_size
 
     vocab = source_vocab_size(tok.path)
     if vocab > arch.vocab_size:
@@ -117,7 +117,7 @@ class _HFTensors:
         self.files = {name: info.file for name, info in source.tensors.items()}
 
     def get(self, name: str) -> Any:
-        from safetensors import SafetensorError, safe_open
+        from safetensors import SafetensorError, safe_open  # lazy: the plan imports us, torch-free
 
         try:
             with safe_open(str(self.files[name]), "pt") as fh:
@@ -132,13 +132,13 @@ class _GGUFTensors:
     :func:`read_source` checked that each lies inside the file and its type dequantizes)."""
 
     def __init__(self, source: PretrainedSource) -> None:
-        import gguf
+        import gguf  # lazy: only GGUF sources need it
 
         self.arch, self.gguf = source.arch, gguf
         self.tensors = {t.name: t for t in gguf.GGUFReader(str(source.path)).tensors}
 
     def get(self, name: str) -> Any:
-        import torch
+        import torch  # lazy: the Snakefile's plan imports this module
 
         tensor = self.tensors[name]
         array = self.gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -164,7 +164,7 @@ def unpermute_rows(weight: Any, heads: int) -> Any:
 def mapped_state(source: PretrainedSource, choice: LayerChoice) -> dict[str, Any]:
     """loopline's tensors (names of :class:`LoopedLM`'s state dict) read from the source
     (every one present with its shape: :func:`read_source` checked)."""
-    import torch
+    import torch  # lazy: the Snakefile's plan imports this module
 
     reader = _GGUFTensors(source) if source.gguf else _HFTensors(source)
     out: dict[str, Any] = {}
@@ -189,9 +189,9 @@ def mapped_state(source: PretrainedSource, choice: LayerChoice) -> dict[str, Any
 def build_imported_model(cfg: Config, state: dict[str, Any]) -> Any:
     """A seeded :class:`LoopedLM` of ``cfg.model`` with ``state`` loaded over it (the adapter,
     step embedding and loop gates keep their init)."""
-    import torch
+    import torch  # lazy: the Snakefile's plan imports this module
 
-    from ..model.looped import LoopedLM
+    from ..model.looped import LoopedLM  # lazy: torch, as above
 
     torch.manual_seed(cfg.experiment.seed)
     model = LoopedLM(cfg.model)
@@ -230,9 +230,8 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     of the same vocabulary). Raises :class:`DataError` / :class:`UsageError` /
     :class:`~pipeline_lib.errors.ConfigError` before anything is written.
     """
-    from ..checkpoint.snapshot import write_snapshot
-    from ..data.tokenizer import TOKENIZER_FILE
-    from ..data.tokenizer_source import tokenizer_from_source
+    from ..checkpoint.snapshot import write_snapshot  # lazy: torch, as above
+    from ..data.tokenizer_source import tokenizer_from_source  # lazy: tokenizers
 
     started = time.perf_counter()
     src, out = read_source(source), Path(out)

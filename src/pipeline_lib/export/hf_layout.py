@@ -42,7 +42,6 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalL
 REFUSED = {"GemmaForCausalLM": "its norms scale by 1 + weight, its embeddings by "
                                "sqrt(hidden_size) and its FFN is GeGLU, none of which loopline's "
                                "blocks do"}
-CONFIG_JSON = "config.json"
 
 # loopline block tensor → (HF tensor names under model.layers.{i}., GGUF names under blk.{i}.);
 # several names are concatenated row-wise (dim 0) in the order given. Llama's; the other

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data.loader import IGNORE_INDEX
+from ..spec.names import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

@@ -322,7 +322,8 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
         head = self.tok_emb.weight if self.head is None else self.head.weight
         logits = F.linear(hidden, head)
         loss = None
-        if labels is not None:
+        if labels is not None:  # -100: loopline's IGNORE_INDEX (spec/names.py), spelt out
+            # because this file ships beside exported weights and imports no loopline code
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
                                    labels[:, 1:].flatten().to(logits.device), ignore_index=-100)
         return LooplineCausalLMOutput(loss=loss, logits=logits, cache=cache,

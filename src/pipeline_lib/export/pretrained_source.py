@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import DataError
+from ..spec.names import CONFIG_JSON
 from .hf_layout import SourceArch, is_gguf, source_tensor_shapes
 from .source_config import gguf_arch, hf_arch
 
@@ -103,7 +104,7 @@ def _check_tensors(path: Path, arch: SourceArch, tensors: dict[str, TensorInfo])
             raise DataError(f"model source {path} lacks tensor {name}; the checkpoint is "
                             f"incomplete or not a {arch.architecture} ({AGAIN})")
         if info.shape != shape:
-            config = "its metadata" if gguf else path / "config.json"
+            config = "its metadata" if gguf else path / CONFIG_JSON
             raise DataError(f"{info.file}: tensor {name} has shape {list(info.shape)}, but "
                             f"{config} implies {list(shape)}; the config does not describe "
                             "these weights")

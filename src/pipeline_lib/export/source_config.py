@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import DataError
+from ..spec.names import CONFIG_JSON
 from .hf_archs import family
 from .hf_layout import (
-    CONFIG_JSON,
     GGUF_ARCHITECTURES,
     REFUSED,
     SUPPORTED_ARCHITECTURES,

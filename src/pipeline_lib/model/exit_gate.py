@@ -25,58 +25,36 @@ gradient equal those of the direct formula (the tests compare them).
 
 At evaluation the cumulative exit probability after loop t is 1 − ∏_{s≤t} (1 − λ_s); the
 ``gate`` criterion of adaptive exit stops a token at the first loop where it passes the
-threshold (:mod:`pipeline_lib.evaluate.exit_criteria`).
+threshold (:mod:`pipeline_lib.evaluate.exit.criteria`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .loss import chunked_cross_entropy
-
-IGNORE_INDEX = -100
-
-
-def exit_log_distribution(gate_logits: Tensor) -> Tensor:
-    """log p(t) [T, …] of gate logits z [T, …] of readouts 1..T (see the module docstring)."""
-    T = gate_logits.shape[0]
-    log_stay = F.logsigmoid(-gate_logits.float())  # log(1 − λ_t)
-    log_exit = F.logsigmoid(gate_logits.float())  # log λ_t
-    # survival before t: Σ_{s<t} log(1 − λ_s), 0 at t = 1
-    before = torch.cat([torch.zeros_like(log_stay[:1]), log_stay[:-1].cumsum(0)])
-    if T == 1:
-        return before  # one readout: p(1) = 1
-    return torch.cat([before[:-1] + log_exit[:-1], before[-1:]])
+from ..spec.names import IGNORE_INDEX
+from .loss import readout_cross_entropy
 
 
-def exit_distribution(gate_logits: Tensor) -> Tensor:
-    """p(t) [T, …] of gate logits [T, …]: sums to 1 over t for every token."""
-    return exit_log_distribution(gate_logits).exp()
+def exit_step(log_survive: Tensor | None, gate_logits: Tensor) -> tuple[Tensor, Tensor]:
+    """(log p(t), log survival after t) at readout t < T of its gate logits z [...] (fp32),
+    given the log survival before t, Σ_{s<t} log(1 − λ_s) (None at t = 1: 0).
 
-
-def exit_cdf(gate_logits: Tensor) -> Tensor:
-    """Cumulative exit probability [T, …] after loops 1..T: 1 − ∏_{s≤t} (1 − λ_s)."""
-    return -torch.expm1(F.logsigmoid(-gate_logits.float()).cumsum(0))
-
-
-def _weighted_ce(hidden: Tensor, weight: Tensor, targets: Tensor, token_weights: Tensor,
-                 token_losses: Tensor, chunk_size: int) -> Tensor:
-    """Σ wᵢ·ceᵢ by the chunked loss, under autocast as ``LoopedLM.readout_loss`` runs it
-    (the head matmul in the autocast dtype, the loss in fp32)."""
-    kind = hidden.device.type
-    amp = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
-    with nullcontext() if amp is None else torch.autocast(kind, enabled=False):
-        if amp is not None:
-            hidden, weight = hidden.to(amp), weight.to(amp)
-        return chunked_cross_entropy(hidden, weight, targets, chunk_size=chunk_size,
-                                     reduction="sum", token_weights=token_weights,
-                                     token_losses=token_losses)
+    log p(t) = Σ_{s<t} log(1 − λ_s) + log λ_t; the survival after t adds log(1 − λ_t); the
+    remainder p(T) is the survival before T, and the cumulative exit probability after t is
+    1 − exp(survival after t) = −expm1(…). The one place the distribution is computed: the
+    training objective (:func:`expected_exit_forward`) and the ``gate`` criterion of
+    adaptive exit (:mod:`pipeline_lib.evaluate.exit.criteria`) both step through it.
+    """
+    log_exit, log_stay = F.logsigmoid(gate_logits), F.logsigmoid(-gate_logits)
+    if log_survive is None:
+        return log_exit, log_stay
+    return log_survive + log_exit, log_survive + log_stay
 
 
 def gate_logit(model: Any, hidden: Tensor) -> Tensor:
@@ -110,15 +88,14 @@ def expected_exit_forward(model: Any, ctx: Any, readouts: Sequence[int],
         t = h
         hidden = model.readout_hidden(state, ctx).reshape(-1, weight.shape[1])
         if k < len(counts) - 1:
-            z = gate_logit(model, hidden)
-            log_p = log_survive + F.logsigmoid(z)
-            log_survive = log_survive + F.logsigmoid(-z)
+            log_p, log_survive = exit_step(log_survive, gate_logit(model, hidden))
         else:
             log_p = log_survive  # the remainder
         p = log_p.exp()
         ce = torch.zeros_like(w)
-        objective = objective + _weighted_ce(hidden, weight, targets, w * p.detach() / total,
-                                             ce, model.cfg.loss_chunk_size)
+        objective = objective + readout_cross_entropy(
+            hidden, weight, targets, chunk_size=model.cfg.loss_chunk_size, reduction="sum",
+            token_weights=w * p.detach() / total, token_losses=ce)
         gate_term = gate_term + (w * (p - p.detach()) * ce).sum() / total
         entropy = entropy - p * log_p
         losses[h] = (w * ce).sum() / total

@@ -23,7 +23,6 @@ Entry points (shapes: B rows, L tokens, D width, V vocab):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +36,7 @@ from .blocks import Block, residual_out_std
 from .exit_gate import expected_exit_forward
 from .kv_cache import KVCache, kv_decode_step, kv_prefill
 from .layers import RMSNorm, RopeScaling, rope_tables
-from .loss import chunked_cross_entropy, token_weights
+from .loss import readout_cross_entropy, token_weights
 from .moe import MoEFFN
 from .recompute import checkpointed
 from .recurrence import gated_update, initial_state
@@ -51,7 +50,7 @@ class LoopContext:
 
     rope: tuple[Tensor, Tensor]  # cos, sin: [B, L, 1, head_dim/2]
     mask: DocumentMask | KVCache  # document-causal attention mask (or a decoding KV cache)
-    targets: Tensor | None  # [B, L] next-token ids, -100 = ignored
+    targets: Tensor | None  # [B, L] next-token ids, IGNORE_INDEX = ignored
     answer_mask: Tensor | None  # [B, L] bool, answer tokens (and the EOS after them)
     e: Tensor | None = None  # [B, L, D] prelude output, injected at every loop
 
@@ -253,16 +252,11 @@ class LoopedLM(nn.Module):
         ctx = ctx_or_batch if isinstance(ctx_or_batch, LoopContext) else self.context(ctx_or_batch)
         if ctx.targets is None:
             raise ValueError("the batch has no 'targets'; readout_loss needs them")
-        h, weight = self.readout_hidden(state, ctx), self.head_weight  # [B, L, D], [V, D]
-        D, kind = h.shape[-1], h.device.type
-        amp = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
-        with nullcontext() if amp is None else torch.autocast(kind, enabled=False):
-            if amp is not None:  # autocast: the head matmul in its dtype, the loss in fp32
-                h, weight = h.to(amp), weight.to(amp)
-            weights = token_weights(ctx.answer_mask, answer_weight, answer_only)
-            return chunked_cross_entropy(h.reshape(-1, D), weight, ctx.targets.reshape(-1),
-                                         chunk_size=self.cfg.loss_chunk_size,
-                                         token_weights=weights)
+        h = self.readout_hidden(state, ctx)  # [B, L, D]
+        return readout_cross_entropy(h.reshape(-1, h.shape[-1]), self.head_weight,
+                                     ctx.targets.reshape(-1), chunk_size=self.cfg.loss_chunk_size,
+                                     token_weights=token_weights(ctx.answer_mask, answer_weight,
+                                                                 answer_only))
 
     # ------------------------------------------------------------------ full passes
 

@@ -16,8 +16,12 @@ The per-chunk step (logsumexp, loss, gradient of the logits) runs in a Triton ke
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import Tensor
+
+from ..spec.names import IGNORE_INDEX
 
 REDUCTIONS = ("mean", "sum")
 
@@ -148,7 +152,7 @@ def token_weights(answer_mask: Tensor | None, answer_weight: float,
 
 
 def chunked_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int = 1024,
-                          ignore_index: int = -100, reduction: str = "mean",
+                          ignore_index: int = IGNORE_INDEX, reduction: str = "mean",
                           token_weights: Tensor | None = None, backend: str = "auto",
                           token_losses: Tensor | None = None) -> Tensor:
     """Cross-entropy of ``hidden [N, D] @ weight.T [D, V]`` against ``targets [N]``.
@@ -175,3 +179,20 @@ def chunked_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk
         hidden, weight, targets, token_weights, chunk_size, ignore_index, reduction,
         _resolve_backend(backend, hidden.device),
         grad_on and hidden.requires_grad, grad_on and weight.requires_grad, token_losses)
+
+
+def readout_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_size: int,
+                          reduction: str = "mean", token_weights: Tensor | None = None,
+                          token_losses: Tensor | None = None) -> Tensor:
+    """:func:`chunked_cross_entropy` of readout rows [N, D] against the head [V, D] under the
+    caller's autocast: the head matmul in the autocast dtype, the loss in fp32 (autocast is
+    off inside, so the chunks' softmax is not cast down). The one wrapper of the readout
+    losses: ``LoopedLM.readout_loss`` and the expected-exit objective (:mod:`.exit_gate`)."""
+    kind = hidden.device.type
+    amp = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+    with nullcontext() if amp is None else torch.autocast(kind, enabled=False):
+        if amp is not None:
+            hidden, weight = hidden.to(amp), weight.to(amp)
+        return chunked_cross_entropy(hidden, weight, targets, chunk_size=chunk_size,
+                                     reduction=reduction, token_weights=token_weights,
+                                     token_losses=token_losses)

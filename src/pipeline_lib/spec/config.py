@@ -26,7 +26,15 @@ from typing import Any
 from ..credentials import redact_config, redact_text
 from ..errors import ConfigError
 from .config_errors import explain_omegaconf_error, mistyped_section
-from .config_files import apply_data_defaults, config_paths, data_defaults, read_yaml, set_keys
+from .config_files import (
+    apply_data_defaults,
+    config_paths,
+    data_defaults,
+    omegaconf,
+    read_yaml,
+    set_keys,
+    upgrade_legacy_keys,
+)
 from .config_files import merge_config_dicts as merge_config_dicts  # the merge rules, as data
 from .config_files import merge_config_files as merge_config_files
 from .fields import check_field_constraints
@@ -37,7 +45,7 @@ from .rules import (
     MAX_TEST_LOOPS,
     check_activation_checkpointing,
     check_adaptive_exit,
-    check_finite_thresholds,
+    check_exit_objective,
     check_optimizer_and_freeze,
     check_source_fields,
     check_tokenizer,
@@ -418,6 +426,29 @@ class SnapshotsConfig:
 
 
 @dataclass
+class AdaptiveExitConfig:
+    """Adaptive exit (``eval.adaptive``, ``bench.adaptive``): a token stops looping at the
+    first loop whose criterion passes a threshold (pipeline_lib.evaluate.exit)."""
+
+    criteria: list[str] = _f(
+        ["kl"], "Criteria, each scored on its own: kl (KL divergence of two successive "
+        "readouts' next-token distributions, nats), entropy (of the current readout, nats), "
+        "latent_diff (‖s_t − s_{t−1}‖/‖s_t‖ of the loop state), cosine (1 − cosine similarity "
+        "of successive states), argmax_stable (top token unchanged for n loops) or gate (the "
+        "learned exit gate's cumulative exit probability).", min_items=1,
+        items={"choices": list(EXIT_CRITERIA)})
+    thresholds: list[float] = _f(
+        [], "Thresholds of every criterion not in criterion_thresholds: a token exits once its "
+        "criterion value falls below one (0 = never exit early, the fixed max-loop result). "
+        "Empty = adaptive exit off.", items={"minimum": 0})
+    criterion_thresholds: dict[str, list[float]] = _f(
+        {}, "Thresholds per criterion, overriding thresholds: argmax_stable takes loop counts n "
+        "(0 = never exit), gate cumulative exit probabilities in [0, 1] (1 = never exit).")
+    max_loops: int = _f(0, "Most loops a token may use (0 = the largest h_eff of the section).",
+                        minimum=0, maximum=MAX_TEST_LOOPS)
+
+
+@dataclass
 class EvalConfig:
     """H_eff sweep: validation loss at several test-time loop counts, one pass per batch."""
 
@@ -426,28 +457,12 @@ class EvalConfig:
     max_tokens: int = _f(65536, "Validation tokens evaluated per snapshot.", minimum=1)
     batch_rows: int = _f(16, "Rows per evaluation batch.", minimum=1)
     use_ema: bool = _f(False, "Evaluate the EMA weights when the snapshot has them.")
-    adaptive_thresholds: list[float] = _f(
-        [0.0, 1e-4, 1e-3, 1e-2, 0.1],
-        "Adaptive exit: a token stops looping once its criterion value (nats) falls below the "
-        "threshold; loss and mean loops used per threshold, from one pass (0 = never exit "
-        "early, the fixed max-H result). Empty = off.", items={"minimum": 0})
-    adaptive_criterion: str = _f(
-        "kl", "Adaptive exit criterion when adaptive_criteria is empty: kl (KL divergence of two "
-        "successive readouts' next-token distributions), entropy (of the current readout), "
-        "latent_diff (‖s_t − s_{t−1}‖/‖s_t‖ of the loop state), cosine (1 − cosine similarity "
-        "of successive states), argmax_stable (top token unchanged for n loops) or gate (the "
-        "learned exit gate's cumulative exit probability).", choices=list(EXIT_CRITERIA))
-    adaptive_criteria: list[str] = _f(
-        [], "Adaptive exit criteria compared on the same axes (one pass each); empty = "
-        "[adaptive_criterion].", items={"choices": list(EXIT_CRITERIA)})
-    adaptive_criterion_thresholds: dict[str, list[float]] = _f(
-        {"latent_diff": [0.0, 0.01, 0.03, 0.1, 0.3], "cosine": [0.0, 1e-4, 1e-3, 1e-2, 0.1],
-         "argmax_stable": [0, 1, 2, 3], "gate": [1.0, 0.99, 0.9, 0.5]},
-        "Thresholds per criterion, overriding adaptive_thresholds (which kl, entropy and any "
-        "criterion not listed use): argmax_stable takes loop counts n (0 = never exit), gate "
-        "cumulative exit probabilities in [0, 1] (1 = never exit).")
-    adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (0 = the largest "
-                                 "eval.h_eff).", minimum=0, maximum=MAX_TEST_LOOPS)
+    adaptive: AdaptiveExitConfig = _f(
+        AdaptiveExitConfig(thresholds=[0.0, 1e-4, 1e-3, 1e-2, 0.1], criterion_thresholds={
+            "latent_diff": [0.0, 0.01, 0.03, 0.1, 0.3], "cosine": [0.0, 1e-4, 1e-3, 1e-2, 0.1],
+            "argmax_stable": [0, 1, 2, 3], "gate": [1.0, 0.99, 0.9, 0.5]}),
+        "Adaptive exit of the sweep: loss and mean loops used per criterion and threshold, "
+        "from the same pass as the fixed H_eff losses.")
 
 
 @dataclass
@@ -476,16 +491,11 @@ class BenchConfig:
     level_field: str = _f("level", "Document field of your/installed tasks by which accuracy is "
                           "broken down per level (heatmap rows); built-in tasks use their own "
                           "level.")
-    adaptive_thresholds: list[float] = _f(
-        [], "Adaptive exit: every task is also scored with each token read out at its own exit "
-        "(lm-eval model_args h_eff=adaptive:THRESHOLD:MAX), once per threshold; results carry "
-        "the mean loops used and their histogram per task and level (0 = never exit early, the "
-        "fixed MAX-loop result). Empty = off.", items={"minimum": 0})
-    adaptive_criterion: str = _f(
-        "kl", "Adaptive exit criterion of the benchmarks (as eval.adaptive_criterion).",
-        choices=list(EXIT_CRITERIA))
-    adaptive_max_loops: int = _f(0, "Adaptive exit: most loops a token may use (MAX; 0 = the "
-                                 "largest bench.h_eff).", minimum=0, maximum=MAX_TEST_LOOPS)
+    adaptive: AdaptiveExitConfig = _f(
+        AdaptiveExitConfig(), "Adaptive exit of the benchmarks: every task is also scored with "
+        "each token read out at its own exit (lm-eval model_args "
+        "h_eff=adaptive:[CRITERION:]THRESHOLD:MAX), once per criterion and threshold, with the "
+        "mean loops used and their histogram per task and level. Off by default.")
 
 
 @dataclass
@@ -527,19 +537,14 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
-def _omegaconf():
-    from omegaconf import OmegaConf  # imported here: keeps `import pipeline_lib.spec.config` cheap
-
-    return OmegaConf
+def _omegaconf() -> Any:
+    return omegaconf().OmegaConf
 
 
 def _merge(base: Any, update: Any, source: str) -> Any:
-    from omegaconf.errors import OmegaConfBaseException
-
-    OmegaConf = _omegaconf()
     try:
-        return OmegaConf.merge(base, update)
-    except OmegaConfBaseException as exc:
+        return _omegaconf().merge(base, update)
+    except omegaconf().errors.OmegaConfBaseException as exc:
         raise ConfigError(explain_omegaconf_error(exc, source, Config, update)) from None
     except TypeError as exc:  # e.g. a section given as a list, a list as a mapping
         raise ConfigError(mistyped_section(source, Config, update) or (
@@ -551,11 +556,9 @@ def _to_object(cfg: Any, source: str) -> Config:
     """The merged OmegaConf config as a :class:`Config`. Interpolations (``${train.lr}``) are
     resolved here, as OmegaConf does; one that does not resolve (an unknown key, a missing
     environment variable, a bad grammar) is a one-line ConfigError naming the key."""
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         out = _omegaconf().to_object(cfg)
-    except OmegaConfBaseException as exc:
+    except omegaconf().errors.OmegaConfBaseException as exc:
         raise ConfigError(explain_omegaconf_error(exc, source, Config, cfg)) from None
     assert isinstance(out, Config)
     return out
@@ -613,7 +616,8 @@ def load_config(
         except Exception as exc:
             raise ConfigError(redact_text(f"cannot parse overrides {list(overrides)}: {exc}")
                               ) from None
-        cfg = _merge(cfg, dotlist, "command-line override")
+        cfg = _merge(cfg, upgrade_legacy_keys(dotlist, "command-line override"),
+                     "command-line override")
         updates.append(dotlist)
     if base is not None:  # defaults that depend on the data follow it (complete configs stay)
         _follow_data(cfg, updates)
@@ -628,7 +632,7 @@ def load_config(
 
 def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
     """Build a validated :class:`Config` from a plain (possibly partial) mapping."""
-    return _structured(dict(data), source)
+    return _structured(dict(upgrade_legacy_keys(data, source)), source)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -767,8 +771,9 @@ def validate_config(cfg: Config) -> None:
                           "answer_field on a jsonl/parquet source, or use last/deep_supervision")
     if cfg.bench.min_difficulty > cfg.bench.max_difficulty:
         raise ConfigError("bench.min_difficulty exceeds bench.max_difficulty; swap them")
-    check_finite_thresholds("bench.adaptive_thresholds", cfg.bench.adaptive_thresholds)
-    check_adaptive_exit(cfg.eval, t, cfg.model)
+    check_adaptive_exit(cfg.eval.adaptive, "eval.adaptive", cfg.model)
+    check_adaptive_exit(cfg.bench.adaptive, "bench.adaptive", cfg.model)
+    check_exit_objective(t, cfg.model)
     for name in cfg.runs:
         if not re.match(RUN_NAME_PATTERN, name):
             raise ConfigError(f"runs.{name}: run names must be identifiers other than 'data' "

@@ -9,19 +9,38 @@ variant set is one unit). Light: no torch, OmegaConf imported when a file is rea
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError
 from .rules import sources_have_answers, sources_have_levels
 
+log = logging.getLogger(__name__)
+# eval's and bench's adaptive-exit keys before they became one subsection (``X.adaptive``):
+# ``X.adaptive_Y`` is ``X.adaptive.Y``; the single ``X.adaptive_criterion: C`` is
+# ``X.adaptive.criteria: [C]`` unless the section lists ``adaptive_criteria`` (which won then)
+LEGACY_ADAPTIVE_KEYS = {"adaptive_thresholds": "thresholds", "adaptive_criteria": "criteria",
+                        "adaptive_criterion_thresholds": "criterion_thresholds",
+                        "adaptive_max_loops": "max_loops"}
+LEGACY_CRITERION = "adaptive_criterion"
+ADAPTIVE_SECTIONS = ("eval", "bench")
+
+
+def omegaconf() -> ModuleType:
+    """The ``omegaconf`` package, imported on first use: it costs as much again as the rest
+    of :mod:`.config` (~60 ms), and the code that only needs the dataclasses never uses it."""
+    import omegaconf  # lazy: see the docstring
+
+    return omegaconf
+
 
 def read_yaml(path: Path) -> Any:
     """The mapping in the YAML file ``path`` (an OmegaConf ``DictConfig``; empty for an
     empty file), or a ConfigError naming the file."""
-    from omegaconf import OmegaConf  # imported here: keeps `import pipeline_lib.spec.config` cheap
-
+    OmegaConf = omegaconf().OmegaConf
     if path.is_dir():
         raise ConfigError(f"config file {path} is a directory; pass a YAML file")
     if not path.is_file():
@@ -37,7 +56,58 @@ def read_yaml(path: Path) -> Any:
         return OmegaConf.create({})
     if not isinstance(loaded, Mapping) and not hasattr(loaded, "keys"):
         raise ConfigError(f"config file {path} must hold a mapping of sections, not a list")
-    return loaded
+    return upgrade_legacy_keys(loaded, str(path))
+
+
+def upgrade_legacy_keys(data: Any, source: str) -> Any:
+    """``data`` (a config mapping, plain or OmegaConf; its ``runs:`` variants too) with the
+    legacy adaptive-exit keys of eval and bench (:data:`LEGACY_ADAPTIVE_KEYS`) written as
+    their ``adaptive`` subsection, and a warning naming them; ``data`` itself when it has
+    none. Snapshots written before the subsection keep loading through it."""
+    variants = data.get("runs") if isinstance(data.get("runs"), Mapping) else {}
+    if not any(_legacy_keys(part) for part in (data, *variants.values())
+               if isinstance(part, Mapping)):
+        return data
+    DictConfig, OmegaConf = omegaconf().DictConfig, omegaconf().OmegaConf
+
+    plain = OmegaConf.to_container(data, resolve=False) if isinstance(data, DictConfig) \
+        else copy.deepcopy(dict(data))
+    renamed = _upgrade_sections(plain, "")
+    for name, variant in (plain.get("runs") or {}).items():
+        if isinstance(variant, dict):
+            renamed += _upgrade_sections(variant, f"runs.{name}.")
+    log.warning("%s: %s; read as the new keys, rename them there", source, ", ".join(renamed))
+    return OmegaConf.create(plain) if isinstance(data, DictConfig) else plain
+
+
+def _legacy_keys(part: Mapping) -> list[str]:
+    return [key for section in ADAPTIVE_SECTIONS if isinstance(part.get(section), Mapping)
+            for key in part[section] if key in LEGACY_ADAPTIVE_KEYS or key == LEGACY_CRITERION]
+
+
+def _upgrade_sections(part: dict, prefix: str) -> list[str]:
+    """Move the legacy keys of ``part``'s eval and bench into their ``adaptive`` (in place);
+    what was renamed, as ``old → new``."""
+    renamed = []
+    for name in ADAPTIVE_SECTIONS:
+        section = part.get(name)
+        if not isinstance(section, dict) or not _legacy_keys({name: section}):
+            continue
+        where = f"{prefix}{name}"
+        new = dict(section.get("adaptive") or {})
+        for old, key in LEGACY_ADAPTIVE_KEYS.items():
+            if old in section:
+                new[key] = section.pop(old)
+                renamed.append(f"{where}.{old} → {where}.adaptive.{key}")
+        if LEGACY_CRITERION in section:
+            single = section.pop(LEGACY_CRITERION)
+            renamed.append(f"{where}.{LEGACY_CRITERION} → {where}.adaptive.criteria (a list)")
+            if not new.get("criteria"):  # an empty legacy list meant [adaptive_criterion]
+                new["criteria"] = [single]
+        if new.get("criteria") == []:  # the legacy list's "empty = [adaptive_criterion]"
+            new.pop("criteria")
+        section["adaptive"] = new
+    return renamed
 
 
 def yaml_error(path: Path, exc: Exception) -> str:
@@ -75,11 +145,9 @@ def set_keys(data: Any, prefix: str = "") -> set[str]:
 
 def user_keys(paths: Sequence[str | Path], default: Path, overrides: Any = None) -> set[str]:
     """The keys the user's config files (``default`` left out) and ``overrides`` set."""
-    from omegaconf import OmegaConf
-
     keys = set_keys(overrides or {})
     for file in config_paths(paths, default):
-        keys |= set_keys(OmegaConf.to_container(read_yaml(file), resolve=False))
+        keys |= set_keys(omegaconf().OmegaConf.to_container(read_yaml(file), resolve=False))
     return keys
 
 
@@ -135,11 +203,9 @@ def merge_config_files(paths: Sequence[str | Path], default: Path) -> dict[str, 
     """``default`` (the embedded config/config.yaml) ← each of ``paths`` in order, by
     :func:`merge_config_dicts`, each file read as ``load_config`` reads it: plain data,
     unvalidated, equal to what ``load_config(paths)`` resolves."""
-    from omegaconf import OmegaConf
-
     merged: dict[str, Any] = {}
     for file in [Path(default), *config_paths(paths, default)]:
-        data = OmegaConf.to_container(read_yaml(file))
+        data = omegaconf().OmegaConf.to_container(read_yaml(file))
         assert isinstance(data, dict)
         merged = merge_config_dicts(merged, data)
     return merged

@@ -41,9 +41,9 @@ from pathlib import Path
 
 SNAPSHOTS_DIR = "snapshots"
 TEMP_SNAPSHOTS_DIR = "transient"  # temporary snapshots, under snapshots/
-BEST_DIR = "best"  # = checkpoint.best.BEST_DIR (a test checks they agree)
-INDEX_FILE = "index.json"  # = checkpoint.index.INDEX_NAME
-FINAL_LINK = "final"  # = checkpoint.index.FINAL_LINK, beside the index
+BEST_DIR = "best"  # the best snapshot's copy (checkpoint.best), under snapshots/
+INDEX_FILE = "index.json"  # the kept snapshots (checkpoint.index), under snapshots/
+FINAL_LINK = "final"  # beside the index: a link to the last kept snapshot
 TRACKING_JSON = "tracking.json"
 TRACKING_LOCK = ".tracking.lock"
 TRACKING_FILES_DIR = "tracking_files"  # resolved configs logged as parent-run artifacts
@@ -98,6 +98,12 @@ class ResultsLayout:
     @property
     def compare_dir(self) -> Path:
         return self.root / "compare"
+
+    @property
+    def retrofit_plan_dir(self) -> Path:
+        """``retrofit-plan``'s output for the experiment (``make retrofit`` writes it; the
+        results section shows its table and figure when it is there)."""
+        return self.compare_dir / "retrofit_plan"
 
     @property
     def demo_time(self) -> Path:

@@ -20,7 +20,7 @@ from ..errors import ConfigError
 
 ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
-# adaptive-exit criteria (pipeline_lib.evaluate.exit_criteria computes them)
+# adaptive-exit criteria (pipeline_lib.evaluate.exit.criteria computes them)
 EXIT_CRITERIA = ("kl", "entropy", "latent_diff", "cosine", "argmax_stable", "gate")
 # Most loops read out at test time (H_eff, an adaptive exit's MAX): far past any depth a
 # loop count is trained or extrapolated to here, and a typo (200000) is an error, not a
@@ -135,14 +135,6 @@ def check_tokenizer(tok: Any) -> None:
                           "token; set it to auto or false (or use type file)")
 
 
-def check_finite_thresholds(key: str, thresholds: list[float]) -> None:
-    """Adaptive-exit thresholds (``key``, e.g. ``bench.adaptive_thresholds``) are finite
-    numbers ≥ 0; the schema's minimum lets nan and inf through."""
-    if any(not 0 <= x < float("inf") for x in thresholds):
-        raise ConfigError(f"{key} = {thresholds} needs finite numbers >= 0 (0 = never exit "
-                          "early), e.g. [0, 0.001, 0.01]")
-
-
 def check_exit_threshold(criterion: str, value: float, key: str) -> None:
     """One adaptive-exit threshold of ``criterion`` (what ``key`` names in the message):
     finite and >= 0; a whole loop count for argmax_stable; within [0, 1] for gate."""
@@ -160,37 +152,32 @@ def check_exit_threshold(criterion: str, value: float, key: str) -> None:
                           "probability in [0, 1] (1 = never exit), e.g. 0.9")
 
 
-def adaptive_criteria(eval_cfg: Any) -> list[str]:
-    """The criteria the H_eff sweep compares: ``eval.adaptive_criteria``, or
-    ``[eval.adaptive_criterion]`` when that list is empty (configs before the list)."""
-    return list(dict.fromkeys(eval_cfg.adaptive_criteria)) or [eval_cfg.adaptive_criterion]
-
-
-def criterion_thresholds(eval_cfg: Any, criterion: str) -> list[float]:
-    """Thresholds of one criterion: ``eval.adaptive_criterion_thresholds[criterion]``, else
-    ``eval.adaptive_thresholds``."""
-    by = eval_cfg.adaptive_criterion_thresholds
-    return list(by[criterion]) if criterion in by else list(eval_cfg.adaptive_thresholds)
-
-
-def check_adaptive_exit(eval_cfg: Any, train: Any, model: Any) -> None:
-    """Thresholds of every criterion; the exit gate's objective and criterion need the gate;
-    expected_exit reads out every loop of one pass, so not with unrolled backprop."""
-    for x in eval_cfg.adaptive_thresholds:
-        check_exit_threshold("kl", x, "eval.adaptive_thresholds")
-    for name, values in eval_cfg.adaptive_criterion_thresholds.items():
+def check_adaptive_exit(adaptive: Any, key: str, model: Any) -> None:
+    """An adaptive-exit section (``adaptive``, an AdaptiveExitConfig, at ``key``:
+    ``eval.adaptive`` or ``bench.adaptive``): every threshold fits its criterion; the gate
+    criterion needs the exit gate."""
+    for x in adaptive.thresholds:
+        check_exit_threshold("kl", x, f"{key}.thresholds")
+        for name in dict.fromkeys(adaptive.criteria):
+            if name not in adaptive.criterion_thresholds:
+                check_exit_threshold(name, x, f"{key}.thresholds ({name})")
+    for name, values in adaptive.criterion_thresholds.items():
         for x in values:
-            check_exit_threshold(name, x, f"eval.adaptive_criterion_thresholds.{name}")
+            check_exit_threshold(name, x, f"{key}.criterion_thresholds.{name}")
+    if adaptive.thresholds and "gate" in adaptive.criteria and not model.exit_gate:
+        raise ConfigError(f"{key}.criteria lists gate, but model.exit_gate is false; set "
+                          "model.exit_gate=true or remove gate from the criteria")
+
+
+def check_exit_objective(train: Any, model: Any) -> None:
+    """The exit gate's objective needs the gate; expected_exit reads out every loop of one
+    pass, so not with unrolled backprop."""
     if train.objective == "expected_exit" and not model.exit_gate:
         raise ConfigError("train.objective = expected_exit needs the learned exit gate; set "
                           "model.exit_gate=true or pick another objective")
     if train.objective == "expected_exit" and train.bptt.mode == "unrolled":
         raise ConfigError("train.objective = expected_exit weighs every loop's readout in one "
                           "pass; use train.bptt.mode full or truncated, not unrolled")
-    if (eval_cfg.adaptive_thresholds and "gate" in adaptive_criteria(eval_cfg)
-            and not model.exit_gate):
-        raise ConfigError("eval.adaptive_criteria lists gate, but model.exit_gate is false; set "
-                          "model.exit_gate=true or remove gate from the criteria")
 
 
 def check_exit_gate_trained(train: Any, model: Any) -> None:

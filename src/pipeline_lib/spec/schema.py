@@ -13,15 +13,19 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .config import PROJECT_ROOT, RUN_NAME_PATTERN, Config
 
 SCHEMA_PATH = PROJECT_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 _SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 
-def _type_schema(tp: Any) -> dict[str, Any]:
+def _type_schema(tp: Any, default: Any = None) -> dict[str, Any]:
+    """``default``: the field's default when it is a section (its defaults may differ from
+    the section class's own, as ``eval.adaptive``'s do from ``bench.adaptive``'s)."""
     if dataclasses.is_dataclass(tp):
-        return _object_schema(tp)
+        return _object_schema(tp, default)
     origin = typing.get_origin(tp)
     if origin is list:
         (item,) = typing.get_args(tp)
@@ -48,17 +52,17 @@ def _constraints(meta: Any) -> dict[str, Any]:
     return out
 
 
-def _object_schema(cls: type) -> dict[str, Any]:
+def _object_schema(cls: type, instance: Any = None) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
-    instance = cls()
+    instance = cls() if instance is None else instance
     props: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        prop = _type_schema(hints[f.name])
+        default = getattr(instance, f.name)
+        prop = _type_schema(hints[f.name], default if dataclasses.is_dataclass(default) else None)
         prop.update(_constraints(f.metadata))
         if "items" in f.metadata and "items" in prop:
             prop["items"].update(_constraints(f.metadata["items"]))
         prop["description"] = f.metadata["help"]
-        default = getattr(instance, f.name)
         if not dataclasses.is_dataclass(default):
             prop["default"] = _plain(default)
         props[f.name] = prop
@@ -98,8 +102,6 @@ def build_schema() -> dict[str, Any]:
 
 
 def schema_yaml() -> str:
-    import yaml
-
     header = ("# Generated from src/pipeline_lib/spec/config.py by "
               "`python -m pipeline_lib schema --write`; do not edit by hand.\n")
     return header + yaml.safe_dump(build_schema(), sort_keys=False, allow_unicode=True, width=100)

@@ -17,9 +17,7 @@ segments at most, each chain it resolves is short.
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .budget import total_steps as total_steps  # the run's steps (token budget)
 from .config import SnapshotsConfig
-from .layout import step_dir_name as step_dir_name  # where a step's snapshot lives
 
 # The longest run of temporary segments between two planned targets: Snakemake's DAG
 # resolution nests about two Python frames per segment, and the default recursion limit of

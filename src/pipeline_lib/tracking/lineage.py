@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from .commit import clean_params, clean_tags
+from .runs import KEY_TAG
 from .store import call
 
 DATA_CONTEXT = "train"  # the input tag mlflow.data.context, shown beside the dataset
 MODEL_TYPE = "loopline"
-MODEL_KEY_TAG = "loopline.key"
 _RACE_ATTEMPTS = 3
 _PROFILE_KEYS = ("layout", "seq_len", "vocab_size", "num_epochs", "rows_per_epoch",
                  "num_train_docs", "num_val_docs", "train_tokens_per_epoch", "val_tokens",
@@ -94,7 +94,7 @@ def find_model(client: Any, experiment_id: str, key: str) -> Any:
     if "'" in key:
         raise ValueError(f"model key {key!r} contains a quote")
     found = call(client.search_logged_models, [experiment_id],
-                 filter_string=f"tags.`{MODEL_KEY_TAG}` = '{key}'", max_results=1,
+                 filter_string=f"tags.`{KEY_TAG}` = '{key}'", max_results=1,
                  what="search logged models")
     return found[0] if found else None
 
@@ -111,7 +111,7 @@ def log_model(client: Any, experiment_id: str, run_id: str, spec: Mapping[str, A
     if model is None:
         model = call(client.create_logged_model, experiment_id, name=spec["name"],
                      source_run_id=run_id, model_type=MODEL_TYPE,
-                     tags=clean_tags({**spec.get("tags", {}), MODEL_KEY_TAG: spec["key"]}),
+                     tags=clean_tags({**spec.get("tags", {}), KEY_TAG: spec["key"]}),
                      params=clean_params(spec.get("params", {})), what="create logged model")
     if model.status != LoggedModelStatus.READY:
         dataset = spec.get("dataset") or {}

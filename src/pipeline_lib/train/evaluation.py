@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from ..data.loader import IGNORE_INDEX
 from ..data.tokenizer import eos_id, load_tokenizer
 from ..model.generate import greedy_generate
+from ..spec.names import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,6 @@ from ..checkpoint.best import update_best_snapshot
 from ..checkpoint.contents import Snapshot
 from ..checkpoint.rng import RNGStreams
 from ..data.loader import DataCursor, PackedData
-from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import TrainingError
 from ..model.loop_sampling import LoopSampler
 from ..model.looped import LoopedLM
@@ -46,6 +45,7 @@ from ..precision import Precision
 from ..spec.budget import total_steps as planned_total_steps
 from ..spec.config import Config, config_yaml
 from ..spec.layout import snapshots_dir_of
+from ..spec.names import TOKENIZER_FILE
 from . import rollback
 from .batch_plan import BatchPlan, make_batch_plan
 from .diagnostics import due

@@ -16,10 +16,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..data.identity import data_id as compute_data_id
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
 from ..export.hf_import import resolve_init_from
+from ..spec.budget import total_steps
 from ..spec.config import (
     DEFAULT_CONFIG_PATH,
     Config,
@@ -30,16 +30,17 @@ from ..spec.config import (
     to_dict,
 )
 from ..spec.config_files import merge_user_config
+from ..spec.data_id import data_id as compute_data_id
 from ..spec.init_source import source_files
 from ..spec.layout import ResultsLayout, RunLayout
+from ..spec.names import BYTE_VOCAB_SIZE
 from ..spec.rules import check_exit_gate_trained
 from ..spec.signatures import init_signature, precision_signature, train_signature
-from ..spec.snapshots import anchor_steps, kept_steps, previous_end, segment_ends, total_steps
+from ..spec.snapshots import anchor_steps, kept_steps, previous_end, segment_ends
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads, segment_time
 
 DEFAULT_RUN = "default"
-BYTE_VOCAB_SIZE = 258  # 256 bytes + EOS + PAD; equals pipeline_lib.data.tokenizer's (tested)
 
 
 def planned_vocab_size(data: DataConfig) -> int:

@@ -141,7 +141,7 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``,
     on ``experiment.device`` in ``experiment.precision``; the final snapshot's sweep also
     goes to the parent run (``heff/final_loss`` at step = H_eff, see :mod:`.final_results`)."""
-    from ..evaluate.adaptive import AdaptiveSpec
+    from ..evaluate.exit.spec import ExitSpec
     from ..evaluate.heff import parse_h_eff, run_heff
     from ..tracking import start_stage
 
@@ -152,7 +152,7 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
         result = run_heff(Path(snapshot), Path(data_dir), h_effs, outputs.file(out),
                           max_tokens=cfg.eval.max_tokens, batch_rows=cfg.eval.batch_rows,
                           use_ema=cfg.eval.use_ema,
-                          adaptive=AdaptiveSpec.all_from_eval_config(cfg.eval),
+                          adaptive=ExitSpec.from_config(cfg.eval.adaptive),
                           device=cfg.experiment.device, precision=cfg.experiment.precision,
                           objective=cfg.train.objective)
     step = result["step"]
@@ -194,7 +194,7 @@ def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[
             list(inputs), outputs.file(table), outputs.file(plot),
             title=f"{run}: validation loss vs H_eff" if title is None else title))}
         if adaptive_table is not None and adaptive_plot is not None:
-            from ..evaluate.adaptive_summary import summarize_adaptive
+            from ..evaluate.exit.summary import summarize_adaptive
 
             extra = [Path(adaptive_table), Path(adaptive_plot)]
             rows[extra[0]] = len(summarize_adaptive(
@@ -246,11 +246,13 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
 
 def _adaptive_params(bench: Any) -> dict[str, Any]:
     """The bench stage's adaptive-exit params; none when it is off."""
-    if not bench.adaptive_thresholds:
+    adaptive = bench.adaptive
+    if not adaptive.thresholds:
         return {}
-    return {"bench.adaptive_thresholds": bench.adaptive_thresholds,
-            "bench.adaptive_criterion": bench.adaptive_criterion,
-            "bench.adaptive_max_loops": bench.adaptive_max_loops}
+    return {"bench.adaptive.criteria": adaptive.criteria,
+            "bench.adaptive.thresholds": adaptive.thresholds,
+            "bench.adaptive.criterion_thresholds": adaptive.criterion_thresholds,
+            "bench.adaptive.max_loops": adaptive.max_loops}
 
 
 def summarize_bench_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from data_corpus import write_text_files
 
-from pipeline_lib.data.identity import data_fingerprint, data_id, source_fingerprint
 from pipeline_lib.spec.config import DataConfig, SourceConfig, TokenizerConfig
+from pipeline_lib.spec.data_id import data_fingerprint, data_id, source_fingerprint
 
 
 def test_data_id_is_12_hex_and_stable():
@@ -68,7 +68,7 @@ def test_missing_files_give_an_id_not_an_error(tmp_path):
 
 def test_identity_imports_nothing_heavy():
     code = ("import sys; from pipeline_lib.spec.config import DataConfig; "
-            "from pipeline_lib.data.identity import data_id; import pipeline_lib.data; "
+            "from pipeline_lib.spec.data_id import data_id; import pipeline_lib.data; "
             "data_id(DataConfig()); "
             "heavy = {'torch', 'pyarrow', 'tokenizers', 'numpy'} & {m.split('.')[0] "
             "for m in sys.modules}; print(sorted(heavy))")
@@ -104,7 +104,7 @@ def test_globs_without_symlinks_match_exactly_what_glob_matches(tmp_path):
     """So the data_id of every ordinary glob stays what it was."""
     import glob
 
-    from pipeline_lib.data.identity import source_files
+    from pipeline_lib.spec.data_id import source_files
 
     _tree(tmp_path / "c")
     for pattern in ("c/**/*.txt", "c/**", "c/*/**/*.txt", "c/**/y/*.txt", "c/x/*.txt",
@@ -120,7 +120,7 @@ def test_globs_without_symlinks_match_exactly_what_glob_matches(tmp_path):
 
 
 def test_a_symlink_loop_is_not_followed_and_a_file_is_listed_once(tmp_path):
-    from pipeline_lib.data.identity import glob_source
+    from pipeline_lib.spec.data_id import glob_source
 
     _tree(tmp_path / "c")
     (tmp_path / "c" / "x" / "up").symlink_to("..")  # a loop
@@ -141,7 +141,7 @@ def test_a_symlink_loop_is_not_followed_and_a_file_is_listed_once(tmp_path):
 
 
 def test_answer_span_version_is_in_the_id_of_packs_with_answers_only():
-    from pipeline_lib.data.identity import ANSWER_SPAN_VERSION
+    from pipeline_lib.spec.data_id import ANSWER_SPAN_VERSION
 
     reasoning = DataConfig(sources=[SourceConfig(type="reasoning")])
     assert data_fingerprint(reasoning)["answer_spans"] == ANSWER_SPAN_VERSION == 2

@@ -10,13 +10,10 @@ import pytest
 import torch
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.evaluate.adaptive import (
-    AdaptiveSpec,
-    adaptive_logits,
-    adaptive_section,
-    parse_adaptive,
-)
-from pipeline_lib.evaluate.adaptive_summary import summarize_adaptive
+from pipeline_lib.evaluate.exit.criteria import adaptive_logits
+from pipeline_lib.evaluate.exit.results import adaptive_section
+from pipeline_lib.evaluate.exit.spec import ExitSpec
+from pipeline_lib.evaluate.exit.summary import summarize_adaptive
 from pipeline_lib.evaluate.heff import run_heff, sweep_losses
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
 from pipeline_lib.spec.config import ModelConfig
@@ -52,11 +49,11 @@ def batches() -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def spec(*thresholds: float, criterion: str = "kl", max_loops: int = H) -> AdaptiveSpec:
-    return AdaptiveSpec(thresholds, criterion, max_loops).resolved([max_loops])
+def spec(*thresholds: float, criterion: str = "kl", max_loops: int = H) -> ExitSpec:
+    return ExitSpec(thresholds, criterion, max_loops).resolved([max_loops])
 
 
-def adaptive_sweep(model, batches, spec: AdaptiveSpec, max_tokens: int) -> dict:
+def adaptive_sweep(model, batches, spec: ExitSpec, max_tokens: int) -> dict:
     """The adaptive section of one criterion alone (a pass without fixed H_eff readouts)."""
     return adaptive_section(sweep_pass(model, batches, [], [spec], max_tokens).adaptive[0])
 
@@ -181,62 +178,35 @@ def test_token_budget_stops_where_the_fixed_sweep_stops(model, batches):
 def test_adaptive_logits_read_each_position_at_its_exit(model, batches, criterion):
     ids = batches[0]["input_ids"]
     threshold = 0.1 if criterion == "kl" else 3.0
-    logits, exits = adaptive_logits(model, ids, threshold, H, criterion)
+    logits, exits = adaptive_logits(model, ids, ExitSpec((threshold,), criterion, H))
     by_loop = model.logits_by_loops(ids, list(range(1, H + 1)))
     assert logits.shape == (3, SEQ, VOCAB) and exits.shape == (3, SEQ)
     assert len(set(exits.flatten().tolist())) > 1
     for b in range(3):
         for i in range(SEQ):
             assert torch.equal(logits[b, i], by_loop[int(exits[b, i])][b, i])
-    zero_logits, zero_exits = adaptive_logits(model, ids, 0.0, H, criterion)
+    zero_logits, zero_exits = adaptive_logits(model, ids, ExitSpec((0.0,), criterion, H))
     assert (zero_exits == H).all() and torch.equal(zero_logits, by_loop[H])
 
 
 # ------------------------------------------------------------------ settings and errors
 
 
-def test_spec_resolution_sorts_dedupes_and_defaults_max_loops():
-    resolved = AdaptiveSpec((0.1, 0.0, 0.1), "entropy", 0).resolved([1, 4, 12])
-    assert resolved == AdaptiveSpec((0.0, 0.1), "entropy", 12)
-
-
 @pytest.mark.parametrize(("bad", "pattern"), [
-    (AdaptiveSpec((0.0, -0.5)), r"eval\.adaptive_thresholds \(kl\) = -0\.5 must be a finite "
-                                r"number >= 0"),
-    (AdaptiveSpec((0.5, 1.5), "gate"), r"gate threshold is a cumulative exit probability in "
+    (ExitSpec((0.0, -0.5)), r"eval\.adaptive\.thresholds \(kl\) = -0\.5 must be a finite "
+                            r"number >= 0"),
+    (ExitSpec((0.5, 1.5), "gate"), r"gate threshold is a cumulative exit probability in "
                                        r"\[0, 1\]"),
-    (AdaptiveSpec((1.5,), "argmax_stable"), r"argmax_stable takes a whole number"),
-    (AdaptiveSpec((float("nan"),)), r"eval\.adaptive_thresholds"),
-    (AdaptiveSpec(()), r"eval\.adaptive_thresholds"),
-    (AdaptiveSpec((0.1,), "margin"), r"eval\.adaptive_criterion = 'margin'"),
-    (AdaptiveSpec((0.1,), "kl", -2), r"eval\.adaptive_max_loops = -2 must be >= 1"),
+    (ExitSpec((1.5,), "argmax_stable"), r"argmax_stable takes a whole number"),
+    (ExitSpec((float("nan"),)), r"eval\.adaptive\.thresholds"),
+    (ExitSpec(()), r"eval\.adaptive\.thresholds"),
+    (ExitSpec((0.1,), "margin"), r"eval\.adaptive\.criteria lists 'margin'"),
+    (ExitSpec((0.1,), "kl", -2), r"eval\.adaptive\.max_loops = -2 must be >= 1"),
 ])
 def test_bad_spec_is_one_line(bad, pattern):
     with pytest.raises(ConfigError, match=pattern) as info:
         bad.resolved([4])
     assert "\n" not in str(info.value)
-
-
-def test_spec_from_eval_config_is_off_when_empty():
-    from pipeline_lib.spec.config import EvalConfig
-
-    assert AdaptiveSpec.from_eval_config(EvalConfig(adaptive_thresholds=[])) is None
-    on = AdaptiveSpec.from_eval_config(EvalConfig(adaptive_criterion="entropy",
-                                                  adaptive_max_loops=5))
-    assert on == AdaptiveSpec((0.0, 1e-4, 1e-3, 1e-2, 0.1), "entropy", 5)
-
-
-def test_parse_adaptive():
-    assert parse_adaptive("adaptive:0.01") == (0.01, None)
-    assert parse_adaptive("Adaptive:0:8") == (0.0, 8)
-
-
-@pytest.mark.parametrize("bad", ["adaptive", "adaptive:x", "adaptive:0.1:two", "adaptive:-1",
-                                 "adaptive:0.1:0", "adaptive:inf", "fast:0.1", "adaptive:1:2:3"])
-def test_bad_adaptive_text_names_value_and_fix(bad):
-    with pytest.raises(ConfigError, match="adaptive:THRESHOLD") as info:
-        parse_adaptive(bad)
-    assert repr(bad) in str(info.value) and "\n" not in str(info.value)
 
 
 # ------------------------------------------------------------------ run_heff and the summary
@@ -246,27 +216,29 @@ def test_run_heff_writes_the_adaptive_section(tiny_run, tmp_path: Path):
     data_dir, snap = tiny_run
     out = tmp_path / "sweep.json"
     result = run_heff(snap, data_dir, [1, 2, 4], out, max_tokens=600, batch_rows=4,
-                      adaptive=AdaptiveSpec((0.0, 1e-3, HUGE)))
-    section = result["adaptive"]
-    assert json.loads(out.read_text())["adaptive"] == section
+                      adaptive=ExitSpec((0.0, 1e-3, HUGE)))
+    section = result["adaptive_by_criterion"]["kl"]
+    assert json.loads(out.read_text())["adaptive_by_criterion"] == {"kl": section}
+    assert "adaptive" not in result  # the one-criterion section of earlier versions is gone
     assert (section["criterion"], section["max_loops"]) == ("kl", 4)
     assert [p["threshold"] for p in section["points"]] == [0.0, 1e-3, HUGE]
     assert section["points"][0]["loss"] == result["losses"]["4"]
     assert section["points"][-1]["loss"] == pytest.approx(result["losses"]["1"], rel=1e-6)
     assert section["points"][-1]["mean_loops"] == 1.0
     assert section["tokens"] == result["tokens"]
-    assert "adaptive" not in run_heff(snap, data_dir, [1, 2], tmp_path / "plain.json",
-                                      max_tokens=300, batch_rows=4)
+    assert "adaptive_by_criterion" not in run_heff(snap, data_dir, [1, 2],
+                                                   tmp_path / "plain.json", max_tokens=300,
+                                                   batch_rows=4)
 
 
 def test_summary_table_and_plot(tiny_run, tmp_path: Path):
     data_dir, snap = tiny_run
     with_section = tmp_path / "a.json"
     run_heff(snap, data_dir, [1, 2], with_section, max_tokens=300, batch_rows=4,
-             adaptive=AdaptiveSpec((0.0, 0.5), "entropy", 3))
+             adaptive=ExitSpec((0.0, 0.5), "entropy", 3))
     without = tmp_path / "b.json"
     doc = json.loads(with_section.read_text())
-    doc.pop("adaptive"), doc.pop("adaptive_by_criterion")  # a sweep without adaptive exit
+    doc.pop("adaptive_by_criterion")  # a sweep without adaptive exit
     doc["step"] = 3
     without.write_text(json.dumps(doc))
     rows = summarize_adaptive([without, with_section], tmp_path / "t.parquet",
@@ -289,7 +261,7 @@ def test_summarize_cli_writes_the_adaptive_outputs(tiny_run, tmp_path: Path):
     data_dir, snap = tiny_run
     sweep = tmp_path / "s.json"
     run_heff(snap, data_dir, [1, 2], sweep, max_tokens=300, batch_rows=4,
-             adaptive=AdaptiveSpec((0.0, 0.01)))
+             adaptive=ExitSpec((0.0, 0.01)))
     base = [sys.executable, "-m", "pipeline_lib", "summarize-heff", "--inputs", str(sweep),
             "--out-table", str(tmp_path / "h.parquet"), "--out-plot", str(tmp_path / "h.png"),
             "--no-track"]

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import ConfigError
-from ..spec.rules import EXIT_CRITERIA, check_exit_threshold, check_test_loops
+from ...errors import ConfigError
+from ...model.exit_gate import exit_step, gate_logit
+from ...spec.rules import check_exit_threshold
+from .spec import CRITERIA, ExitSpec
 
-CRITERIA = EXIT_CRITERIA
 LOGIT_CRITERIA = ("kl", "entropy")  # scored from the next-token distributions
-_FORMS = "adaptive:THRESHOLD[:MAX] or adaptive:CRITERION:THRESHOLD[:MAX]"
 
 
 def never_exits(criterion: str, threshold: float) -> bool:
@@ -55,7 +55,7 @@ def exit_threshold(criterion: str, threshold: float) -> float:
     return float(threshold)
 
 
-def check_model_criterion(model: Any, criterion: str, key: str = "eval.adaptive_criteria"
+def check_model_criterion(model: Any, criterion: str, key: str = "eval.adaptive.criteria"
                           ) -> None:
     """The gate criterion needs a snapshot trained with the exit gate (a model loaded from a
     snapshot whose gate was never trained carries why in ``untrained_exit_gate``)."""
@@ -69,45 +69,6 @@ def check_model_criterion(model: Any, criterion: str, key: str = "eval.adaptive_
         raise ConfigError(f"{key}: criterion gate reads the learned exit gate, but {untrained}; "
                           "its exits would be noise: train it (warm-start from this snapshot "
                           "with train.objective=expected_exit) or pick another criterion")
-
-
-def parse_adaptive_spec(text: str, key: str = "h_eff", criterion: str = "kl"
-                        ) -> tuple[str, float, int | None]:
-    """``"adaptive:[CRITERION:]THRESHOLD[:MAX]"`` → (criterion, threshold, max loops or
-    None); ``criterion`` when the text names none."""
-    parts = [p.strip() for p in str(text).split(":")]
-    fix = f"use {key}={_FORMS}, e.g. adaptive:0.01:8 or adaptive:gate:0.9"
-    if parts[0].lower() != "adaptive" or len(parts) not in (2, 3, 4):
-        raise ConfigError(f"{key}={text!r} is not an adaptive exit; {fix}")
-    if parts[1].lower() in CRITERIA:
-        criterion, parts = parts[1].lower(), [parts[0], *parts[2:]]
-    elif len(parts) == 4:
-        raise ConfigError(f"{key}={text!r}: {parts[1]!r} is not a criterion of {list(CRITERIA)}"
-                          f"; {fix}")
-    if len(parts) not in (2, 3):
-        raise ConfigError(f"{key}={text!r} is not an adaptive exit; {fix}")
-    try:
-        threshold = float(parts[1])
-        max_loops = int(parts[2]) if len(parts) == 3 else None
-    except ValueError:
-        raise ConfigError(f"{key}={text!r}: THRESHOLD must be a number and MAX an integer; "
-                          f"{fix}") from None
-    try:
-        check_exit_threshold(criterion, threshold, f"{key}={text!r}: the {criterion} threshold")
-    except ConfigError as exc:
-        raise ConfigError(f"{exc}; {fix}") from None
-    if max_loops is not None and max_loops < 1:
-        raise ConfigError(f"{key}={text!r}: MAX must be at least 1 loop; {fix}")
-    if max_loops is not None:
-        check_test_loops(max_loops, f"{key}={text!r}: MAX")
-    return criterion, threshold, max_loops
-
-
-def parse_adaptive(text: str, key: str = "h_eff") -> tuple[float, int | None]:
-    """``"adaptive:THRESHOLD[:MAX]"`` → (threshold, max loops or None); see
-    :func:`parse_adaptive_spec` for the form that names a criterion."""
-    _, threshold, max_loops = parse_adaptive_spec(text, key)
-    return threshold, max_loops
 
 
 def exit_scores(logp: Tensor, prev_logp: Tensor | float | None, criterion: str) -> Tensor:
@@ -156,10 +117,7 @@ class ExitTracker:
                    else torch.where(top == self.prev[0], self.prev[1] + 1, 0))
             self.prev = torch.stack([top, run])
             return -run.float()
-        from ..model.exit_gate import gate_logit
-
-        log_stay = F.logsigmoid(-gate_logit(self.model, hidden_rows))
-        self.prev = log_stay if self.prev is None else self.prev + log_stay
+        _, self.prev = exit_step(self.prev, gate_logit(self.model, hidden_rows))
         return torch.expm1(self.prev)  # −(cumulative exit probability)
 
     def keep(self, still: Tensor) -> None:
@@ -170,12 +128,14 @@ class ExitTracker:
 
 
 @torch.no_grad()
-def adaptive_logits(model: torch.nn.Module, batch_or_input_ids: Any, threshold: float,
-                    max_loops: int, criterion: str = "kl") -> tuple[Tensor, Tensor]:
-    """(logits [B, L, V], exit loop [B, L]): every position read out at its own exit loop.
+def adaptive_logits(model: torch.nn.Module, batch_or_input_ids: Any, spec: ExitSpec
+                    ) -> tuple[Tensor, Tensor]:
+    """(logits [B, L, V], exit loop [B, L]): every position read out at its own exit loop
+    under the one threshold of ``spec``, at most ``spec.max_loops`` loops.
 
     For lm-eval scoring and generation; the same criteria as the adaptive sweep.
     """
+    criterion, threshold, max_loops = spec.criterion, spec.threshold, spec.max_loops
     if criterion not in CRITERIA:
         raise ConfigError(f"adaptive criterion {criterion!r} is not one of {list(CRITERIA)}")
     check_exit_threshold(criterion, threshold, f"adaptive {criterion} threshold")

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.evaluate.adaptive import AdaptiveSpec
-from pipeline_lib.evaluate.exit_criteria import adaptive_logits, parse_adaptive_spec
+from pipeline_lib.evaluate.exit.criteria import adaptive_logits
+from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.sweep_pass import sweep_batch
-from pipeline_lib.spec.config import EvalConfig, ModelConfig
+from pipeline_lib.spec.config import ModelConfig
 
 VOCAB, SEQ, H = 30, 16, 5
 CASES = {"latent_diff": (0.0, 0.05, 0.2, 0.6), "cosine": (0.0, 0.001, 0.02, 0.2),
@@ -72,7 +72,7 @@ def _direct(model, batch, criterion: str, threshold: float) -> tuple[torch.Tenso
 @torch.no_grad()
 def test_criterion_matches_the_direct_computation(model, batch, criterion: str) -> None:
     thresholds = CASES[criterion]
-    spec = AdaptiveSpec(thresholds, criterion, H).resolved([H])
+    spec = ExitSpec(thresholds, criterion, H).resolved([H])
     losses, exits = sweep_batch(model, batch, [], [spec]).exits[0]
     for k, x in enumerate(spec.thresholds):
         want_loss, want_exit = _direct(model, batch, criterion, x)
@@ -82,7 +82,8 @@ def test_criterion_matches_the_direct_computation(model, batch, criterion: str) 
     assert torch.equal(losses[:, 1 + never], losses[:, 0])  # the fixed H-loop result, exactly
     assert exits[:, never].tolist() == [H] * len(exits)
     assert exits.float().mean() < H  # the other thresholds do exit early
-    logits, loops = adaptive_logits(model, batch["input_ids"], thresholds[-1], H, criterion)
+    logits, loops = adaptive_logits(model, batch["input_ids"],
+                                   ExitSpec((thresholds[-1],), criterion, H))
     assert loops.reshape(-1)[batch["targets"].reshape(-1) != -100].tolist() == \
         exits[:, spec.thresholds.index(thresholds[-1])].tolist()
 
@@ -92,22 +93,9 @@ def test_gate_needs_a_gated_snapshot_and_a_probability(batch) -> None:
 
     plain = LoopedLM(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, loops=2)).eval()
     with pytest.raises(ConfigError, match="criterion gate needs a snapshot with the learned"):
-        sweep_batch(plain, batch, [], [AdaptiveSpec((0.5,), "gate", H).resolved([H])])
+        sweep_batch(plain, batch, [], [ExitSpec((0.5,), "gate", H).resolved([H])])
     with pytest.raises(ConfigError, match=r"cumulative exit probability in \[0, 1\]"):
-        AdaptiveSpec((1.5,), "gate", H).resolved([H])
-    with pytest.raises(ConfigError, match=r"probability in \[0, 1\].*adaptive:gate:0.9"):
-        parse_adaptive_spec("adaptive:gate:2", "h_eff")
-    assert parse_adaptive_spec("adaptive:gate:0.9:6") == ("gate", 0.9, 6)
-    assert parse_adaptive_spec("adaptive:0.01", criterion="entropy") == ("entropy", 0.01, None)
-
-
-def test_several_criteria_from_the_eval_config() -> None:
-    cfg = EvalConfig(adaptive_criteria=["kl", "argmax_stable", "gate"])
-    specs = AdaptiveSpec.all_from_eval_config(cfg)
-    assert [(s.criterion, s.thresholds) for s in specs] == [
-        ("kl", tuple(cfg.adaptive_thresholds)), ("argmax_stable", (0, 1, 2, 3)),
-        ("gate", (1.0, 0.99, 0.9, 0.5))]
-    assert [s.criterion for s in AdaptiveSpec.all_from_eval_config(EvalConfig())] == ["kl"]
+        ExitSpec((1.5,), "gate", H).resolved([H])
 
 
 def test_sweep_and_summary_carry_every_criterion(tiny_run, tmp_path) -> None:
@@ -115,16 +103,16 @@ def test_sweep_and_summary_carry_every_criterion(tiny_run, tmp_path) -> None:
 
     import pyarrow.parquet as pq
 
-    from pipeline_lib.evaluate.adaptive_summary import summarize_adaptive
+    from pipeline_lib.evaluate.exit.summary import summarize_adaptive
     from pipeline_lib.evaluate.heff import run_heff
 
     data, snap = tiny_run
-    specs = [AdaptiveSpec((0.0, 0.1), "kl"), AdaptiveSpec((0, 1), "argmax_stable"),
-             AdaptiveSpec((0.0, 0.05), "latent_diff")]
+    specs = [ExitSpec((0.0, 0.1), "kl"), ExitSpec((0, 1), "argmax_stable"),
+             ExitSpec((0.0, 0.05), "latent_diff")]
     out = tmp_path / "heff.json"
     result = run_heff(snap, data, [1, 2], out, max_tokens=300, batch_rows=4, adaptive=specs)
     assert list(result["adaptive_by_criterion"]) == ["kl", "argmax_stable", "latent_diff"]
-    assert result["adaptive"] == result["adaptive_by_criterion"]["kl"]
+    assert "adaptive" not in result  # the first criterion's copy of earlier versions is gone
     for section in result["adaptive_by_criterion"].values():  # never-exit point = fixed at H
         assert section["points"][0]["loss"] == result["losses"]["2"]
     rows = summarize_adaptive([out], tmp_path / "a.parquet", tmp_path / "a.png")
@@ -136,6 +124,6 @@ def test_sweep_and_summary_carry_every_criterion(tiny_run, tmp_path) -> None:
     assert (tmp_path / "a.png").stat().st_size > 0
     with pytest.raises(ConfigError, match="criterion gate needs a snapshot"):
         run_heff(snap, data, [1, 2], tmp_path / "g.json", max_tokens=300, batch_rows=4,
-                 adaptive=[AdaptiveSpec((0.5,), "gate")])
+                 adaptive=[ExitSpec((0.5,), "gate")])
     assert not (tmp_path / "g.json").exists()
     assert json.loads(out.read_text())["adaptive_by_criterion"]["kl"]["criterion"] == "kl"

@@ -1,11 +1,11 @@
 """One criterion's adaptive exits over the loops of one batch, every threshold at once.
 
 A token exits at the first loop t < H whose score is below a threshold, else at H
-(:mod:`.exit_criteria`). Scores and cross-entropies are kept for every loop 1..H−1 and
+(:mod:`.criteria`). Scores and cross-entropies are kept for every loop 1..H−1 and
 every scored token that is still read out: those that have not yet exited under the
 strictest threshold that can exit (once a token exits there, it has exited under every
 more lenient one). Each criterion keeps its own set of still-active rows; the sweep reads
-them out (:class:`~.exit_readout.RowReadout`) and hands the readout to :meth:`record`.
+them out (:class:`~.readout.RowReadout`) and hands the readout to :meth:`record`.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .adaptive import AdaptiveSpec
-from .exit_criteria import LOGIT_CRITERIA, ExitTracker, exit_threshold, never_exits
-from .exit_readout import KlMemory, LoopHidden, Readout, RowReadout
+from .criteria import LOGIT_CRITERIA, ExitTracker, exit_threshold, never_exits
+from .readout import KlMemory, LoopHidden, Readout, RowReadout
+from .spec import ExitSpec
 
 
 class CriterionExits:
-    """Exit scores of one resolved :class:`~.adaptive.AdaptiveSpec` for the ``n`` scored
+    """Exit scores of one resolved :class:`~.spec.ExitSpec` for the ``n`` scored
     tokens of a batch: :meth:`start` before loop 1, :meth:`record` after each loop t where
     :meth:`reads` (t), :meth:`result` with the cross-entropies after ``max_loops``."""
 
-    def __init__(self, model: Any, spec: AdaptiveSpec, n: int, readout: RowReadout) -> None:
+    def __init__(self, model: Any, spec: ExitSpec, n: int, readout: RowReadout) -> None:
         self.spec, self.n = spec, n
         self.criterion, H = spec.criterion, spec.max_loops
-        assert H >= 1, "resolve the spec first (AdaptiveSpec.resolved)"
+        assert H >= 1, "resolve the spec first (ExitSpec.resolved)"
         vocab, dev = readout.vocab, readout.weight.device
         # the compared values (exit: score < it); those of thresholds that can exit early
         self.internal = [exit_threshold(self.criterion, x) for x in spec.thresholds]

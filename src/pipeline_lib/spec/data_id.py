@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..spec.config import DataConfig, SourceConfig
-from .tokenizer_files import KIND_GGUF, tokenizer_source_fingerprint
+from .config import DataConfig, SourceConfig
+from .tokenizer_id import KIND_GGUF, tokenizer_source_fingerprint
 
 # Version of the on-disk layout and of the packing algorithm: bump when the bytes change.
 FORMAT_VERSION = 1
+LAYOUT = "document_causal_lm"  # metadata.json's layout: whole documents, causal LM targets
 # Version of the reasoning generators (pipeline_lib.data.reasoning): bump when output changes.
 REASONING_GENERATOR_VERSION = 1
 # Version of the answer spans (answer_spans.npy): 1 = the answer's tokens; 2 = the answer's
@@ -168,6 +169,7 @@ def _tokenizer_fingerprint(data: DataConfig) -> dict[str, Any]:
     tok = data.tokenizer
     if tok.type == "byte":  # BPE knobs do not change a byte-level pack
         return {"type": "byte"}
+    # lazy: importlib.metadata costs ~50 ms, and byte-level packs (the default) never need it
     from importlib.metadata import PackageNotFoundError, version
 
     # A trained BPE may change with the tokenizers release that trains it, and so may the

@@ -46,7 +46,7 @@ def sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") -> Any:
     """Write the figure of the sweeps that have adaptive sections to ``out``; returns the
     (closed) matplotlib figure."""
-    import matplotlib
+    import matplotlib  # here: the figure's jobs alone pay for it, and Agg is set before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -61,7 +61,7 @@ def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") 
              for i in range(n_small)]
     fig.suptitle(title or "adaptive exit vs fixed depth")
     if not shown:
-        main.text(0.5, 0.5, "no adaptive-exit results\n(eval.adaptive_thresholds is empty)",
+        main.text(0.5, 0.5, "no adaptive-exit results\n(eval.adaptive.thresholds is empty)",
                   ha="center", va="center", transform=main.transAxes)
     else:
         _draw_all(fig, main, small, shown)
@@ -177,7 +177,7 @@ def _place(ax: Any, text: str, xy: tuple[float, float], colour: str, taken: list
 
 
 def _point_box(ax: Any, x: float, y: float, half: float = 6.0) -> Any:
-    from matplotlib.transforms import Bbox
+    from matplotlib.transforms import Bbox  # as in plot_adaptive: matplotlib only when drawing
 
     px, py = ax.transData.transform((x, y))
     return Bbox.from_extents(px - half, py - half, px + half, py + half)

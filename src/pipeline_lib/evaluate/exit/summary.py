@@ -3,11 +3,11 @@
 ``eval/heff_adaptive.parquet`` (:data:`COLUMNS`): one row per (snapshot step, criterion,
 threshold), with the loss, its per-document bootstrap standard error, the mean loops used
 and the paired difference to the fixed loss at ``max_loops`` (``diff_vs_fixed`` and its 95%
-interval). ``eval/heff_adaptive.png`` (:mod:`.adaptive_plot`): loss against (mean) loops
+interval). ``eval/heff_adaptive.png`` (:mod:`.plot`): loss against (mean) loops
 used, every criterion's points and the fixed-H_eff points on the same axes; the last
 snapshot in the large panel, earlier ones in small panels below.
 
-Sweeps without an ``adaptive`` section (``eval.adaptive_thresholds: []``, or written before
+Sweeps without an ``adaptive`` section (``eval.adaptive.thresholds: []``, or written before
 adaptive exit existed) contribute no rows; with none at all the table is empty and the
 figure says so.
 """
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .adaptive_plot import plot_adaptive, sections
-from .heff_summary import read_sweeps, write_parquet
+from ..heff_summary import read_sweeps, write_parquet
+from .plot import plot_adaptive, sections
 
 log = logging.getLogger(__name__)
 COLUMNS = ("step", "criterion", "max_loops", "threshold", "loss", "stderr", "mean_loops",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from itertools import combinations
 from pathlib import Path
 
-from pipeline_lib.evaluate.adaptive_plot import STYLE, plot_adaptive, threshold_labels
+from pipeline_lib.evaluate.exit.plot import STYLE, plot_adaptive, threshold_labels
 
 H = 4
 
@@ -32,7 +32,7 @@ def sweep(step: int, shift: float) -> dict:
                                  (0.5, 1.2, 1.27 + shift)]),
     }
     return {"step": step, "losses": losses, "stderr": {"1": 0.02, "2": 0.02, "4": 0.02},
-            "adaptive": by["kl"], "adaptive_by_criterion": by}
+            "adaptive_by_criterion": by}
 
 
 def test_threshold_labels_share_a_point_and_skip_points_without_early_exits():
@@ -94,5 +94,5 @@ def test_no_adaptive_results_says_so(tmp_path: Path):
     fig = plot_adaptive([{"step": 1, "losses": {1: 2.0}}], tmp_path / "e.png")
     (main,) = fig.axes
     assert [t.get_text() for t in main.texts] == [
-        "no adaptive-exit results\n(eval.adaptive_thresholds is empty)"]
+        "no adaptive-exit results\n(eval.adaptive.thresholds is empty)"]
     assert (tmp_path / "e.png").is_file()

@@ -1,0 +1,33 @@
+"""Names and constants shared across the floors, defined once here and imported by everyone.
+
+Torch-free like the rest of :mod:`pipeline_lib.spec`, so the Snakefile's plan and the torch
+code read the same values. (File names of a run directory are :mod:`.layout`'s.) The one
+exception is ``export/modeling_loopline.py``, which ships standalone beside exported
+weights and imports only torch and transformers: it spells :data:`IGNORE_INDEX` as -100.
+"""
+
+from __future__ import annotations
+
+# A target no loss counts (document boundaries, padding, non-answer tokens of an answer-only
+# objective): the value torch.nn.functional.cross_entropy ignores by default.
+IGNORE_INDEX = -100
+
+# The byte-level tokenizer: 256 bytes, then these special tokens, in this order.
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN)
+BYTE_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
+TOKENIZER_FILE = "tokenizer.json"  # in a data pack, and a copy in every snapshot
+
+# The built-in reasoning generators (data source ``reasoning``) and the lm-eval tasks made of
+# them (``loopline_khop``, …), which bench.tasks writes and the planner checks.
+REASONING_TASKS = ("khop", "addition", "parity")
+BUILTIN_TASK_PREFIX = "loopline_"
+BUILTIN_TASK_NAMES = tuple(BUILTIN_TASK_PREFIX + t for t in REASONING_TASKS)
+
+# Files that say what a directory is (commands refuse to write into such a directory).
+MANIFEST_NAME = "MANIFEST.json"  # a snapshot's file list and checksums, written last
+PACK_METADATA = "metadata.json"  # a data pack's description and array checksums
+PACK_TOKENS = "tokens.bin"  # a data pack's documents, back to back
+CONFIG_JSON = "config.json"  # a Hugging Face model's config (export writes it, import reads it)
+MODELING_FILE = "modeling_loopline.py"  # the export's self-contained modelling code
