@@ -18,6 +18,7 @@ from typing import Any
 PANELS = (("relative_step", "‖s_t − s_{t−1}‖ / ‖s_t‖", "log"),
           ("cosine", "cos(s_t, s_{t−1})", "linear"),
           ("kl_to_final", "KL(p_t ‖ p_M) (nats)", "symlog"))
+KL_LINEAR = 1e-3  # nats: the KL panel is linear below this, logarithmic above (symlog)
 COLOUR = "#0072B2"  # Okabe–Ito blue, as the kl criterion in the adaptive figure
 
 
@@ -48,6 +49,7 @@ def plot_trajectories(result: dict[str, Any], out: Path, title: str = "") -> Any
 def _paths(fig: Any, ax: Any, result: dict[str, Any]) -> None:
     """Every path in the PCA plane, states coloured by loop."""
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     paths = np.asarray([p["pca"] for p in result["paths"]])  # [n, M+1, 2]
     loops = np.broadcast_to(np.arange(paths.shape[1]), paths.shape[:2])
@@ -60,8 +62,10 @@ def _paths(fig: Any, ax: Any, result: dict[str, Any]) -> None:
         ax.scatter(paths[..., 0][past], paths[..., 1][past], c=loops[past], s=12,
                    cmap="viridis", vmin=0, vmax=result["max_loops"], edgecolors="black",
                    linewidths=0.4, zorder=3)
-    fig.colorbar(dots, ax=ax, label=f"loop (black edge: past the training count "
-                                    f"{result['training_loops']})")
+    bar = fig.colorbar(dots, ax=ax, label=f"loop (black edge: past the training count "
+                                          f"{result['training_loops']})")
+    bar.locator = MaxNLocator(integer=True)
+    bar.update_ticks()
     ratio = result["pca"]["explained_variance_ratio"]
     ax.set_xlabel(f"PC 1 ({100 * ratio[0]:.0f}% of the variance)")
     ax.set_ylabel(f"PC 2 ({100 * ratio[1]:.0f}% of the variance)")
@@ -71,6 +75,8 @@ def _paths(fig: Any, ax: Any, result: dict[str, Any]) -> None:
 
 def _measure(ax: Any, result: dict[str, Any], name: str, label: str, scale: str) -> None:
     """One measure's mean and q10–q90 band per loop, the training loop count marked."""
+    from matplotlib.ticker import MaxNLocator
+
     loops, summary = result["loops"], result["measures"][name]
     ax.fill_between(loops, summary["q10"], summary["q90"], color=COLOUR, alpha=0.2,
                     linewidth=0, label="q10–q90")
@@ -79,9 +85,11 @@ def _measure(ax: Any, result: dict[str, Any], name: str, label: str, scale: str)
                label=f"training loops ({result['training_loops']})")
     if scale == "log" and min(summary["q10"]) > 0:
         ax.set_yscale("log")
-    elif scale == "symlog":
-        ax.set_yscale("symlog", linthresh=1e-3)
+    elif scale == "symlog" and max(summary["q90"]) > 10 * KL_LINEAR:  # else linear is legible
+        ax.set_yscale("symlog", linthresh=KL_LINEAR)
+    if scale == "symlog":
         ax.set_ylim(bottom=0)  # a KL is never negative
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(label, fontsize="small")
     ax.grid(True, alpha=0.25)
     if name == PANELS[0][0]:
