@@ -43,9 +43,13 @@ depth-long: $(STAMP)
 	  --docs docs/results_long --section depth-long
 
 # Retrofitted recurrence into SmolLM2-135M, CPU version (config/experiments/retrofit_smollm2.yaml),
-# and its section in docs/pretrained.md from the run's own outputs.
+# the layer plan it was chosen by (retrofit-plan on the run's own pack), and its section in
+# docs/pretrained.md from the run's own outputs.
 retrofit: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile config/experiments/retrofit_smollm2.yaml
+	$(BIN)/python -m pipeline_lib retrofit-plan --config config/experiments/retrofit_smollm2.yaml \
+	  --run retro --data $$(ls -d results_retrofit/data/*/ | head -n 1) --rows 16 --measure 8 \
+	  --out results_retrofit/compare/retrofit_plan
 	$(BIN)/python -m pipeline_lib results-doc --results results_retrofit --doc docs/pretrained.md \
 	  --docs docs/results_retrofit --section retrofit
 

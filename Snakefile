@@ -5,7 +5,7 @@ from snakemake.utils import min_version
 from pipeline_lib.workflow.cluster_job import enter_cluster_job
 from pipeline_lib.workflow.plan import plan_for_snakemake
 from pipeline_lib.workflow.slurm_status import check_status_command
-from pipeline_lib.workflow.stages import close_open_parents
+from pipeline_lib.workflow.stages.parent_runs import close_open_parents
 
 min_version("9.0")
 

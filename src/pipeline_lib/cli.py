@@ -1,7 +1,9 @@
 """Command line: one subcommand per stage, each defined in ``pipeline_lib.commands.<name>``.
 
-Command modules import only argparse-level code at parser build time (so ``--help`` is
-fast); the stage itself is imported when the command runs. A :class:`PipelineError` is
+Command modules import at module level only what is light (no torch, lm-eval or mlflow
+client), so ``--help`` stays fast; a heavy stage is imported when the command runs. Each
+command calls the same stage function as its Snakemake rule
+(:mod:`pipeline_lib.workflow.stages`), ``--no-track`` being the only difference. A :class:`PipelineError` is
 printed as one line and exits with status 2, and so is a storage failure (a full disk, a
 read-only mount, a permission: :data:`pipeline_lib.output_set.STORAGE_ERRNOS`) wherever it
 happens; anything else is a bug and keeps its traceback. Before a command runs, its declared
@@ -22,6 +24,7 @@ from .errors import PREEMPTED_EXIT, PipelineError, Preempted
 COMMAND_MODULES = [
     "pack",
     "train",
+    "snapshot_index",
     "heff",
     "summarize_heff",
     "trajectories",

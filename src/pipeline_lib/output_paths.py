@@ -82,6 +82,7 @@ DEPTH_JSON = OutputKind('a depth check (JSON with "comparisons")', (".json",),
                         _json_with("comparisons"))
 RECORD_JSON = OutputKind('a tracking record (JSON with "parent_run_id")', (".json",),
                          _json_with("parent_run_id"))
+INDEX_JSON = OutputKind('a snapshot index (JSON with "kept")', (".json",), _json_with("kept"))
 TABLE = OutputKind("a Parquet table", (".parquet",), _starts_with(b"PAR1"))
 FIGURE = OutputKind("a figure (PNG, SVG or PDF)", (".png", ".svg", ".pdf"),
                     _starts_with(b"\x89PNG", b"<?xml", b"<svg", b"%PDF"))

@@ -15,7 +15,7 @@ from pipeline_lib.bench import LooplineLM
 from pipeline_lib.checkpoint.compat import snapshot_config
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.spec.config import BenchConfig
-from pipeline_lib.workflow.stages import bench_stage
+from pipeline_lib.workflow.stages.bench import bench_stage
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -12,7 +12,7 @@ from support.precision_probe import linear_calls
 
 from pipeline_lib.checkpoint.compat import snapshot_config
 from pipeline_lib.device import resolve_device
-from pipeline_lib.workflow.stages import heff_stage
+from pipeline_lib.workflow.stages.heff import heff_stage
 
 
 def _cfg(snap: Path, precision: str):

@@ -13,7 +13,7 @@ from support.credentials_helpers import free_port
 from pipeline_lib.checkpoint.compat import snapshot_config
 from pipeline_lib.cli import main
 from pipeline_lib.tracking.outbox import Outbox
-from pipeline_lib.workflow.trajectory_stage import trajectories_stage
+from pipeline_lib.workflow.stages.trajectories import trajectories_stage
 
 
 def _argv(data_dir: Path, snap: Path, out: Path, *extra: str) -> list[str]:

@@ -24,7 +24,7 @@ def snapshot(tmp_path_factory) -> Path:
 
 
 def _export(capsys, snapshot: Path, out: Path, *extra: str) -> tuple[int, str]:
-    code = main(["export", "--snapshot", str(snapshot), "--out", str(out), *extra])
+    code = main(["export", "--snapshot", str(snapshot), "--out", str(out), "--no-track", *extra])
     return code, capsys.readouterr().err.strip()
 
 
@@ -34,7 +34,7 @@ def _leftovers(out: Path) -> list[str]:
 
 def test_export_prints_its_provenance_and_replaces_a_previous_export(capsys, snapshot, tmp_path):
     out = tmp_path / "export"
-    code = main(["export", "--snapshot", str(snapshot), "--out", str(out)])
+    code = main(["export", "--snapshot", str(snapshot), "--out", str(out), "--no-track"])
     info = json.loads(capsys.readouterr().out)
     assert code == 0 and info["out"] == str(out) and info["step"] == 5
     (out / "stale.txt").write_text("from an older export")

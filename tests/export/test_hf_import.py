@@ -154,7 +154,7 @@ def test_gated_import_gives_the_hf_logits_at_every_loop_count(llama, tmp_path, r
     for recurrence in ("gated", "plain"):
         out = tmp_path / recurrence
         assert main(["import-hf", "--source", str(source), "--out", str(out), *ranges,
-                     "--loops", "4", f"model.recurrence={recurrence}"]) == 0
+                     "--loops", "4", f"model.recurrence={recurrence}", "--no-track"]) == 0
         model = load_for_eval(out).model
         assert (model.cfg.recurrence, model.cfg.loops) == (recurrence, 4)
         logits = model.logits_by_loops(IDS, [1, 2, 3, 4, 6])
@@ -374,7 +374,7 @@ def test_repeated_config_files_merge_in_order(llama, tmp_path):
                                  "model": {"injection_scale": 0.5}}))
     b.write_text(yaml.safe_dump({"train": {"lr": 0.0007}}))
     assert main(["import-hf", "--source", str(source), "--out", str(tmp_path / "snap"),
-                 "--config", str(a), "--config", str(b), "experiment.seed=5"]) == 0
+                 "--config", str(a), "--config", str(b), "experiment.seed=5", "--no-track"]) == 0
     cfg = load_config(tmp_path / "snap" / "config.yaml", base=None)
     assert (cfg.train.lr, cfg.train.warmup_steps, cfg.model.injection_scale) == (0.0007, 3, 0.5)
     assert cfg.experiment.seed == 5

@@ -21,8 +21,9 @@ import pytest
 
 from pipeline_lib.cli import COMMAND_MODULES, main
 
-TESTED = ["pack", "train", "heff", "summarize_heff", "trajectories", "bench", "summarize_bench",
-          "export", "import_hf", "generate", "track_init", "sync_tracking", "compare", "results_doc"]
+TESTED = ["pack", "train", "snapshot_index", "heff", "summarize_heff", "trajectories", "bench",
+          "summarize_bench", "export", "import_hf", "generate", "track_init", "sync_tracking",
+          "compare", "results_doc"]
 UNWRITABLE = Path("/proc/self/loopline")
 
 
@@ -56,6 +57,8 @@ def _argv(command: str, root: Path, out: Path | None = None, src: Path | None = 
         "train": ["train", "--config", cfg, "--data", s or data, "--resume-from", "none",
                   "--until-step", "4", "--out", o or str(root / "new" / "step_0000004"),
                   "--no-track"],
+        "snapshot_index": ["snapshot-index", snap, "--out",
+                           o or str(Path(snap).parent / "index.json")],
         "heff": ["heff", "--snapshot", snap, "--data", data, "--out", o or str(root / "h.json"),
                  "--no-track"],
         "trajectories": ["trajectories", "--snapshot", snap, "--data", data, "--out",

@@ -41,6 +41,8 @@ def _base(root: Path) -> dict[str, tuple[list, tuple[str, Path]]]:
         "train": (["train", "--config", cfg, "--data", data, "--resume-from", "none",
                    "--until-step", "4", "--out", root / "t" / "step_0000004", "--no-track"],
                   ("--data", data)),
+        "snapshot-index": (["snapshot-index", snap, "--out", snap.parent / "index.json"],
+                           ("snapshots", snap)),
         "heff": (["heff", "--snapshot", snap, "--data", data, "--out", root / "h.json",
                   "--no-track"], ("--snapshot", snap)),
         "trajectories": (["trajectories", "--snapshot", snap, "--data", data, "--out",

@@ -60,3 +60,13 @@ def test_failure_line_prefers_the_one_line_pipeline_error() -> None:
     assert failure_line(lines) == "rank 0: --until-step 99 exceeds the run's 6 steps; lower it"
     assert failure_line(lines[:2]) == "rank 1: RuntimeError: connection reset by peer"
     assert failure_line(["all fine\n"]) is None
+
+
+def test_workers_of_an_untracked_launch_are_told_not_to_track(tmp_path) -> None:
+    """The workers run the ``train`` command, which tracks (it is the train stage's door):
+    a launch given no tracking passes them ``--no-track``."""
+    from pipeline_lib.train.launch import _train_args
+
+    args = (tmp_path / "c.yaml", tmp_path / "data", None, 4, tmp_path / "out", None, 1, None)
+    assert "--no-track" in _train_args(*args, tracked=False)
+    assert "--no-track" not in _train_args(*args, tracked=True)

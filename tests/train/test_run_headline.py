@@ -6,7 +6,7 @@ import dataclasses
 
 from pipeline_lib.spec.config import ModelConfig
 from pipeline_lib.spec.size import flops_per_token, param_count
-from pipeline_lib.train.run_tracking import train_values
+from pipeline_lib.workflow.stages.train import train_values
 
 
 def test_train_values_sum_segment_wall_times_at_step_zero() -> None:

@@ -15,6 +15,7 @@ from pipeline_lib.checkpoint.best import read_best
 from pipeline_lib.checkpoint.manifest import verify_snapshot
 from pipeline_lib.errors import CheckpointError, ConfigError, TrainingError
 from pipeline_lib.train.job import train_segment
+from pipeline_lib.workflow.stages.train import train_stage
 
 
 @pytest.fixture(scope="module")
@@ -363,11 +364,11 @@ def test_mlflow_metrics_once_per_step_after_a_failed_attempt(
     cfg = tiny_config("tracking.enabled=true", f"tracking.uri={uri}",
                       "train.spike.abort_consecutive=2")
     run = tmp_path / "run"
-    train_segment(cfg, pack, None, 3, snap(run, 3))
+    train_stage(cfg, pack, None, 3, snap(run, 3))  # the stage tracks; the trainer alone does not
     inject_faults("spike_rows=32:48")  # steps 5, 6: abort
     with pytest.raises(TrainingError):
-        train_segment(cfg, pack, snap(run, 3), 6, snap(run, 6))
-    out = train_segment(cfg, pack, snap(run, 3), 6, snap(run, 6), attempt=2)
+        train_stage(cfg, pack, snap(run, 3), 6, snap(run, 6))
+    out, _ = train_stage(cfg, pack, snap(run, 3), 6, snap(run, 6), attempt=2)
     state = json.loads((out / "trainer_state.json").read_text())
     first = json.loads((snap(run, 3) / "trainer_state.json").read_text())
     assert state["tracking_run_id"] == first["tracking_run_id"]  # one child run for all

@@ -87,7 +87,7 @@ def test_handler_closes_the_parents_a_pipeline_left_open(tmp_path: Path, status:
 
     from pipeline_lib.tracking import init_parent_run, pipeline_job
     from pipeline_lib.workflow.plan import plan_for_snakemake
-    from pipeline_lib.workflow.stages import close_open_parents
+    from pipeline_lib.workflow.stages.parent_runs import close_open_parents
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}"

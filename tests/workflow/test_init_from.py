@@ -113,3 +113,21 @@ def test_trained_retrofit_exports_with_its_snapshots_logits(retrofit):
             ours = model.logits_at(ids, loops)
             theirs = exported(ids, num_loops=loops).logits
             assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), loops
+
+
+def test_the_import_command_writes_what_the_rule_wrote(retrofit, tmp_path):
+    """One door: ``import-hf`` with the ``retro`` run's layers writes the rule's init/
+    snapshot (weights, tokenizer, import record) and, tracked, an ``import`` child run of the
+    same shape in its own store."""
+    from support.stage_runs import child_runs, cli, run_shape
+
+    workdir, path = retrofit
+    cli(tmp_path, "import-hf", "--source", workdir / "pretrained", "--out", "results/retro/init",
+        "--prelude", "0:1", "--core", "1:2", "--coda", "3:4", "--adapter", "linear",
+        "--loops", "2", "--config", path)
+    for name in ("model.safetensors", "tokenizer.json", "import.json"):
+        ours = (tmp_path / "results" / "retro" / "init" / name).read_bytes()
+        assert ours == (workdir / "results" / "retro" / "init" / name).read_bytes(), name
+    ours, theirs = (child_runs(w, "loopline-init-from", "retro")["import"]
+                    for w in (tmp_path, workdir))
+    assert run_shape(*ours) == run_shape(*theirs)

@@ -22,7 +22,8 @@ def test_trajectories_run_only_when_asked(tmp_path: Path):
     jobs = job_counts(asked.stdout)
     assert jobs["eval_trajectories"] == 2  # tiny.yaml's two variants
     assert "eval_heff" not in jobs and "bench_downstream" not in jobs
-    assert "results/loops1/eval/trajectories/step_" in asked.stdout
+    for run in ("loops1", "loops2"):  # the final snapshot (tiny.yaml: 30 steps)
+        assert f"results/{run}/eval/trajectories/step_0000030" in asked.stdout
 
 
 def test_the_target_rule_writes_each_runs_trajectories(tiny_pipeline: Path, tmp_path: Path):

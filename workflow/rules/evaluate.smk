@@ -87,4 +87,4 @@ rule eval_trajectories:
 
 rule trajectories:
     input:
-        PLAN.trajectory_targets(),
+        trajectory_targets,

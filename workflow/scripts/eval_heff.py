@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from pipeline_lib.workflow.io import run_job
-from pipeline_lib.workflow.stages import heff_stage
+from pipeline_lib.workflow.stages.heff import heff_stage
 
 snakemake = globals()["snakemake"]
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from pipeline_lib.workflow.io import run_job
-from pipeline_lib.workflow.trajectory_stage import trajectories_stage
+from pipeline_lib.workflow.stages.trajectories import trajectories_stage
 
 snakemake = globals()["snakemake"]
 

@@ -4,7 +4,7 @@ logged as an MLflow logged model of the run's train run."""
 from pathlib import Path
 
 from pipeline_lib.workflow.io import run_job
-from pipeline_lib.workflow.stages import export_stage
+from pipeline_lib.workflow.stages.interop import export_stage
 
 snakemake = globals()["snakemake"]
 

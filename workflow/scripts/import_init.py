@@ -4,7 +4,7 @@
 from pathlib import Path
 
 from pipeline_lib.workflow.io import run_job
-from pipeline_lib.workflow.stages import import_stage
+from pipeline_lib.workflow.stages.interop import import_stage
 
 snakemake = globals()["snakemake"]
 

@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-from pipeline_lib.checkpoint.index import write_index
 from pipeline_lib.workflow.io import script_logging
+from pipeline_lib.workflow.stages.data import index_stage
 
 snakemake = globals()["snakemake"]
 
 with script_logging(snakemake.log[0]):
-    write_index(Path(snakemake.output.index), [Path(p) for p in snakemake.input.kept])
+    index_stage(Path(snakemake.output.index), [Path(p) for p in snakemake.input.kept])

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from pipeline_lib.workflow.io import run_job
-from pipeline_lib.workflow.stages import summarize_bench_stage
+from pipeline_lib.workflow.stages.bench import summarize_bench_stage
 
 snakemake = globals()["snakemake"]
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from pipeline_lib.workflow.io import run_job
-from pipeline_lib.workflow.stages import update_parent
+from pipeline_lib.workflow.stages.parent_runs import update_parent
 
 snakemake = globals()["snakemake"]
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from pipeline_lib.workflow.io import run_config, script_logging
-from pipeline_lib.workflow.stages import finish_run
+from pipeline_lib.workflow.stages.parent_runs import finish_run
 
 snakemake = globals()["snakemake"]
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from pipeline_lib.workflow.io import run_job
-from pipeline_lib.workflow.stages import init_tracking
+from pipeline_lib.workflow.stages.parent_runs import init_tracking
 
 snakemake = globals()["snakemake"]
 

@@ -8,23 +8,16 @@ latch_stop_signals()  # before torch loads: a SIGUSR1/SIGTERM from now on stops 
 
 from pathlib import Path  # noqa: E402
 
-from pipeline_lib.train.launch import run_training_job  # noqa: E402
 from pipeline_lib.workflow.attempt_log import current_attempt  # noqa: E402
 from pipeline_lib.workflow.io import run_job  # noqa: E402
+from pipeline_lib.workflow.stages.train import train_stage  # noqa: E402
 
 snakemake = globals()["snakemake"]
 
 with run_job(snakemake, snakemake.threads) as cfg:
-    out = Path(snakemake.output.snapshot)
-    previous = snakemake.input.previous
-    init = snakemake.input.init
-    run_training_job(
-        cfg,
-        data_dir=Path(snakemake.input.data),
-        resume_from=Path(previous[0]) if previous else None,
-        until_step=int(snakemake.wildcards.step),
-        out=out,
-        run_dir=Path(snakemake.params.run_dir),
-        attempt=current_attempt(snakemake.log[0]),  # > 1: a retry (rolls back past a spike)
-        warm_start=Path(init[0]) if init else None,
-    )
+    previous, init = snakemake.input.previous, snakemake.input.init
+    train_stage(cfg, Path(snakemake.input.data), Path(previous[0]) if previous else None,
+                int(snakemake.wildcards.step), Path(snakemake.output.snapshot),
+                Path(snakemake.params.run_dir),
+                attempt=current_attempt(snakemake.log[0]),  # > 1: a retry (a rollback)
+                warm_start=Path(init[0]) if init else None)

@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 from ..output_paths import BENCH_JSON
+from ..spec.layout import run_dir_of
 from ._common import add_config_args, add_output, add_tracking_args, config_from_args
 
 
@@ -36,9 +37,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluate.heff import parse_h_eff
-    from ..spec.layout import run_dir_of
-    from ..workflow.stages import bench_stage
+    from ..evaluate.heff import parse_h_eff  # torch: loads on run, `--help` stays fast
+    from ..workflow.stages.bench import bench_stage  # torch, lm-eval: likewise
 
     cfg = config_from_args(args, snapshot=args.snapshot)
     bench = cfg.bench

@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # pandas, matplotlib: loads on run, `--help` stays fast
     from ..compare import check_compare_outputs, compare_runs, run_dir_inputs
 
     check_compare_outputs(args.out)  # before any run directory is read

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import UsageError
 from ..spec.rules import EXIT_CRITERIA
 
 
@@ -51,8 +52,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def read_prompts(args: argparse.Namespace) -> tuple[list[str], bool]:
     """(prompts, streamed): --prompt streams; a file, '-' or piped stdin is a batch."""
-    from ..errors import UsageError
-
     if args.prompt is not None and args.prompts_file is not None:
         raise UsageError("--prompt and --prompts-file both given; pass one")
     if args.prompt is not None:  # argv keeps undecodable bytes as surrogates: check them
@@ -85,8 +84,6 @@ def read_prompts(args: argparse.Namespace) -> tuple[list[str], bool]:
 def _utf8(data: bytes, name: str) -> str:
     """``data`` as UTF-8 text (a byte order mark, as Windows editors write, is not part of
     the first prompt); a UsageError naming ``name`` and the first bad byte otherwise."""
-    from ..errors import UsageError
-
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -95,8 +92,6 @@ def _utf8(data: bytes, name: str) -> str:
 
 
 def _json_prompt(name: str, n: int, line: str) -> str:
-    from ..errors import UsageError
-
     try:
         record = json.loads(line)
     except ValueError as exc:
@@ -110,6 +105,7 @@ def _json_prompt(name: str, n: int, line: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch: loads on run, `--help` stays fast
     from ..device import resolve_device
     from ..evaluate.generation import Sampling, generate_texts, parse_depth
     from ..evaluate.loading import load_for_eval
@@ -122,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     depth = parse_depth(args.h_eff, args.adaptive, loaded.config.model.loops,
                         args.adaptive_criterion)
     if depth.exit is not None:  # the gate criterion needs a gated snapshot
-        from ..evaluate.exit.criteria import check_model_criterion
+        from ..evaluate.exit.criteria import check_model_criterion  # torch: as above
 
         check_model_criterion(loaded.model, depth.exit.criterion, "generate --adaptive-criterion")
     model = loaded.model.to(resolve_device(args.device))

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from ..output_paths import HEFF_JSON
+from ..spec.layout import run_dir_of
 from ._common import add_config_args, add_output, add_tracking_args, config_from_args
 
 
@@ -31,9 +32,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluate.heff import parse_h_eff
-    from ..spec.layout import run_dir_of
-    from ..workflow.stages import heff_stage
+    from ..evaluate.heff import parse_h_eff  # torch: loads on run, `--help` stays fast
+    from ..workflow.stages.heff import heff_stage  # torch: likewise
 
     cfg = config_from_args(args, snapshot=args.snapshot)
     if args.h_eff:

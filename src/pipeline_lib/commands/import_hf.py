@@ -1,14 +1,23 @@
 """`import-hf`: a pretrained Hugging Face model (Llama, Mistral, Qwen2, Qwen3, OLMo-2: an HF
 directory; Llama or Mistral: a GGUF file) as a loopline snapshot that training warm-starts
-from (the rule ``import_init`` calls the same :func:`pipeline_lib.export.hf_import.import_checkpoint` for ``model.init_from``)."""
+from (the rule ``import_init`` calls the same
+:func:`pipeline_lib.workflow.stages.interop.import_stage` for ``model.init_from``, tracking
+included: the child run ``import``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
-from ._common import add_output
+from ..errors import ConfigError
+from ..export.hf_layout import layer_choice
+from ..export.pretrained_source import source_arch
+from ..spec.config import load_config
+from ..spec.layout import run_dir_of
+from ..workflow.stages.interop import import_stage
+from ._common import add_output, add_tracking_args
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -20,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "from a Hugging Face model directory (safetensors, sharded or not) or a "
                     "GGUF file. Layer ranges (half-open START:END) pick the source layers of "
                     "the prelude, the looped core and the coda; none = every layer as the core "
-                    "(with one loop: the original model). --out appears complete or not at all.")
+                    "(with one loop: the original model). --out appears complete or not at all. "
+                    "Logged as the child run import of the run's MLflow parent run.")
     parser.add_argument("--source", type=Path, required=True,
                         help="Hugging Face model directory or .gguf file")
     add_output(parser, "--out", required=True, help="snapshot directory (new)")
@@ -36,23 +46,16 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "(may be partial; merged over config/config.yaml); repeat to "
                              "merge several in order, as the other commands do")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    add_tracking_args(parser, "run directory whose MLflow parent run the import joins "
+                              "(default: the directory holding --out)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from ..errors import ConfigError
-    from ..export.hf_import import import_checkpoint
-    from ..export.hf_layout import layer_choice
-    from ..export.pretrained_source import source_arch
-    from ..spec.config import load_config
-
     if args.loops < 1:
         raise ConfigError(f"--loops {args.loops} must be at least 1")
     cfg = load_config(args.config, args.overrides)
-    arch = source_arch(args.source)
-    choice = layer_choice(arch.layers, args.prelude, args.core, args.coda)
+    choice = layer_choice(source_arch(args.source).layers, args.prelude, args.core, args.coda)
     source = str(Path(args.source).expanduser().resolve())
     cfg = dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, loops=args.loops,
@@ -60,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
                                            cfg.model.init_from, source=source,
                                            **choice.as_lists(), adapter=args.adapter)),
         data=dataclasses.replace(cfg.data, tokenizer=dataclasses.replace(
-            cfg.data.tokenizer, type="file", path=source)))
-    record = import_checkpoint(args.source, args.out, cfg, choice, adapter=args.adapter)
+            cfg.data.tokenizer, type="file", path=source)),
+        tracking=dataclasses.replace(cfg.tracking,
+                                     enabled=cfg.tracking.enabled and not args.no_track))
+    run_dir = args.run_dir if args.run_dir is not None else run_dir_of(args.out)
+    record = import_stage(cfg, run_dir, args.out)
     print(json.dumps({"out": str(args.out), **record}))
     return 0

@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import PipelineError
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -30,10 +32,9 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def passthrough(argv: Sequence[str]) -> int:
     """Run lm-eval's CLI on ``argv`` with the loopline model registered; its exit status."""
-    from lm_eval.__main__ import cli_evaluate
+    from lm_eval.__main__ import cli_evaluate  # lm-eval, torch: loads on run, `--help` stays fast
 
     from .. import bench  # noqa: F401  (registers --model loopline)
-    from ..errors import PipelineError
 
     saved = sys.argv
     scratch = tempfile.TemporaryDirectory(prefix="loopline-tasks-")
@@ -54,7 +55,7 @@ def passthrough(argv: Sequence[str]) -> int:
 
 def _mirrored_include_path(argv: list[str], scratch: Path) -> list[str]:
     """``argv`` with the folder of ``--include_path`` replaced by its mirror in ``scratch``."""
-    from ..bench.user_tasks import prepare_user_tasks
+    from ..bench.user_tasks import prepare_user_tasks  # lm-eval, torch: as above
 
     mirror = scratch / "include"
     for i, arg in enumerate(argv):

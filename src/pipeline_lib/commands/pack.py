@@ -1,5 +1,5 @@
 """``pack``: corpus → tokenizer → packed epoch shards in DIR (the rule ``pack_data`` calls the
-same :func:`pipeline_lib.data.pack.pack_corpus`)."""
+same :func:`pipeline_lib.workflow.stages.data.pack_stage`)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,9 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data.pack import pack_corpus
+    from ..workflow.stages.data import pack_stage  # tokenizers, pyarrow: `--help` stays fast
 
-    cfg = config_from_args(args)
-    meta = pack_corpus(cfg.data, args.out)
+    meta = pack_stage(config_from_args(args).data, args.out)
     print(f"packed {meta['num_docs']} docs, {meta['total_tokens']} tokens "
           f"(vocab {meta['vocab_size']}) into {meta['rows_per_epoch']} rows/epoch × "
           f"{meta['num_epochs']} epochs of {meta['row_len']} tokens, fill "

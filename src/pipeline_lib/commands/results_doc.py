@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..output_paths import PAGE
+from ..results_doc import write_results_doc
 from ._common import add_output
 
 
@@ -31,8 +32,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..results_doc import write_results_doc
-
     write_results_doc(args.results, args.doc, args.docs, args.section, args.summary)
     also = f" and {args.summary}'s summary" if args.summary else ""
     print(f"{args.doc}: results section{also} regenerated from {args.results}; figures in "

@@ -1,5 +1,5 @@
 """``summarize-bench``: benchmark JSONs → long table (parquet) and accuracy heatmaps (PNG) (the
-rule ``summarize_bench`` calls the same :func:`pipeline_lib.workflow.stages.summarize_bench_stage`)."""
+rule ``summarize_bench`` calls the same :func:`pipeline_lib.workflow.stages.bench.summarize_bench_stage`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workflow.stages import summarize_bench_stage
+    # torch, lm-eval (the bench package): loads on run, `--help` stays fast
+    from ..workflow.stages.bench import summarize_bench_stage
 
     run_dir = tracking_run_dir(args, "summarize-bench")
     rows = summarize_bench_stage(config_from_args(args), args.run or run_dir.name, run_dir,

@@ -1,12 +1,14 @@
 """`summarize-heff`: table and figure over the H_eff sweeps of every kept snapshot (the rule
-``summarize_heff`` calls the same :func:`pipeline_lib.workflow.stages.summarize_heff_stage`)."""
+``summarize_heff`` calls the same :func:`pipeline_lib.workflow.stages.heff_summary.summarize_heff_stage`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..output_paths import FIGURE, TABLE
+from ..workflow.stages.heff_summary import summarize_heff_stage
 from ._common import (
     add_config_args,
     add_output,
@@ -38,9 +40,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..workflow.stages import summarize_heff_stage
-
     adaptive = (args.out_adaptive_table, args.out_adaptive_plot)
     if (adaptive[0] is None) != (adaptive[1] is None):
         raise ConfigError("--out-adaptive-table and --out-adaptive-plot go together; pass both")

@@ -14,6 +14,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..credentials import redact_uri
+from ..errors import TrackingError
+from ..output_paths import SQLITE, Output, check_outputs
+from ..tracking import outbox_dirs, sync_outbox
+from ..tracking.health import check_sqlite_file
+from ..tracking.store import StoreUnavailable, resolve_uri, sqlite_path, store_uri
 from ._common import add_config_args, config_from_args
 
 
@@ -29,13 +35,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..credentials import redact_uri
-    from ..errors import TrackingError
-    from ..output_paths import SQLITE, Output, check_outputs
-    from ..tracking import outbox_dirs, sync_outbox
-    from ..tracking.health import check_sqlite_file
-    from ..tracking.store import StoreUnavailable, resolve_uri, sqlite_path, store_uri
-
     cfg = config_from_args(args)
     uri = store_uri(args.uri) if args.uri else resolve_uri(cfg)
     for run_dir in args.run_dir or ():

@@ -1,6 +1,6 @@
 """`track-init`: find or create a run's MLflow parent run; write {run_dir}/tracking.json; log
 the data pack as its ``pack`` child run (the rule ``track_init`` calls the same
-:func:`pipeline_lib.workflow.stages.init_tracking`).
+:func:`pipeline_lib.workflow.stages.parent_runs.init_tracking`).
 
 Also creates the store schema and the experiment, so the Snakemake local rule that calls
 it runs before any parallel job opens the store. Prints the parent run id.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..workflow.stages.parent_runs import init_tracking
 from ._common import add_config_args, add_output, config_from_args
 
 
@@ -29,8 +30,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workflow.stages import init_tracking
-
     cfg = config_from_args(args)
     info = init_tracking(cfg, args.run or args.run_dir.name, args.run_dir, args.data)
     print(info["parent_run_id"] or "tracking disabled")

@@ -1,5 +1,6 @@
 """``train``: one training segment, from a snapshot (or scratch) to ``--until-step`` (the rule
-``train_segment`` calls the same :func:`pipeline_lib.train.launch.run_training_job`).
+``train_segment`` calls the same :func:`pipeline_lib.workflow.stages.train.train_stage`,
+tracking included).
 
 With ``train.nproc`` > 1 the command starts torchrun, which runs this command once per rank;
 those workers (torchrun's environment is set) join the process group and train."""
@@ -7,6 +8,7 @@ those workers (torchrun's environment is set) join the process group and train."
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from ._common import add_config_args, add_output, config_from_args
@@ -48,19 +50,13 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
+    from ..workflow.stages.train import train_stage  # torch: loads on run, `--help` stays fast
 
-    from ..train.distributed import launched_by_torchrun
-    from ..train.launch import run_training_job, train_in_process
-
-    cfg = config_from_args(args)
-    job = (args.data, args.resume_from, args.until_step, args.out, args.run_dir, args.attempt)
-    if launched_by_torchrun():  # one worker of a torchrun job: join it, train this rank
-        out, rank = train_in_process(cfg, *job, warm_start=args.warm_start)
-        if rank != 0:
-            return 0
-    else:  # train.nproc > 1 starts torchrun, which runs this command once per rank
-        out = run_training_job(cfg, *job, warm_start=args.warm_start)
+    out, rank = train_stage(config_from_args(args), args.data, args.resume_from,
+                            args.until_step, args.out, args.run_dir, args.attempt,
+                            warm_start=args.warm_start)
+    if rank != 0:
+        return 0
     state = json.loads((out / "trainer_state.json").read_text())
     val = state.get("val_loss")
     print(f"step {state['step']}/{state['total_steps']}: val_loss {val}, tokens "

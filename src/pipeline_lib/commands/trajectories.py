@@ -1,6 +1,6 @@
 """`trajectories`: how sampled validation tokens' loop states move, loop by loop, past the
 training loop count (the opt-in rule ``eval_trajectories`` calls the same
-:func:`pipeline_lib.workflow.trajectory_stage.trajectories_stage`, tracking included)."""
+:func:`pipeline_lib.workflow.stages.trajectories.trajectories_stage`, tracking included)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..spec.layout import run_dir_of
 from ._common import add_config_args, add_output, add_tracking_args, config_from_args
 
 
@@ -37,9 +38,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch: loads on run, `--help` stays fast
     from ..evaluate.trajectories import DEFAULT_TOKENS, check_trajectory_args
-    from ..spec.layout import run_dir_of
-    from ..workflow.trajectory_stage import trajectories_stage
+    from ..workflow.stages.trajectories import trajectories_stage  # torch: likewise
 
     tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
     check_trajectory_args(tokens, args.max_loops)  # before the snapshot's config is read

@@ -207,6 +207,23 @@ def build_imported_model(cfg: Config, state: dict[str, Any]) -> Any:
     return model
 
 
+def original_config(cfg: Config, source: PretrainedSource) -> Config:
+    """The source as it is: every layer, one loop, the plain additive path from zero (the
+    retrofit planner's reference and ``train.distill.teacher = source``)."""
+    model = dataclasses.replace(cfg.model, loops=1, state_init="zeros", recurrence="plain",
+                                injection="add", injection_scale=1.0, step_embedding=False)
+    cfg = dataclasses.replace(cfg, model=model)
+    return init_model_config(cfg, source, LayerChoice.whole(source.arch.layers))
+
+
+def source_teacher(cfg: Config) -> Any:
+    """The whole pretrained model of ``model.init_from.source`` (:func:`original_config`),
+    read once: the teacher of ``train.distill.teacher = source``."""
+    source = read_source(cfg.model.init_from.source)
+    return build_imported_model(original_config(cfg, source),
+                                mapped_state(source, LayerChoice.whole(source.arch.layers)))
+
+
 # --------------------------------------------------------------------------- the command
 
 
@@ -265,5 +282,5 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     return record
 
 
-__all__ = ["import_checkpoint", "init_layers", "init_model_config", "resolve_init_from",
-           "unpermute_rows"]
+__all__ = ["import_checkpoint", "init_layers", "init_model_config", "original_config",
+           "resolve_init_from", "source_teacher", "unpermute_rows"]

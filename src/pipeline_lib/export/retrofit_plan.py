@@ -33,7 +33,7 @@ from ..evaluate.stats import document_bootstrap, paired_column_diffs
 from ..output_set import output_set
 from ..spec.config import Config
 from ..spec.size import flops_per_token
-from .hf_import import build_imported_model, init_model_config, mapped_state
+from .hf_import import build_imported_model, init_model_config, mapped_state, original_config
 from .hf_layout import LayerChoice
 from .layer_similarity import LayerSimilarity, measure
 from .pretrained_source import PretrainedSource, read_source
@@ -73,14 +73,6 @@ def remapped_state(whole: dict[str, Any], choice: LayerChoice) -> dict[str, Any]
             out.update({f"{part}.{j}.{k[len(prefix):]}": v for k, v in whole.items()
                         if k.startswith(prefix)})
     return out
-
-
-def _original_config(inp: PlanInputs) -> Config:
-    """The source as it is: every layer, one loop, the plain additive path from zero."""
-    model = dataclasses.replace(inp.cfg.model, loops=1, state_init="zeros", recurrence="plain",
-                                injection="add", injection_scale=1.0, step_embedding=False)
-    cfg = dataclasses.replace(inp.cfg, model=model)
-    return init_model_config(cfg, inp.source, LayerChoice.whole(inp.source.arch.layers))
 
 
 def _candidate_config(inp: PlanInputs, choice: LayerChoice) -> Config:
@@ -144,7 +136,7 @@ def plan(inp: PlanInputs, measure_n: int) -> dict[str, Any]:
     """The whole plan as a JSON-able dict (``candidates`` ranked by loss at L)."""
     torch.manual_seed(inp.cfg.experiment.seed)
     whole = mapped_state(inp.source, LayerChoice.whole(inp.source.arch.layers))
-    original_cfg = _original_config(inp)
+    original_cfg = original_config(inp.cfg, inp.source)
     model = build_imported_model(original_cfg, whole).eval()
     original = sweep_documents(model, inp.batches(), [1], inp.max_tokens)
     if original.total_tokens == 0:

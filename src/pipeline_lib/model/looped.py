@@ -33,6 +33,7 @@ from ..spec.config import ModelConfig
 from ..spec.size import check_model_config, loop_gate_rows, resolved_head_dim, step_embedding_rows
 from .attention import DocumentMask, resolve_attention_kernel
 from .blocks import Block, residual_out_std
+from .distill import DistillTarget
 from .exit_gate import expected_exit_forward
 from .kv_cache import KVCache, kv_decode_step, kv_prefill
 from .layers import RMSNorm, RopeScaling, rope_tables
@@ -241,36 +242,42 @@ class LoopedLM(nn.Module):
         return F.linear(self.readout_hidden(state, ctx), self.head_weight)
 
     def readout_loss(self, state: Tensor, ctx_or_batch: LoopContext | Batch,
-                     answer_weight: float = 1.0, *, answer_only: bool = False) -> Tensor:
+                     answer_weight: float = 1.0, *, answer_only: bool = False,
+                     distill: DistillTarget | None = None) -> Tensor:
         """Mean next-token loss of a loop state; answer tokens weighted by ``answer_weight``.
 
         Weighted mean Σ wᵢ·ceᵢ / Σ wᵢ over non-ignored targets (w = answer_weight on
         ``answer_mask``, else 1), via the chunked loss (no [B·L, V] logits). With
         ``answer_only`` w is 1 on ``answer_mask`` and 0 elsewhere: the mean loss of the
-        answer tokens (0, with zero gradients, in a batch without any).
+        answer tokens (0, with zero gradients, in a batch without any). ``distill``: plus
+        the KL term to its teacher on the same tokens and weights (:mod:`.distill`).
         """
         ctx = ctx_or_batch if isinstance(ctx_or_batch, LoopContext) else self.context(ctx_or_batch)
         if ctx.targets is None:
             raise ValueError("the batch has no 'targets'; readout_loss needs them")
         h = self.readout_hidden(state, ctx)  # [B, L, D]
-        return readout_cross_entropy(h.reshape(-1, h.shape[-1]), self.head_weight,
-                                     ctx.targets.reshape(-1), chunk_size=self.cfg.loss_chunk_size,
-                                     token_weights=token_weights(ctx.answer_mask, answer_weight,
-                                                                 answer_only))
+        flat, targets = h.reshape(-1, h.shape[-1]), ctx.targets.reshape(-1)
+        weights = token_weights(ctx.answer_mask, answer_weight, answer_only)
+        loss = readout_cross_entropy(flat, self.head_weight, targets,
+                                     chunk_size=self.cfg.loss_chunk_size, token_weights=weights)
+        return loss if distill is None else loss + distill.term(
+            flat, self.head_weight, targets, weights, self.cfg.loss_chunk_size)
 
     # ------------------------------------------------------------------ full passes
 
     def forward(self, batch: Batch | LoopContext, readouts: Sequence[int],
                 answer_weight: float = 1.0, *, no_grad_loops: int = 0, start: int = 0,
                 state: Tensor | None = None, answer_only: bool = False,
-                exit_entropy_weight: float | None = None) -> LoopOutput:
+                exit_entropy_weight: float | None = None, distill: DistillTarget | None = None
+                ) -> LoopOutput:
         """Losses after each listed loop count, from one pass over the loops.
 
         Counts may exceed ``cfg.loops`` (test-time extrapolation). ``start``/``state``
         continue from a previous unroll's (detached) state, so counts must exceed
         ``start``; ``no_grad_loops`` loops after ``start`` run without gradients.
         ``exit_entropy_weight`` (β, needs the exit gate, start 0): also the expected-exit
-        objective over the readouts (:mod:`.exit_gate`) as ``objective``.
+        objective over the readouts (:mod:`.exit_gate`) as ``objective``. ``distill``:
+        every listed readout's loss gains its KL term to the teacher (:mod:`.distill`).
         """
         wanted = sorted(set(int(h) for h in readouts))
         if not wanted or wanted[0] <= start:
@@ -288,7 +295,8 @@ class LoopedLM(nn.Module):
         for h in wanted:
             free = max(0, min(no_grad_loops - (t - start), h - t))
             state = self.forward_loops(ctx, t, h, state, no_grad_loops=free)
-            out[h] = self.readout_loss(state, ctx, answer_weight, answer_only=answer_only)
+            out[h] = self.readout_loss(state, ctx, answer_weight, answer_only=answer_only,
+                                       distill=distill)
             t = h
         assert state is not None
         return LoopOutput(losses={int(h): out[int(h)] for h in readouts}, state=state)

@@ -45,6 +45,7 @@ from .rules import (
     MAX_TEST_LOOPS,
     check_activation_checkpointing,
     check_adaptive_exit,
+    check_distill,
     check_exit_objective,
     check_optimizer_and_freeze,
     check_source_fields,
@@ -309,6 +310,20 @@ class BpttConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Healing by distillation: KL to a teacher's next-token distribution on the same rows."""
+
+    teacher: str = _f("", "Empty = off; source = the pretrained model of model.init_from.source "
+                      "run whole (every layer, one loop); else a loopline snapshot directory. "
+                      "Its tokenizer must be the run's.")
+    weight: float = _f(1.0, "Weight of the KL term: the objective gains weight·T²·KL(teacher_T ‖ "
+                       "student_T) per scored token, on every readout the objective scores.",
+                       exclusive_minimum=0)
+    temperature: float = _f(1.0, "Temperature T both distributions are softened by.",
+                            exclusive_minimum=0)
+
+
+@dataclass
 class SpikeGuardConfig:
     """Skip optimizer steps on loss spikes; abort after too many in a row."""
 
@@ -393,6 +408,8 @@ class TrainConfig:
     exit_entropy_weight: float = _f(0.01, "expected_exit: weight β of the exit distribution's "
                                     "entropy (nats), subtracted from the loss.", minimum=0)
     spike: SpikeGuardConfig = _f(SpikeGuardConfig(), "Spike guard.")
+    distill: DistillConfig = _f(DistillConfig(), "Distillation from a teacher (healing a "
+                                "retrofit); off unless teacher is set.")
     ema_decay: float = _f(0.0, "Keep an EMA of the weights with this decay (0 = off).", minimum=0, maximum=1)
     eval_interval: int = _f(50, "Validation loss every this many steps (0 = only at segment end).",
                             minimum=0)
@@ -751,6 +768,7 @@ def validate_config(cfg: Config) -> None:
                           "(it is also the SIGUSR1 lead SLURM is asked for); use 0 or at least "
                           "0.02")
     check_optimizer_and_freeze(t, cfg.model)
+    check_distill(t, cfg.model)
     check_activation_checkpointing(t)
     ls = t.loop_sampling
     if ls.min_loops > ls.max_loops:

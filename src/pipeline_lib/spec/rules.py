@@ -14,6 +14,7 @@ the vocabulary of ``train.freeze``; what each part holds in the model is
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -87,6 +88,28 @@ def check_optimizer_and_freeze(train: Any, model: Any) -> None:
     if not set(present) - set(train.freeze):
         raise ConfigError(f"train.freeze = {train.freeze} freezes every part of the model; "
                           "nothing would train: leave at least one part out")
+
+
+def check_distill(train: Any, model: Any) -> None:
+    """``train.distill.teacher``: off, ``source`` (needs ``model.init_from.source``) or an
+    existing snapshot directory; not with the expected-exit objective. The teacher's
+    tokenizer is compared with the pack's when the segment starts."""
+    teacher, key = train.distill.teacher, "train.distill.teacher"
+    if not teacher:
+        return
+    if train.objective == "expected_exit":
+        raise ConfigError(f"{key} is set, but train.objective = expected_exit weighs its "
+                          "readouts by the exit gate, which distillation does not; use last "
+                          "or deep_supervision (or an answer_* objective), or teacher: ''")
+    if teacher == "source":
+        if not model.init_from.source:
+            raise ConfigError(f"{key} = source, but model.init_from.source is empty: there is "
+                              "no pretrained model to distill from; set model.init_from.source "
+                              "or name a loopline snapshot directory as the teacher")
+        return
+    if not Path(teacher).expanduser().is_dir():
+        raise ConfigError(f"{key} = {teacher!r} is neither source nor a snapshot directory; "
+                          "use source, a path to a loopline snapshot, or '' (off)")
 
 
 def check_activation_checkpointing(train: Any) -> None:

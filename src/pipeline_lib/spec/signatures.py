@@ -54,10 +54,23 @@ def precision_signature(cfg: Config) -> dict[str, str]:
     return {} if precision == "auto" else {"precision": precision}
 
 
+def distill_signature(cfg: Config) -> dict[str, Any]:
+    """``train.distill`` as the train signature hashes it: nothing while it is off (so the
+    runs made before it existed keep their signature); a snapshot teacher with its
+    fingerprint (a new teacher retrains; a ``source`` teacher's is the model's init_from)."""
+    distill = to_dict(cfg.train.distill)
+    if not distill["teacher"]:
+        return {}
+    if distill["teacher"] != "source":
+        distill["fingerprint"] = fingerprint_id(distill["teacher"])
+    return {"distill": distill}
+
+
 def train_signature(cfg: Config, data_id: str) -> str:
     """Hash of what determines the trained weights: a change retrains, eval.* does not."""
     train = without_later_defaults(to_dict(cfg.train), LATER_TRAIN_DEFAULTS,
-                                    JOB_TIME_KEYS | SAME_WEIGHTS_TRAIN_KEYS)
+                                    JOB_TIME_KEYS | SAME_WEIGHTS_TRAIN_KEYS | {"distill"})
+    train.update(distill_signature(cfg))
     relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
                 "data_id": data_id, "model": model_signature(cfg.model),
                 "train": train, "keep_best": cfg.snapshots.keep_best}

@@ -22,10 +22,11 @@ from ..output_paths import check_output_location
 from ..spec.config import Config
 from ..spec.layout import RunLayout, run_dir_of
 from . import rollback
+from .distill import SourceBuilder
 from .metrics import TrainLog
 from .preempt import StopRequest
 from .run_logs import check_run_logs, claim_run_logs
-from .run_tracking import log_artifacts, log_final, start_tracking
+from .run_tracking import SegmentTracking
 from .trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,9 @@ def _check_tokenizer(trainer: Trainer, resume_from: Path | None,
 
 def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                   out: Path, run_dir: Path | None = None, attempt: int = 1, *,
-                  world_size: int = 1, rank: int = 0, warm_start: Path | None = None) -> Path:
+                  world_size: int = 1, rank: int = 0, warm_start: Path | None = None,
+                  tracking: SegmentTracking | None = None,
+                  build_source: SourceBuilder | None = None) -> Path:
     """Train from ``resume_from`` (None: from scratch) to ``until_step``; snapshot to ``out``.
 
     Run-level logs go to ``run_dir`` (default: ``out``'s run directory, see
@@ -97,7 +100,9 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     record left by an aborted attempt from the same input is applied, and a resume point
     left by a stopped attempt is continued from. ``warm_start`` (only without
     ``resume_from``) copies another snapshot's weights and nothing else, for a deliberate
-    restart under a changed config. Returns ``out``.
+    restart under a changed config. ``tracking`` (the ``train`` stage's; None: nothing is
+    logged to MLflow) reports the segment on rank 0. ``build_source``: how ``train.distill.teacher = source``
+    builds the pretrained teacher (:mod:`.distill`). Returns ``out``.
     """
     wall_start = time.perf_counter()
     out, data_dir = Path(out), Path(data_dir)
@@ -109,13 +114,14 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     check_segment_outputs(out, run_dir)
     if rank == 0:
         check_run_logs(run_dir, out, resume_from)
-    if rank == 0 and cfg.tracking.enabled:  # a lost or corrupt store: one line, before work
+    if rank == 0 and tracking is not None and cfg.tracking.enabled:  # a lost or corrupt store
         from ..tracking.health import check_store
 
         check_store(cfg, run_dir)
     point = RunLayout.at(run_dir).resume_point(until_step)
     stopped = usable_resume_point(point, resume_from, until_step)
-    trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank)
+    trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank,
+                            build_source=build_source)
     trainer.restore(resume_from, run_dir=run_dir, attempt=attempt,
                     resume_point=point if stopped else None,
                     input_step=int(stopped["segment_start"]) if stopped else 0)
@@ -124,11 +130,9 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     _check_tokenizer(trainer, resume_from, None if stopped else warm_start)
     _check_steps(until_step, trainer, resume_from)
     job_start = trainer.resume_step
-    stage = (start_tracking(trainer.cfg, trainer.state, run_dir,
-                            trainer.data.metadata.get("data_id"), trainer.data.metadata,
-                            data_dir) if rank == 0 else None)
+    stage = tracking.start(trainer, run_dir, data_dir) if rank == 0 and tracking else None
     try:
-        _run(trainer, until_step, out, run_dir, attempt, stage, point=point,
+        _run(trainer, until_step, out, run_dir, attempt, stage, tracking, point=point,
              job_start=job_start, wall_start=wall_start)
     except BaseException as exc:
         if stage is not None:
@@ -145,7 +149,8 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
 
 
 def _run(trainer: Trainer, until_step: int, out: Path, run_dir: Path, attempt: int,
-         stage: Any, *, point: Path, job_start: int, wall_start: float) -> None:
+         stage: Any, tracking: SegmentTracking | None, *, point: Path, job_start: int,
+         wall_start: float) -> None:
     """The step loop and the save (or the resume point when asked to stop)."""
     if trainer.rank == 0:
         claim_run_logs(run_dir, out)
@@ -172,9 +177,8 @@ def _run(trainer: Trainer, until_step: int, out: Path, run_dir: Path, attempt: i
                    "wall_before_save_s": round(time.perf_counter() - wall_start, 4)}
         trainer.save(out, train_log, segment)
         train_log.commit(until_step)
-        if stage is not None:
-            log_artifacts(stage, out, run_dir)
-            log_final(stage, trainer.cfg, trainer.state, trainer.data.seq_len)
+        if stage is not None and tracking is not None:
+            tracking.saved(stage, trainer, out, run_dir)
     finally:
         train_log.close()
 

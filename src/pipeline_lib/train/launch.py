@@ -1,6 +1,8 @@
 """Launch one training segment: in this process, or as a torchrun job of ``train.nproc``.
 
-:func:`run_training_job` is what the ``train_segment`` rule calls. With one process it runs
+:func:`run_training_job` is what the ``train`` stage calls
+(:func:`pipeline_lib.workflow.stages.train.train_stage`: rule ``train_segment`` and the
+``train`` command). With one process it runs
 :func:`~.job.train_segment` here. With ``train.nproc`` > 1 (or ``train.nnodes`` > 1)
 it writes the resolved config into the run directory (shared storage: every node's workers
 read it; :meth:`RunLayout.launch_config`) and runs PyTorch's own launcher::
@@ -33,12 +35,16 @@ import sys
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, PipelineError, Preempted, TrainingError
 from ..fsio import write_text_atomic
 from ..spec.config import Config, config_yaml
 from ..spec.layout import RunLayout, run_dir_of
+from .run_tracking import SegmentTracking
+
+if TYPE_CHECKING:  # launching imports no torch; the teacher is built in the segment job
+    from .distill import SourceBuilder
 
 log = logging.getLogger(__name__)
 job_log = logging.getLogger("pipeline_lib.torchrun")
@@ -84,7 +90,7 @@ def torchrun_command(cfg: Config, train_args: Iterable[str], *,
 
 def _train_args(config_path: Path, data_dir: Path, resume_from: Path | None, until_step: int,
                 out: Path, run_dir: Path | None, attempt: int,
-                warm_start: Path | None) -> list[str]:
+                warm_start: Path | None, *, tracked: bool = True) -> list[str]:
     args = ["--config", str(config_path), "--data", str(Path(data_dir).resolve()),
             "--resume-from", "none" if resume_from is None else str(Path(resume_from).resolve()),
             "--until-step", str(until_step), "--out", str(Path(out).resolve()),
@@ -93,6 +99,8 @@ def _train_args(config_path: Path, data_dir: Path, resume_from: Path | None, unt
         args += ["--run-dir", str(Path(run_dir).resolve())]
     if warm_start is not None:
         args += ["--warm-start", str(Path(warm_start).resolve())]
+    if not tracked:
+        args.append("--no-track")
     return args
 
 
@@ -117,27 +125,31 @@ def failure_line(lines: Iterable[str]) -> str | None:
 
 def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                      out: Path, run_dir: Path | None = None, attempt: int = 1, *,
-                     warm_start: Path | None = None) -> Path:
+                     warm_start: Path | None = None,
+                     tracking: SegmentTracking | None = None,
+                     build_source: SourceBuilder | None = None) -> Path:
     """Train one segment with ``train.nproc`` × ``train.nnodes`` processes; returns ``out``.
     The run's training lease (:mod:`.lease`) is held throughout: a second job training the
-    same run at once is refused in one line."""
+    same run at once is refused in one line. ``tracking``: see :func:`.job.train_segment`
+    (the workers of a multi-process job are ``train`` commands, tracked unless it is None)."""
     from .job import check_segment_outputs
     from .lease import run_lease
 
     check_segment_outputs(out, run_dir)  # before torchrun starts (or anything is built)
     with run_lease(Path(run_dir or run_dir_of(Path(out))), until_step):
         return _train_job(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
-                          warm_start=warm_start)
+                          warm_start=warm_start, tracking=tracking, build_source=build_source)
 
 
 def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                out: Path, run_dir: Path | None, attempt: int, *,
-               warm_start: Path | None) -> Path:
+               warm_start: Path | None, tracking: SegmentTracking | None,
+               build_source: SourceBuilder | None) -> Path:
     from .job import train_segment
 
     if cfg.train.nproc == 1 and cfg.train.nnodes == 1:
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
-                             warm_start=warm_start)
+                             warm_start=warm_start, tracking=tracking, build_source=build_source)
     if cfg.tracking.enabled:
         from ..tracking import resolve_uri
 
@@ -148,7 +160,8 @@ def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step
     write_text_atomic(config_path, config_yaml(cfg))  # without credentials
     try:
         cmd = torchrun_command(cfg, _train_args(config_path, data_dir, resume_from, until_step,
-                                                out, run_dir, attempt, warm_start),
+                                                out, run_dir, attempt, warm_start,
+                                                tracked=tracking is not None),
                                job_id=Path(out).name)
         log.info("launching %d×%d processes: %s", cfg.train.nnodes, cfg.train.nproc,
                  " ".join(cmd))
@@ -213,8 +226,10 @@ def _stream(cmd: list[str], keep: int = 400) -> tuple[int, list[str]]:
 
 def train_in_process(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                      out: Path, run_dir: Path | None = None, attempt: int = 1, *,
-                     warm_start: Path | None = None) -> tuple[Path, int]:
-    """The ``train`` command's body: this process's share of the segment.
+                     warm_start: Path | None = None,
+                     tracking: SegmentTracking | None = None,
+                     build_source: SourceBuilder | None = None) -> tuple[Path, int]:
+    """The ``train`` stage's body in a worker: this process's share of the segment.
 
     Under torchrun it joins the process group (backend from ``experiment.device``), trains
     its rank and leaves the group; otherwise it trains alone. Returns (out, rank).
@@ -224,11 +239,12 @@ def train_in_process(cfg: Config, data_dir: Path, resume_from: Path | None, unti
 
     if not launched_by_torchrun():
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
-                             warm_start=warm_start), 0
+                             warm_start=warm_start, tracking=tracking, build_source=build_source), 0
     ctx = init_process_group(cfg.experiment.device)
     try:
         train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
-                      world_size=ctx.world_size, rank=ctx.rank, warm_start=warm_start)
+                      world_size=ctx.world_size, rank=ctx.rank, warm_start=warm_start,
+                      tracking=tracking, build_source=build_source)
     except PipelineError as exc:  # the CLI prints it as one line: say which rank
         raise type(exc)(f"rank {ctx.rank}: {exc}") from None
     finally:

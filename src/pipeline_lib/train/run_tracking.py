@@ -1,63 +1,28 @@
-"""A segment's MLflow ``train`` child run: started (or continued) with the segment, the data
-pack as its dataset input, the artifacts it receives once the segment's logs are committed,
-and, after the last segment, the run's size and cost on the parent run."""
+"""How a segment reports to MLflow: the narrow interface the trainer calls, implemented by
+the ``train`` stage (:class:`pipeline_lib.workflow.stages.train.TrainTracking`), which owns
+the tracking. Without one (``tracking=None``) a segment logs nothing to MLflow, whatever
+``tracking.enabled`` says: the train stage is the door that tracks."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..spec.config import Config, ModelConfig, flatten, public_dict
-from ..spec.layout import RunLayout
-from ..spec.size import flops_per_token, param_count
-from .segment import TrainerState
+if TYPE_CHECKING:  # annotations only: the trainer imports this module
+    from .trainer import Trainer
 
 
-def start_tracking(cfg: Config, state: TrainerState, run_dir: Path, data_id: str | None,
-                   data_meta: Mapping[str, Any] | None = None,
-                   data_dir: Path | None = None) -> Any:
-    """The MLflow ``train`` child run (continued across segments); params on its first use.
-    Records the run id in ``state`` (it travels in the snapshot). The pack (``data_meta``,
-    its ``metadata.json``) is attached as the run's dataset input (idempotent)."""
-    from ..tracking import start_stage
+class SegmentTracking(Protocol):
+    """Called on rank 0 only, in this order: :meth:`start` once the trainer is restored and
+    before the first step; :meth:`saved` once the snapshot is durable and the segment's
+    metrics are committed. The stage run that :meth:`start` returns receives every step's
+    metrics (:class:`~pipeline_lib.train.metrics.TrainLog`) and is ended by the job
+    (FINISHED, FAILED or KILLED)."""
 
-    first = state.tracking_run_id is None
-    stage = start_stage(cfg, run_dir, "train", run_id=state.tracking_run_id,
-                        params=flatten(public_dict(cfg)) if first else None, data_id=data_id)
-    state.tracking_run_id = stage.run_id
-    if data_meta is not None and data_dir is not None:
-        stage.log_dataset(data_meta, data_dir)
-    return stage
+    def start(self, trainer: Trainer, run_dir: Path, data_dir: Path) -> Any:
+        """The segment's child run (a :class:`~pipeline_lib.tracking.StageRun`); records its
+        id in ``trainer.state`` (it travels in the snapshot)."""
 
-
-def log_artifacts(stage: Any, out: Path, run_dir: Path) -> None:
-    """Resolved config, this segment's samples, the TensorBoard events (after the commit);
-    the kernels the segment ran as tags (a fallback from FlexAttention or grouped GEMM)."""
-    from ..model.kernels import kernel_tags
-
-    stage.set_tags(kernel_tags())
-    stage.log_artifact(out / "config.yaml", "train")
-    stage.log_artifact(out / "samples.jsonl", f"train/samples/{out.name}")
-    tensorboard = RunLayout.at(run_dir).tensorboard
-    if tensorboard.is_dir():
-        stage.log_artifacts(tensorboard, "tensorboard")
-
-
-def train_values(model: ModelConfig, seq_len: int, tokens_seen: int,
-                 segments: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-    """The parent run's ``train`` headline group (step 0): parameters, forward FLOPs per token
-    at the training loop count (:mod:`pipeline_lib.spec.size`), tokens seen, and the
-    training wall time (each segment's job up to its snapshot save, summed)."""
-    wall = sum(float(s.get("wall_before_save_s", 0.0)) for s in segments)
-    return {"model/params": {0: float(param_count(model))},
-            "model/flops_per_token": {0: float(flops_per_token(model, seq_len))},
-            "train/tokens_seen": {0: float(tokens_seen)},
-            "train/wall_time_s": {0: wall}}
-
-
-def log_final(stage: Any, cfg: Config, state: TrainerState, seq_len: int) -> None:
-    """After the run's last segment is saved: its ``train`` headline group on the parent."""
-    if state.total_steps and state.step >= state.total_steps:
-        stage.log_headline("train", train_values(cfg.model, seq_len, state.tokens_seen,
-                                                 state.segments), {"step": state.step})
+    def saved(self, stage: Any, trainer: Trainer, out: Path, run_dir: Path) -> None:
+        """After the save: the segment's artifacts; after the run's last segment, its
+        headline results on the parent run."""

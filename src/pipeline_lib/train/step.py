@@ -44,9 +44,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..model.distill import DistillTarget
 from ..precision import Precision
 from ..spec.config import TrainConfig
 from .diagnostics import ActivationProbe, gradient_metrics, model_scalars
+from .distill import Teacher
 from .distributed import RankGroup
 from .ema import WeightsEMA
 from .hooks import StepHooks
@@ -67,6 +69,7 @@ class StepResult:
     reason: str | None = None
     unroll_losses: list[float] = field(default_factory=list)
     readout_losses: dict[int, float] = field(default_factory=dict)  # deep: loss after t loops
+    distill_kl: float | None = None  # train.distill: mean KL to the teacher of the readouts
     optimizer_steps: int = 0
     moe: dict[str, float] = field(default_factory=dict)
     diagnostics: dict[str, float] = field(default_factory=dict)
@@ -94,12 +97,13 @@ class StepRunner:
                  guard: SpikeGuard, *, ema: WeightsEMA | None = None,
                  hooks: StepHooks | None = None, device: torch.device,
                  forward: Any = None, group: RankGroup | None = None,
-                 amp: Precision | None = None) -> None:
+                 amp: Precision | None = None, teacher: Teacher | None = None) -> None:
         self.model, self.optimizer, self.train, self.guard = model, optimizer, train, guard
         self.amp = amp  # autocast around forward passes (one device; FSDP has its policy)
         self.ema, self.hooks, self.device = ema, hooks or StepHooks(), device
         self.group = group  # several ranks: statistics are reduced before the guard judges
         self.forward = model if forward is None else forward  # compiled with train.compile
+        self.teacher = teacher  # train.distill: scored against on every readout (.distill)
         model.activation_checkpointing = train.activation_checkpointing  # see model.recompute
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.deep = train.objective in ("deep_supervision", "answer_deep_supervision",
@@ -161,14 +165,16 @@ class StepRunner:
         bounds = unroll_bounds(loops, t.bptt.mode, t.bptt.k)
         no_grad = max(0, loops - t.bptt.k) if t.bptt.mode == "truncated" else 0
         states: list[Tensor | None] = [None] * accum
+        targets = self._teacher_targets(batches)  # once per step, shared by the unrolls
         probe = ActivationProbe(self.model) if diagnose else None
         result = StepResult(loss=math.nan, aux_loss=0.0, grad_norm=math.nan, loops=loops,
                             skipped=False)
-        weighted, weight = 0.0, 0
+        weighted, weight, kls = 0.0, 0, []
         for start, end in bounds:
             counts = list(range(start + 1, end + 1)) if self.deep else [end]
             sums = self._backward(batches, counts, start, no_grad, states, probe, step=step,
-                                  flat_row=flat_row, keep_state=len(bounds) > 1)
+                                  flat_row=flat_row, keep_state=len(bounds) > 1,
+                                  targets=targets)
             if probe is not None:
                 result.diagnostics = gradient_metrics(self.model)  # before clipping
             # loss, aux loss and (deep supervision) each readout's loss: one host sync
@@ -177,6 +183,8 @@ class StepRunner:
             if self.group is not None:  # every rank judges the same global statistics
                 values = self.group.mean(values)
                 result.moe = self.group.mean_dict(result.moe)
+            if targets is not None:  # the readouts' mean KL to the teacher, last in the sums
+                kls.append(values.pop())
             value, result.aux_loss, *readouts = values
             if self.deep:
                 result.readout_losses.update(zip(counts, readouts, strict=True))
@@ -197,6 +205,8 @@ class StepRunner:
             result.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         result.loss = weighted / weight if weight else math.nan
+        if kls:
+            result.distill_kl = sum(kls) / len(kls)
         self.guard.end_step(step)
         if probe is not None:
             self._add_activations(result, probe)
@@ -204,23 +214,25 @@ class StepRunner:
 
     def _backward(self, batches: Sequence[Batch], counts: list[int], start: int, no_grad: int,
                   states: list[Tensor | None], probe: ActivationProbe | None, *, step: int,
-                  flat_row: int, keep_state: bool) -> Tensor:
+                  flat_row: int, keep_state: bool,
+                  targets: list[DistillTarget] | None = None) -> Tensor:
         """Forward and backward of every micro-batch for one unroll (gradients
         accumulated with weight 1/accum); returns the sums over the micro-batches of
-        [loss, aux loss, (deep supervision) the loss after each of ``counts``]."""
+        [loss, aux loss, (deep supervision) the loss after each of ``counts``, (distilling)
+        the mean KL to the teacher of the readouts scored]."""
         t, accum = self.train, len(batches)
         self.optimizer.zero_grad(set_to_none=True)
         seg_loss = torch.zeros((), device=self.device)
         seg_aux = torch.zeros((), device=self.device)
         seg_readouts = torch.zeros(len(counts) if self.deep else 0, device=self.device)
+        seg_kl = torch.zeros(0 if targets is None else 1, device=self.device)
         for m, batch in enumerate(batches):
             with (probe.attached() if probe is not None else nullcontext(),
                   self.amp.autocast() if self.amp is not None else nullcontext()):
                 # a fresh embedding per unroll: the previous unroll's graph is freed
                 out = self.forward(batch, counts, t.answer_weight, no_grad_loops=no_grad,
                                    start=start, state=states[m], answer_only=self.answer_only,
-                                   **({} if self.exit_entropy is None else
-                                      {"exit_entropy_weight": self.exit_entropy}))
+                                   **self._extra(targets, m))
                 loss = self.hooks.loss(self._objective(out, counts), step, flat_row)
                 aux = self.model.take_aux_loss()
             ((loss + aux) / accum).backward()
@@ -230,7 +242,23 @@ class StepRunner:
             seg_aux += aux.detach()
             if self.deep:  # the values the objective averaged, already computed
                 seg_readouts += torch.stack([out.losses[h].detach() for h in counts])
-        return torch.cat([torch.stack([seg_loss, seg_aux]), seg_readouts])
+            if targets is not None:
+                seg_kl += torch.stack(targets[m].kl).mean()
+                targets[m].kl.clear()
+        return torch.cat([torch.stack([seg_loss, seg_aux]), seg_readouts, seg_kl])
+
+    def _extra(self, targets: list[DistillTarget] | None, m: int) -> dict[str, Any]:
+        """The forward's keywords of an objective with its own terms."""
+        if self.exit_entropy is not None:
+            return {"exit_entropy_weight": self.exit_entropy}
+        return {} if targets is None else {"distill": targets[m]}
+
+    def _teacher_targets(self, batches: Sequence[Batch]) -> list[DistillTarget] | None:
+        """The teacher's readout of each micro-batch (train.distill), without gradients."""
+        if self.teacher is None:
+            return None
+        with self.amp.autocast() if self.amp is not None else nullcontext():
+            return [self.teacher.target(batch) for batch in batches]
 
     def _add_activations(self, result: StepResult, probe: ActivationProbe) -> None:
         activations = probe.metrics()

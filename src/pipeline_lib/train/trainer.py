@@ -49,6 +49,7 @@ from ..spec.names import TOKENIZER_FILE
 from . import rollback
 from .batch_plan import BatchPlan, make_batch_plan
 from .diagnostics import due
+from .distill import SourceBuilder, load_teacher
 from .distributed import RankGroup, process_device, reshard, shard_model, shards_model
 from .ema import WeightsEMA
 from .evaluation import generate_samples, samples_jsonl, validation_losses
@@ -107,7 +108,8 @@ class Trainer:
     precision: Precision | None = None  # experiment.precision on this device (None: fp32)
 
     @classmethod
-    def build(cls, cfg: Config, data_dir: Path, *, world_size: int = 1, rank: int = 0) -> Trainer:
+    def build(cls, cfg: Config, data_dir: Path, *, world_size: int = 1, rank: int = 0,
+              build_source: SourceBuilder | None = None) -> Trainer:
         device = process_device(cfg.experiment.device, world_size, rank)
         precision = Precision.resolve(cfg.experiment.precision, device)  # fails before work
         log.info("computing on %s in %s (experiment.precision = %s)", device, precision.name,
@@ -131,7 +133,8 @@ class Trainer:
         forward = torch.compile(model) if cfg.train.compile else None
         runner = StepRunner(model, optimizer, cfg.train, guard, ema=ema, hooks=hooks,
                             device=device, forward=forward, group=group,
-                            amp=precision if group is None else None)  # FSDP: its policy
+                            amp=precision if group is None else None,  # FSDP: its policy
+                            teacher=load_teacher(cfg, data, device, build_source))
         sampler = LoopSampler(cfg.train.loop_sampling, cfg.model.loops, cfg.experiment.seed)
         return cls(cfg=cfg, data=data, device=device, model=model, optimizer=optimizer,
                    schedule=LRSchedule.from_config(cfg.train, total), guard=guard, ema=ema,
@@ -310,6 +313,8 @@ class Trainer:
             record["unroll_losses"] = result.unroll_losses
         # deep supervision: the loss read out after each loop t (train/loss_h{t})
         record.update({f"loss_h{t}": v for t, v in sorted(result.readout_losses.items())})
+        if result.distill_kl is not None:  # train.distill: KL to the teacher (train/distill_kl)
+            record["distill_kl"] = result.distill_kl
         record.update(result.moe)
         record.update(result.diagnostics)
         return record

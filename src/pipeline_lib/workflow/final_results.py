@@ -13,7 +13,7 @@ key                                       step    value
 ``bench/{task}/{metric}_ci_low|_ci_high`` H_eff   its 95% interval (Wilson for 0/1 scores)
 ========================================  ======  =========================================
 
-(The ``train`` group, size and cost, is built by :mod:`pipeline_lib.train.run_tracking`.)
+(The ``train`` group, size and cost, is built by :mod:`pipeline_lib.workflow.stages.train`.)
 :func:`model_spec` describes the final snapshot's export as an MLflow logged model.
 Torch- and MLflow-free.
 """

@@ -16,6 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.compat import snapshot_config
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
 from ..export.hf_import import resolve_init_from
@@ -50,6 +51,21 @@ def planned_vocab_size(data: DataConfig) -> int:
     if data.tokenizer.type == "file":
         return source_vocab_size(data.tokenizer.path)
     return BYTE_VOCAB_SIZE if data.tokenizer.type == "byte" else data.tokenizer.vocab_size
+
+
+def check_teacher_vocab(cfg: Config) -> None:
+    """A snapshot teacher (``train.distill.teacher``) has the run's vocabulary, unless that is
+    known only once packed (BPE); the tokenizers are compared when a segment starts."""
+    teacher = cfg.train.distill.teacher
+    if teacher in ("", "source") or (not cfg.model.vocab_size and cfg.data.tokenizer.type == "bpe"):
+        return
+    key = f"train.distill.teacher = {teacher!r}"
+    rows = snapshot_config(Path(teacher).expanduser(), fix=f"{key} must be a finished "
+                           "snapshot").model.vocab_size
+    own = cfg.model.vocab_size or planned_vocab_size(cfg.data)
+    if rows != own:
+        raise ConfigError(f"{key}: the teacher has a {rows}-token vocabulary, this run "
+                          f"{own}; distill from a model of the run's tokenizer")
 
 
 def _check_results_dir(results: Path) -> None:
@@ -138,6 +154,7 @@ class WorkflowPlan:
         try:
             cfg = resolve_init_from(cfg)
             check_exit_gate_trained(cfg.train, cfg.model)
+            check_teacher_vocab(cfg)
         except PipelineError as exc:
             raise type(exc)(f"runs.{name}: {exc}" if self.config.runs else str(exc)) from None
         # the vocabulary only matters for a token budget (and may mean reading a file)
@@ -263,12 +280,6 @@ class WorkflowPlan:
     def bench_results(self, run: str) -> list[str]:
         layout = self.layout.run(run)
         return [str(layout.bench_result(s)) for s in self.bench_steps(run)]
-
-    def trajectory_targets(self) -> list[str]:
-        """The latent trajectories of every run's final snapshot: the inputs of the opt-in
-        target rule ``trajectories``, never of ``all``."""
-        return [str(self.layout.run(run).trajectories_dir(plan.final_step))
-                for run, plan in self.runs.items()]
 
     def compare_inputs(self) -> dict[str, str]:
         """Per run: its H_eff table, its final benchmark JSON and its snapshot index."""

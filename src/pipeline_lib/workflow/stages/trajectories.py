@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..spec.config import Config
-from ..spec.layout import TRAJECTORIES_FIGURE, TRAJECTORIES_JSON
-from .stages import _kernel_tags, _step_name, check_stage_outputs
+from ...evaluate.trajectories import DEFAULT_TOKENS, check_trajectory_args, run_trajectories
+from ...model.kernels import kernel_tags
+from ...spec.config import Config
+from ...spec.layout import TRAJECTORIES_FIGURE, TRAJECTORIES_JSON
+from ...tracking import start_stage
+from .common import check_stage_outputs, step_name
 
 
 def trajectories_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
@@ -21,9 +24,6 @@ def trajectories_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Pat
     tracked as ``trajectories/step_…``: per loop t the mean and median of each measure
     (``trajectories/{measure}_mean``, ``…_q50`` at step t), the share of each class (step 0),
     the JSON and the figure as artifacts."""
-    from ..evaluate.trajectories import DEFAULT_TOKENS, check_trajectory_args, run_trajectories
-    from ..tracking import start_stage
-
     tokens = DEFAULT_TOKENS if tokens is None else tokens
     check_trajectory_args(tokens, max_loops)
     check_stage_outputs(cfg, run_dir, [(out_dir, None)],
@@ -32,12 +32,12 @@ def trajectories_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Pat
                               max_loops=max_loops, batch_rows=cfg.eval.batch_rows,
                               use_ema=cfg.eval.use_ema, device=cfg.experiment.device,
                               precision=cfg.experiment.precision)
-    with start_stage(cfg, run_dir, f"trajectories/{_step_name(result['step'])}",
+    with start_stage(cfg, run_dir, f"trajectories/{step_name(result['step'])}",
                      params={"trajectories.tokens": tokens,
                              "trajectories.max_loops": result["max_loops"],
                              "trajectories.seed": result["seed"], "eval.use_ema": cfg.eval.use_ema,
                              "device": result["device"], "precision": result["precision"]},
-                     tags=_kernel_tags()) as stage:
+                     tags=kernel_tags()) as stage:
         for i, loop in enumerate(result["loops"]):
             stage.log_metrics(loop, {f"trajectories/{name}_{stat}": summary[stat][i]
                                      for name, summary in result["measures"].items()

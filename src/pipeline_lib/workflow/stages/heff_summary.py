@@ -1,0 +1,47 @@
+"""The H_eff sweeps of every kept snapshot as tables and figures: child run ``eval_summary``
+(torch-free: the summary job loads no model)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ...evaluate.exit.summary import summarize_adaptive
+from ...evaluate.heff_summary import summarize_heff
+from ...output_paths import FIGURE, TABLE
+from ...output_set import output_set
+from ...spec.config import Config
+from ...spec.layout import RunLayout
+from ...tracking import start_stage
+from .common import check_stage_outputs
+
+
+def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],
+                         table: Path, plot: Path, adaptive_table: Path | None = None,
+                         adaptive_plot: Path | None = None, *,
+                         title: str | None = None) -> dict[Path, int]:
+    """Parquet table + figure over every kept snapshot's sweep (and of their adaptive-exit
+    sections, when those paths are given), logged as ``eval_summary``. Returns the rows
+    written per table; ``title`` (default: named after ``run``) heads both figures."""
+    check_stage_outputs(cfg, run_dir, [(table, TABLE), (plot, FIGURE), (adaptive_table, TABLE),
+                                       (adaptive_plot, FIGURE)],
+                        [("--inputs", path) for path in inputs])
+    extra: list[Path] = []
+    with output_set() as outputs:  # the tables and figures appear together or not at all
+        rows = {Path(table): len(summarize_heff(
+            list(inputs), outputs.file(table), outputs.file(plot),
+            title=f"{run}: validation loss vs H_eff" if title is None else title))}
+        if adaptive_table is not None and adaptive_plot is not None:
+            extra = [Path(adaptive_table), Path(adaptive_plot)]
+            rows[extra[0]] = len(summarize_adaptive(
+                list(inputs), outputs.file(extra[0]), outputs.file(extra[1]),
+                title=f"{run}: adaptive exit vs fixed H_eff" if title is None else title))
+    with start_stage(cfg, run_dir, "eval_summary") as stage:
+        stage.log_artifact(table, "eval")
+        stage.log_artifact(plot, "eval")
+        for path in extra:
+            stage.log_artifact(path, "eval")
+        layout = RunLayout.at(run_dir)
+        for tsv in layout.benchmarks("eval_heff") + layout.benchmarks("train_segment"):
+            stage.log_artifact(tsv, "benchmarks")
+    return rows
