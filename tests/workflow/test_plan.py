@@ -100,6 +100,13 @@ def test_targets_and_inputs_come_from_the_run_layout():
     assert plan.data_dir(run) == f"out/data/{plan.runs[run].data_id}"
 
 
+def test_trajectories_are_never_a_target_of_all():
+    """Only the target rule ``trajectories`` asks for them (the Snakemake dry runs:
+    tests/workflow/test_trajectories_rule.py)."""
+    plan = _plan("train.total_steps=50", "train.steps_per_segment=10")
+    assert not any("trajectories" in target for target in plan.all_targets())
+
+
 def test_variants_share_a_data_pack_when_only_the_model_differs():
     plan = _plan()
     assert len(plan.run_names) >= 2 and len(plan.data_ids) == 1
