@@ -16,8 +16,11 @@ min_version("9.0")
 # here with their one-line `error: …`. No snakemake.utils.validate: the schema in
 # workflow/schemas is generated from the same dataclasses and bounds (it documents them), and
 # it would reject Snakemake's string-valued --config entries that the loader converts.
+# Each run's config is completed once here (pipeline_lib.workflow.resolve.resolve_run) and
+# written to {run}/run_spec.yaml by onstart, before the first job: the jobs read that file
+# instead of planning the experiment again; a cluster job's own Snakemake reads it too.
 PLAN = plan_for_snakemake(config, workflow.config_settings.configfiles,
-                          workflow.config_settings.config)
+                          workflow.config_settings.config, saved_specs=workflow.remote_exec)
 
 
 include: "workflow/rules/common.smk"
@@ -43,9 +46,13 @@ rule all:
 
 
 # Under the SLURM executor: a cluster whose sacct cannot report jobs (no accounting storage)
-# ends here in one line naming the fix, before any job is submitted.
+# ends here in one line naming the fix, before any job is submitted. Then every run's
+# run_spec.yaml is written (where it changed), before any job reads it. Not a rule: a rule
+# keyed on the config would, when it must rerun, mask every job below it from Snakemake's
+# own params checks (see track.smk's track_config), and a changed train.lr would not retrain.
 onstart:
     check_status_command(workflow)
+    PLAN.write_run_specs()
 
 
 # MLflow parent runs a stage opened and no track_done closed (only some targets asked for, a

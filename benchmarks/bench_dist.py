@@ -36,6 +36,7 @@ from pipeline_lib.checkpoint import state_io  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
 from pipeline_lib.train.launch import run_training_job  # noqa: E402
+from pipeline_lib.train.segment_start import segment_start  # noqa: E402
 from pipeline_lib.train.trainer import Trainer  # noqa: E402
 
 DATA = DataConfig(sources=[SourceConfig(type="stdlib", max_docs=40),
@@ -82,7 +83,7 @@ def save_times(trainer: Trainer, out_root: Path, repeats: int) -> list[float]:
 
 def restored_trainer(cfg: Config, pack: Path, snapshot: Path, world: int, rank: int) -> Trainer:
     trainer = Trainer.build(cfg, pack, world_size=world, rank=rank)
-    trainer.restore(snapshot, run_dir=snapshot.parent, attempt=1)
+    trainer.restore(segment_start(snapshot.parent, snapshot, cfg.train.total_steps))
     return trainer
 
 

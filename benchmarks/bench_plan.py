@@ -24,8 +24,13 @@ ratio of the CPU seconds to that floor's (``/ bare``) and to the 100-segment pla
 same policy, and the job counts, checked against the plan. The CPU figure is the steadier
 one on a shared machine.
 
-Usage: ``python benchmarks/bench_plan.py [--segments 100 1000 5000] [--repeats N]``.
-Last line: JSON with every row.
+Side by side with another revision (``--baseline REV``, by default the code before issue 28
+resolved each run once): the same plans of the 5000-segment graph with that revision's
+Snakefile and library (``git archive`` into a temporary directory), and a segment job's
+start-up, measured both ways in alternation (:mod:`bench_job_start`).
+
+Usage: ``python benchmarks/bench_plan.py [--segments 100 1000 5000] [--repeats N]
+[--baseline REV | --no-baseline] [--runs R]``. Last line: JSON with every row.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_job_start import BASELINE, checkout, job_start_rows
 
 from pipeline_lib.spec.config import SnapshotsConfig
 from pipeline_lib.spec.snapshots import anchor_steps, kept_steps, segment_ends
@@ -91,11 +98,13 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def plan_once(segments: int, policy: str, mode: str) -> tuple[float, float, str]:
+def plan_once(segments: int, policy: str, mode: str,
+              root: Path = ROOT) -> tuple[float, float, str]:
     """Wall and CPU seconds of one planning call, and what it printed. ``policy`` "bare":
-    Snakemake's floor (:data:`BARE_SNAKEFILE`)."""
+    Snakemake's floor (:data:`BARE_SNAKEFILE`); ``root``: the tree whose Snakefile and
+    library plan (a baseline's checkout)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        [str(root / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if policy == "bare":
@@ -103,7 +112,7 @@ def plan_once(segments: int, policy: str, mode: str) -> tuple[float, float, str]
             snakefile.write_text(BARE_SNAKEFILE)
             config = ["--config", f"segments={segments}"]
         else:
-            snakefile = ROOT / "Snakefile"
+            snakefile = root / "Snakefile"
             config = ["--configfile", str(_config(work / "plan.yaml", segments, policy))]
         cmd = [str(SNAKEMAKE), "--snakefile", str(snakefile), "--directory", str(work),
                *config, "--cores", "1", *MODES[mode]]
@@ -158,10 +167,28 @@ def measure(segments: list[int], repeats: int) -> list[dict]:
     return rows
 
 
+def graph_rows(segments: int, repeats: int, baseline: Path) -> list[dict]:
+    """The ``final`` policy's job graph (``--dag``) of ``segments`` segments, this tree and
+    the baseline's alternately; best CPU seconds of each and their ratio."""
+    best = {"this": float("inf"), "baseline": float("inf")}
+    for _ in range(repeats):
+        for side, root in (("this", ROOT), ("baseline", baseline)):
+            best[side] = min(best[side], plan_once(segments, "final", "dag", root)[1])
+    return [{"measure": "job graph (--dag)", "segments": segments,
+             "cpu_s": round(best["this"], 2), "baseline_cpu_s": round(best["baseline"], 2),
+             "ratio": round(best["this"] / best["baseline"], 2)}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--segments", type=int, nargs="+", default=[100, 1000, 5000])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--baseline", default=BASELINE,
+                        help="git revision measured side by side (default: before issue 28)")
+    parser.add_argument("--no-baseline", action="store_true", help="this tree only")
+    parser.add_argument("--runs", type=int, default=8,
+                        help="variants of the job start-up's experiment (today's path plans "
+                             "every one of them in every job)")
     args = parser.parse_args()
     rows = measure(args.segments, args.repeats)
     ref = args.segments[0]
@@ -172,8 +199,20 @@ def main() -> None:
         print(f"{r['policy']:7} {r['mode']:8} {r['segments']:8d} {anchors!s:>7} "
               f"{r['wall_s']:7.2f} {r['cpu_s']:6.2f} {r['cpu_vs_bare']:10.2f} "
               f"{r['cpu_vs_first']:9.2f}")
+    side_by_side: list[dict] = []
+    if not args.no_baseline:
+        with checkout(args.baseline) as baseline:
+            side_by_side = (graph_rows(max(args.segments), args.repeats, baseline)
+                            + job_start_rows(ROOT, baseline, args.runs, args.repeats))
+        print(f"\nside by side with {args.baseline} (ratio < 1: this tree is faster)")
+        for r in side_by_side:
+            print(f"{r['measure']:34} {r.get('segments', ''):>5} "
+                  f"this {r['cpu_s'] if 'cpu_s' in r else r['wall_s']:7.2f} s  baseline "
+                  f"{r['baseline_cpu_s'] if 'cpu_s' in r else r['baseline_wall_s']:7.2f} s  "
+                  f"ratio {r['ratio']:.2f}")
     print(json.dumps({"benchmark": "plan", "steps_per_segment": STEPS_PER_SEGMENT,
-                      "rows": rows}))
+                      "rows": rows, "baseline": None if args.no_baseline else args.baseline,
+                      "side_by_side": side_by_side}))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from pipeline_lib.model.looped import LoopedLM  # noqa: E402
 from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
 from pipeline_lib.spec.size import resolved_ffn_hidden  # noqa: E402
 from pipeline_lib.train.job import train_segment  # noqa: E402
+from pipeline_lib.train.segment_start import segment_start  # noqa: E402
 from pipeline_lib.train.trainer import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +152,7 @@ def save_ratio(cfg: Config, pack: Path, snapshot: Path, work: Path,
     directory. The snapshot side is the trainer's own save path: ``snapshot`` restored into
     a built trainer, its parts written by ``state_io.save``."""
     trainer = Trainer.build(cfg, pack)
-    trainer.restore(snapshot, run_dir=work, attempt=1)
+    trainer.restore(segment_start(work, snapshot, cfg.train.total_steps))
     trainer.rng.capture()
     files = load_snapshot(snapshot).extra_files
     blob = memoryview(_snapshot_bytes(snapshot))

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "snapshot_index",
     "heff",
     "summarize_heff",
+    "trajectories",
     "bench",
     "summarize_bench",
     "lm_eval",

@@ -21,8 +21,8 @@ import pytest
 
 from pipeline_lib.cli import COMMAND_MODULES, main
 
-TESTED = ["pack", "train", "snapshot_index", "heff", "summarize_heff", "bench",
-          "summarize_bench", "export", "import_hf", "generate", "track_init", "sync_tracking",
+TESTED = ["pack", "train", "snapshot_index", "heff", "summarize_heff", "trajectories", "bench",
+          "summarize_bench", "export", "import_hf", "retrofit_plan", "generate", "track_init", "sync_tracking",
           "compare", "results_doc"]
 UNWRITABLE = Path("/proc/self/loopline")
 
@@ -61,6 +61,8 @@ def _argv(command: str, root: Path, out: Path | None = None, src: Path | None = 
                            o or str(Path(snap).parent / "index.json")],
         "heff": ["heff", "--snapshot", snap, "--data", data, "--out", o or str(root / "h.json"),
                  "--no-track"],
+        "trajectories": ["trajectories", "--snapshot", snap, "--data", data, "--out",
+                         o or str(root / "traj"), "--tokens", "4", "--no-track"],
         "summarize_heff": ["summarize-heff", "--inputs", s or str(root / "h.json"),
                            "--out-table", o or str(root / "h.parquet"), "--out-plot",
                            str(root / "h.png"), "--no-track", "--config", cfg],
@@ -72,6 +74,8 @@ def _argv(command: str, root: Path, out: Path | None = None, src: Path | None = 
         "export": ["export", "--snapshot", snap, "--out", o or str(root / "export")],
         "import_hf": ["import-hf", "--source", s or str(root / "no_model"), "--out",
                       o or str(root / "imported")],
+        "retrofit_plan": ["retrofit-plan", "--source", s or str(root / "no_model"), "--data",
+                          data, "--out", o or str(root / "plan")],
         "generate": None if out is not None else ["generate", "--snapshot", snap, "--prompt",
                                                    "a"],
         "track_init": ["track-init", "--config", cfg, "--run-dir", o or str(root / "run"),

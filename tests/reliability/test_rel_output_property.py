@@ -45,6 +45,8 @@ def _base(root: Path) -> dict[str, tuple[list, tuple[str, Path]]]:
                            ("snapshots", snap)),
         "heff": (["heff", "--snapshot", snap, "--data", data, "--out", root / "h.json",
                   "--no-track"], ("--snapshot", snap)),
+        "trajectories": (["trajectories", "--snapshot", snap, "--data", data, "--out",
+                          root / "traj", "--tokens", "4", "--no-track"], ("--data", data)),
         "summarize-heff": (["summarize-heff", "--inputs", root / SWEEP, "--out-table",
                             root / "h.parquet", "--out-plot", root / "h.png", "--no-track"],
                            ("--inputs", root / SWEEP)),

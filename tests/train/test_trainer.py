@@ -418,3 +418,17 @@ def test_compiled_training_matches_eager(pack: Path, tmp_path: Path) -> None:
         torch.testing.assert_close(w_compiled[name], value, rtol=1e-4, atol=1e-5)
     losses = [[m["loss"] for m in metrics(tmp_path / run)] for run in ("eager", "compiled")]
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+
+
+def test_the_trainer_takes_the_resolved_total_and_decides_no_budget(pack: Path) -> None:
+    """train.total_steps is decided by resolve_run before training; the trainer uses it as
+    given (a token budget left at 0 is refused, not recomputed from the pack)."""
+    from dataclasses import replace
+
+    from pipeline_lib.train.trainer import Trainer
+
+    cfg = tiny_config()
+    assert Trainer.build(cfg, pack).total_steps == cfg.train.total_steps == 6
+    budget = replace(cfg, train=replace(cfg.train, total_steps=0))
+    with pytest.raises(ConfigError, match="resolve_run"):
+        Trainer.build(budget, pack)

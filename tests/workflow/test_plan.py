@@ -100,6 +100,13 @@ def test_targets_and_inputs_come_from_the_run_layout():
     assert plan.data_dir(run) == f"out/data/{plan.runs[run].data_id}"
 
 
+def test_trajectories_are_never_a_target_of_all():
+    """Only the target rule ``trajectories`` asks for them (the Snakemake dry runs:
+    tests/workflow/test_trajectories_rule.py)."""
+    plan = _plan("train.total_steps=50", "train.steps_per_segment=10")
+    assert not any("trajectories" in target for target in plan.all_targets())
+
+
 def test_variants_share_a_data_pack_when_only_the_model_differs():
     plan = _plan()
     assert len(plan.run_names) >= 2 and len(plan.data_ids) == 1
@@ -160,7 +167,7 @@ def test_token_budget_of_a_file_tokenizer_reads_its_vocabulary(tmp_path):
 
     from pipeline_lib.errors import DataError
     from pipeline_lib.spec.size import param_count
-    from pipeline_lib.workflow.plan import planned_vocab_size
+    from pipeline_lib.workflow.resolve import planned_vocab_size
 
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0"))
     tok.add_special_tokens(["<|endoftext|>"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.workflow_runs import job_counts, snakemake
+from support.workflow_runs import TINY, job_counts, snakemake
 
 pytestmark = pytest.mark.slow
 RUNS = ("loops1", "loops2")
@@ -57,6 +57,23 @@ def test_second_call_has_nothing_to_do(tiny_pipeline: Path):
     result = snakemake(tiny_pipeline, "--cores", "1", "-n")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_each_run_has_the_spec_the_main_call_resolved(tiny_pipeline: Path):
+    """``{run}/run_spec.yaml`` holds the run as the Snakefile's plan resolved it (written by
+    onstart before the first job); the segments trained that config."""
+    from pipeline_lib.checkpoint.compat import snapshot_config
+    from pipeline_lib.spec.config import load_config, to_dict
+    from pipeline_lib.spec.run_spec import read_run_spec
+    from pipeline_lib.workflow.plan import WorkflowPlan
+
+    plan = WorkflowPlan(to_dict(load_config(TINY)))
+    for run in RUNS:
+        spec = read_run_spec(tiny_pipeline / "results" / run)
+        assert spec == plan.runs[run].spec
+        trained = snapshot_config(tiny_pipeline / "results" / run / "snapshots" / "final")
+        assert to_dict(trained.train) == to_dict(spec.config.train)
+        assert trained.model.loops == spec.config.model.loops
 
 
 def test_changing_eval_settings_retrains_nothing(tiny_pipeline: Path, tmp_path: Path):

@@ -25,3 +25,9 @@ wildcard_constraints:
 
 def compare_inputs(wildcards):
     return PLAN.compare_inputs()
+
+
+def trajectory_targets(wildcards):
+    """Rule trajectories (opt-in, never in all): every run's final snapshot's trajectories."""
+    return [str(PLAN.run_layout(run).trajectories_dir(PLAN.runs[run].final_step))
+            for run in PLAN.run_names]

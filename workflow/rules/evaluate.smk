@@ -55,3 +55,36 @@ rule summarize_heff:
         "../../envs/evaluate.yaml"
     script:
         "../scripts/summarize_heff.py"
+
+
+# Latent trajectories (opt-in: `snakemake trajectories`, or one snapshot's directory as the
+# target): how sampled validation tokens' loop states move up to 2 × model.loops; no other
+# rule needs them, so `all` never asks for them and no config key switches them on.
+
+
+rule eval_trajectories:
+    input:
+        snapshot=lambda wc: PLAN.snapshot_path(wc.run, int(wc.step)),
+        data=lambda wc: PLAN.data_dir(wc.run),
+        tracking=ancient(RUN.tracking_ready),
+    output:
+        out=directory(RUN.trajectories_dir(STEP)),
+    params:
+        run=lambda wc: wc.run,
+        run_dir=lambda wc: PLAN.run_dir(wc.run),
+    log:
+        RUN.log("eval_trajectories", STEP),
+    benchmark:
+        RUN.benchmark("eval_trajectories", STEP)
+    threads: PLAN.threads("eval")
+    resources:
+        **JOB_RESOURCES,
+    conda:
+        "../../envs/evaluate.yaml"
+    script:
+        "../scripts/eval_trajectories.py"
+
+
+rule trajectories:
+    input:
+        trajectory_targets,

@@ -6,6 +6,13 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from ..checkpoint.compat import snapshot_config
+from ..errors import ConfigError
+from ..output_paths import Output, check_outputs
+from ..spec.config import Config, config_for_run, load_config
+from ..spec.run_spec import RunSpec
+from ..workflow.resolve import resolve_run, snapshot_run
+
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """``--config FILE`` (partial, merged over config/config.yaml; repeated, merged in order)
@@ -26,31 +33,31 @@ def add_tracking_args(parser: argparse.ArgumentParser, run_dir_help: str) -> Non
                         help="a plain local run: log nothing to MLflow (tracking.enabled=false)")
 
 
-def config_from_args(args: argparse.Namespace, snapshot: Path | None = None):
-    """The resolved :class:`~pipeline_lib.spec.config.Config` from the common arguments.
+def run_spec_from_args(args: argparse.Namespace, snapshot: Path | None = None) -> RunSpec:
+    """The run's :class:`~pipeline_lib.spec.run_spec.RunSpec` from the common arguments,
+    completed by the same :func:`~pipeline_lib.workflow.resolve.resolve_run` as the
+    workflow's (``--run``: the variant; without it the base sections).
 
-    With ``snapshot`` and no ``--config``, the snapshot's own resolved config.yaml is the
-    base (complete already, so nothing is merged under it). ``--no-track`` (when the command
-    has it) turns tracking off.
+    With ``snapshot`` and no ``--config``, the snapshot's own config.yaml is the spec's
+    config (completed already: nothing is merged under it or resolved again). ``--no-track``
+    (when the command has it) turns tracking off.
     """
-    from ..spec.config import config_for_run, load_config
-
     if snapshot is not None and args.config is None:
-        from ..checkpoint.compat import snapshot_config
-
         cfg = snapshot_config(snapshot, args.overrides,
                               fix="pass --config FILE or a complete snapshot directory")
+        spec = snapshot_run(config_for_run(cfg, args.run) if args.run else cfg, args.run)
     else:
-        cfg = load_config(args.config, args.overrides)
-    if args.run:
-        cfg = config_for_run(cfg, args.run)
-    if snapshot is None or args.config is not None:  # a snapshot's config is resolved already
-        from ..export.hf_import import resolve_init_from
-
-        cfg = resolve_init_from(cfg)
+        spec = resolve_run(load_config(args.config, args.overrides), args.run or None)
     if getattr(args, "no_track", False):
+        cfg = spec.config
         cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
-    return cfg
+        spec = dataclasses.replace(spec, config=cfg)
+    return spec
+
+
+def config_from_args(args: argparse.Namespace, snapshot: Path | None = None) -> Config:
+    """The completed config of :func:`run_spec_from_args`."""
+    return run_spec_from_args(args, snapshot).config
 
 
 def tracking_run_dir(args: argparse.Namespace, command: str) -> Path:
@@ -59,8 +66,6 @@ def tracking_run_dir(args: argparse.Namespace, command: str) -> Path:
         return args.run_dir
     if args.no_track:
         return Path(".")  # tracking is off: the stage writes nothing there
-    from ..errors import ConfigError
-
     raise ConfigError(f"{command} logs to the MLflow run of a run directory: pass --run-dir "
                       "results/<run>, or --no-track for a plain local run")
 
@@ -78,8 +83,6 @@ def add_output(parser: argparse.ArgumentParser, *flags: str, kind=None, **kwargs
 def check_command_paths(args: argparse.Namespace, labels: dict[str, str]) -> None:
     """:func:`pipeline_lib.output_paths.check_outputs` on the command's declared outputs,
     every other path argument counting as an input (``labels``: option string per dest)."""
-    from ..output_paths import Output, check_outputs
-
     declared = getattr(args, "_outputs", None) or ()
     outputs = [Output(getattr(args, dest), flag, kind) for dest, flag, kind in declared
                if getattr(args, dest) is not None]

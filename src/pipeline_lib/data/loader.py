@@ -327,11 +327,13 @@ class PackedData:
         total = min(num_rows, self.val_rows)
         if total < num_rows:
             log.info("validation asks for %d rows, the pack has %d; using all", num_rows, total)
-        split = self.split("val")
         for i in range(0, total, batch_rows):
-            rows = np.arange(i, min(i + batch_rows, total))
-            yield _to_torch(assemble_rows(self.tokens, split, rows, self.row_len, self.pad_id,
-                                          self._answers, self._doc_start))
+            yield self.val_batch(np.arange(i, min(i + batch_rows, total)))
+
+    def val_batch(self, rows: np.ndarray) -> Batch:
+        """Validation rows ``rows`` (indices into val/, any order) as one CPU batch."""
+        return _to_torch(assemble_rows(self.tokens, self.split("val"), rows, self.row_len,
+                                       self.pad_id, self._answers, self._doc_start))
 
     def eval_batches(self, num_rows: int, batch_rows: int, device: torch.device, *,
                      answer_only: bool = False) -> Iterator[Batch]:

@@ -19,6 +19,7 @@
         train/launch/step_{step:07d}.yaml      # config read by a multi-process job's workers
         train/anchors/step_{step:07d}.tsv      # a long temporary chain's anchor (its benchmark)
         eval/heff/step_{step:07d}.json  eval/heff{,_adaptive}.{parquet,png}
+        eval/trajectories/step_{step:07d}/trajectories.{json,png}   # opt-in: `snakemake trajectories`
         bench/step_{step:07d}.json  bench/tasks_step_{step:07d}/  bench/summary.parquet
         bench/accuracy_vs_heff.png
         export/                              # final snapshot in the Hugging Face format
@@ -49,6 +50,8 @@ TRACKING_FILES_DIR = "tracking_files"  # resolved configs logged as parent-run a
 OUTBOX_FILE = "tracking_outbox.jsonl"
 OUTBOX_SYNC_STATE = "tracking_outbox.sync.json"
 OUTBOX_SYNC_LOCK = "tracking_outbox.sync.lock"
+TRAJECTORIES_JSON = "trajectories.json"  # the latent-trajectory result (evaluate.trajectories)
+TRAJECTORIES_FIGURE = "trajectories.png"
 LOGS_DIR = Path("logs")  # relative to the working directory (Snakemake's workdir)
 JOB_BENCHMARKS_DIR = LOGS_DIR / "benchmarks"
 
@@ -294,6 +297,10 @@ class RunLayout:
     @property
     def adaptive_plot(self) -> Path:
         return self.eval_dir / "heff_adaptive.png"
+
+    def trajectories_dir(self, step: int | str) -> Path:
+        """The latent trajectories of one snapshot (rule eval_trajectories, opt-in)."""
+        return self.eval_dir / "trajectories" / step_dir_name(step)
 
     @property
     def bench_dir(self) -> Path:

@@ -9,24 +9,27 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.compat import check_snapshot_fits_pack
 from ..checkpoint.contents import check_snapshot_output
 from ..errors import ConfigError, Preempted, TrainingError
 from ..output_paths import check_output_location
 from ..spec.config import Config
-from ..spec.layout import RunLayout, run_dir_of
+from ..spec.layout import run_dir_of
+from ..spec.names import TOKENIZER_FILE
+from ..tracking.health import check_store
 from . import rollback
 from .distill import SourceBuilder
 from .metrics import TrainLog
 from .preempt import StopRequest
 from .run_logs import check_run_logs, claim_run_logs
 from .run_tracking import SegmentTracking
+from .segment_start import SegmentStart, check_start_inputs, segment_start
 from .trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -43,27 +46,6 @@ def _check_steps(until_step: int, trainer: Trainer, resume_from: Path | None) ->
                           f"({resume_from}); pass a later step or an earlier snapshot")
 
 
-def usable_resume_point(path: Path, resume_from: Path | None,
-                        until_step: int) -> dict[str, Any] | None:
-    """The stop record of the resume point at ``path`` when it was left by an attempt of
-    this very job (same input snapshot, same end step); else None (and a stale one is
-    removed)."""
-    if not path.exists():
-        return None
-    try:
-        record = json.loads((path / "trainer_state.json").read_text())["preemptions"][-1]
-        same = (record["input"] == (None if resume_from is None else str(resume_from))
-                and int(record["until_step"]) == until_step)
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        same = False
-    if same:
-        return record
-    log.warning("removing %s: it is not a resume point of this job (input %s, until step %d)",
-                path, resume_from, until_step)
-    shutil.rmtree(path, ignore_errors=True)
-    return None
-
-
 def check_segment_outputs(out: Path, run_dir: Path | None) -> None:
     """Before anything is built: ``out`` may receive the snapshot (new, or a snapshot to
     replace) and the run directory of the logs can be written (one-line errors)."""
@@ -72,20 +54,16 @@ def check_segment_outputs(out: Path, run_dir: Path | None) -> None:
                           "run directory (training logs)")
 
 
-def _check_tokenizer(trainer: Trainer, resume_from: Path | None,
-                     warm_start: Path | None) -> None:
+def _check_tokenizer(trainer: Trainer, start: SegmentStart) -> None:
     """The snapshot resumed or warm-started from was trained on the pack's tokenizer."""
-    from ..checkpoint.compat import check_snapshot_fits_pack
-    from ..data.tokenizer_identity import TOKENIZER_FILE
-
-    if resume_from is not None:
-        check_snapshot_fits_pack(resume_from, trainer.data, use="resume",
+    if start.input is not None:
+        check_snapshot_fits_pack(start.input, trainer.data, use="resume",
                                  fix="pass --data the pack this run was trained on")
-    elif warm_start is not None:
+    elif start.warm_start is not None:
         check_snapshot_fits_pack(
-            warm_start, trainer.data, use="warm start",
+            start.warm_start, trainer.data, use="warm start",
             fix=f"pack the corpus with the snapshot's tokenizer (data.tokenizer: {{type: file, "
-                f"path: {Path(warm_start) / TOKENIZER_FILE}}}) and pass that pack as --data")
+                f"path: {start.warm_start / TOKENIZER_FILE}}}) and pass that pack as --data")
 
 
 def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
@@ -95,44 +73,40 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
                   build_source: SourceBuilder | None = None) -> Path:
     """Train from ``resume_from`` (None: from scratch) to ``until_step``; snapshot to ``out``.
 
-    Run-level logs go to ``run_dir`` (default: ``out``'s run directory, see
-    :func:`~pipeline_lib.spec.layout.run_dir_of`). ``attempt`` > 1 marks a retry: a rollback
-    record left by an aborted attempt from the same input is applied, and a resume point
-    left by a stopped attempt is continued from. ``warm_start`` (only without
-    ``resume_from``) copies another snapshot's weights and nothing else, for a deliberate
-    restart under a changed config. ``tracking`` (the ``train`` stage's; None: nothing is
-    logged to MLflow) reports the segment on rank 0. ``build_source``: how ``train.distill.teacher = source``
-    builds the pretrained teacher (:mod:`.distill`). Returns ``out``.
+    ``cfg`` is a run's completed config (a :class:`~pipeline_lib.spec.run_spec.RunSpec`'s:
+    ``train.total_steps`` decided). Run-level logs go to ``run_dir`` (default: ``out``'s run
+    directory, see :func:`~pipeline_lib.spec.layout.run_dir_of`). How the segment begins is
+    decided once from the job's inputs (:func:`~.segment_start.segment_start`): ``attempt``
+    > 1 marks a retry (a rollback record left by an aborted attempt from the same input is
+    applied), a resume point left by a stopped attempt is continued from, ``warm_start``
+    (only without ``resume_from``) copies another snapshot's weights and nothing else, for a
+    deliberate restart under a changed config. ``tracking`` (the ``train`` stage's; None:
+    nothing is logged to MLflow) reports the segment on rank 0. ``build_source``: how
+    ``train.distill.teacher = source`` builds the pretrained teacher (:mod:`.distill`).
+    Returns ``out``.
     """
     wall_start = time.perf_counter()
     out, data_dir = Path(out), Path(data_dir)
     run_dir = Path(run_dir) if run_dir is not None else run_dir_of(out)
     resume_from = None if resume_from is None else Path(resume_from)
-    if warm_start is not None and resume_from is not None:
-        raise ConfigError("--warm-start and --resume-from exclude each other: resume "
-                          "continues a run exactly, a warm start begins a new one")
+    warm_start = None if warm_start is None else Path(warm_start)
+    check_start_inputs(resume_from, warm_start)
     check_segment_outputs(out, run_dir)
     if rank == 0:
         check_run_logs(run_dir, out, resume_from)
     if rank == 0 and tracking is not None and cfg.tracking.enabled:  # a lost or corrupt store
-        from ..tracking.health import check_store
-
         check_store(cfg, run_dir)
-    point = RunLayout.at(run_dir).resume_point(until_step)
-    stopped = usable_resume_point(point, resume_from, until_step)
+    start = segment_start(run_dir, resume_from, until_step, attempt=attempt,
+                          warm_start=warm_start)
     trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank,
                             build_source=build_source)
-    trainer.restore(resume_from, run_dir=run_dir, attempt=attempt,
-                    resume_point=point if stopped else None,
-                    input_step=int(stopped["segment_start"]) if stopped else 0)
-    if warm_start is not None and stopped is None:
-        trainer.warm_start(Path(warm_start))
-    _check_tokenizer(trainer, resume_from, None if stopped else warm_start)
+    trainer.restore(start)
+    _check_tokenizer(trainer, start)
     _check_steps(until_step, trainer, resume_from)
     job_start = trainer.resume_step
     stage = tracking.start(trainer, run_dir, data_dir) if rank == 0 and tracking else None
     try:
-        _run(trainer, until_step, out, run_dir, attempt, stage, tracking, point=point,
+        _run(trainer, until_step, out, run_dir, attempt, stage, tracking, point=start.point,
              job_start=job_start, wall_start=wall_start)
     except BaseException as exc:
         if stage is not None:
@@ -142,7 +116,7 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
         stage.end("FINISHED")
     if rank == 0:
         rollback.clear_record(run_dir, resume_from, job_start)
-        shutil.rmtree(point, ignore_errors=True)
+        shutil.rmtree(start.point, ignore_errors=True)
     log.info("segment %d→%d done in %.1f s (%.1f s in steps): %s", job_start, until_step,
              time.perf_counter() - wall_start, trainer.step_time_s, out)
     return out
@@ -197,4 +171,4 @@ def _stop(trainer: Trainer, train_log: TrainLog, point: Path, reason: str, *,
                     "continue from there")
 
 
-__all__ = ["train_segment", "usable_resume_point"]
+__all__ = ["check_segment_outputs", "train_segment"]

@@ -41,9 +41,15 @@ from ..errors import ConfigError, PipelineError, Preempted, TrainingError
 from ..fsio import write_text_atomic
 from ..spec.config import Config, config_yaml
 from ..spec.layout import RunLayout, run_dir_of
+from ..tracking import resolve_uri
+from .distributed import destroy_process_group, init_process_group, launched_by_torchrun
+from .job import check_segment_outputs, train_segment
+from .lease import run_lease
+from .preempt import STOP_SIGNALS, latched_signal
 from .run_tracking import SegmentTracking
+from .segment_start import usable_resume_point
 
-if TYPE_CHECKING:  # launching imports no torch; the teacher is built in the segment job
+if TYPE_CHECKING:  # only a type here; the teacher is built in the segment job
     from .distill import SourceBuilder
 
 log = logging.getLogger(__name__)
@@ -132,8 +138,6 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
     The run's training lease (:mod:`.lease`) is held throughout: a second job training the
     same run at once is refused in one line. ``tracking``: see :func:`.job.train_segment`
     (the workers of a multi-process job are ``train`` commands, tracked unless it is None)."""
-    from .job import check_segment_outputs
-    from .lease import run_lease
 
     check_segment_outputs(out, run_dir)  # before torchrun starts (or anything is built)
     with run_lease(Path(run_dir or run_dir_of(Path(out))), until_step):
@@ -145,14 +149,11 @@ def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step
                out: Path, run_dir: Path | None, attempt: int, *,
                warm_start: Path | None, tracking: SegmentTracking | None,
                build_source: SourceBuilder | None) -> Path:
-    from .job import train_segment
 
     if cfg.train.nproc == 1 and cfg.train.nnodes == 1:
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
                              warm_start=warm_start, tracking=tracking, build_source=build_source)
     if cfg.tracking.enabled:
-        from ..tracking import resolve_uri
-
         resolve_uri(cfg)  # the URI's credentials into MLflow's variables, which workers inherit
     layout = RunLayout.at(Path(run_dir or run_dir_of(Path(out))).resolve())
     config_path = layout.launch_config(until_step)
@@ -180,8 +181,6 @@ def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step
 
 def _stopped_with_resume_point(run_dir: Path, resume_from: Path | None, until_step: int,
                                attempt: int) -> bool:
-    from .job import usable_resume_point
-
     point = RunLayout.at(run_dir).resume_point(until_step)
     record = usable_resume_point(point, resume_from, until_step)
     return record is not None and int(record.get("attempt", 0)) == attempt
@@ -190,8 +189,6 @@ def _stopped_with_resume_point(run_dir: Path, resume_from: Path | None, until_st
 def _forward_stops(proc: subprocess.Popen) -> dict[int, Any]:
     """Pass SIGTERM/SIGUSR1 on to the workers (they stop after a step, with a resume point)
     instead of ending this launcher before them; returns the previous handlers."""
-    from .preempt import STOP_SIGNALS, latched_signal
-
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
@@ -234,8 +231,6 @@ def train_in_process(cfg: Config, data_dir: Path, resume_from: Path | None, unti
     Under torchrun it joins the process group (backend from ``experiment.device``), trains
     its rank and leaves the group; otherwise it trains alone. Returns (out, rank).
     """
-    from .distributed import destroy_process_group, init_process_group, launched_by_torchrun
-    from .job import train_segment
 
     if not launched_by_torchrun():
         return train_segment(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,

@@ -35,14 +35,14 @@ from tqdm import tqdm
 
 from ..checkpoint import state_io
 from ..checkpoint.best import update_best_snapshot
+from ..checkpoint.compat import load_weights_only
 from ..checkpoint.contents import Snapshot
 from ..checkpoint.rng import RNGStreams
 from ..data.loader import DataCursor, PackedData
-from ..errors import TrainingError
+from ..errors import ConfigError, TrainingError
 from ..model.loop_sampling import LoopSampler
 from ..model.looped import LoopedLM
 from ..precision import Precision
-from ..spec.budget import total_steps as planned_total_steps
 from ..spec.config import Config, config_yaml
 from ..spec.layout import snapshots_dir_of
 from ..spec.names import TOKENIZER_FILE
@@ -60,6 +60,7 @@ from .optim import build_optimizer
 from .preempt import StopRequest
 from .schedule import LRSchedule
 from .segment import TrainerState, build_model, resolve_config, set_determinism
+from .segment_start import SegmentStart
 from .spike_guard import SpikeGuard
 from .states import ConfigPart, EMAPart, ModelPart, MoEBiases, OptimizerPart
 from .step import StepResult, StepRunner
@@ -118,7 +119,11 @@ class Trainer:
         data = PackedData(data_dir)
         cfg = resolve_config(cfg, data)
         plan = make_batch_plan(cfg.train, world_size)
-        total = planned_total_steps(cfg.train, cfg.model, data.seq_len, data.vocab_size)
+        total = cfg.train.total_steps  # decided once, by resolve_run (the token budget too)
+        if total < 1:
+            raise ConfigError("train.total_steps = 0 reached the trainer: a token budget is "
+                              "turned into steps by pipeline_lib.workflow.resolve.resolve_run; "
+                              "train the config of the run's RunSpec")
         model = build_model(cfg, device)  # the same seeded init on every rank
         if cfg.train.freeze:  # before sharding, the optimizer and the EMA see the flags
             frozen = freeze_parts(model, cfg.train.freeze)
@@ -175,8 +180,6 @@ class Trainer:
     def warm_start(self, snapshot: Path) -> None:
         """Deliberate weights-only start: copy ``snapshot``'s weights, keep everything else
         fresh (optimizer, spike guard, RNG, data cursor, step 0)."""
-        from ..checkpoint.compat import load_weights_only
-
         info = load_weights_only(snapshot, self.model)  # cuts full weights into shards
         if self.ema is not None:
             self.ema = WeightsEMA(self.model, self.cfg.train.ema_decay)
@@ -185,26 +188,25 @@ class Trainer:
         log.warning("warm start from %s: weights only; optimizer, guard, RNG and data cursor "
                     "start fresh at step 0", snapshot)
 
-    def restore(self, resume_from: Path | None, *, run_dir: Path, attempt: int,
-                resume_point: Path | None = None, input_step: int = 0) -> None:
-        """Load ``resume_from`` (None: fresh start), or the ``resume_point`` a stopped
-        attempt of this job left (``input_step``: the step of ``resume_from``); on a retry
-        apply a matching rollback."""
-        self.input_snapshot = resume_from
-        self.guard.last_good_snapshot = None if resume_from is None else str(resume_from)
-        start = resume_point or resume_from
-        if start is not None:
-            snap = self._load(start)
-            self.carried_files = snap.extra_files if resume_point else {}
-        self.resume_step = input_step if resume_point else self.state.step
-        record = (rollback.matching_record(run_dir, resume_from, self.state.step)
-                  if attempt > 1 else None)
-        if record is not None:
-            self.rollback = {**record, "applied_attempt": attempt}
+    def restore(self, start: SegmentStart) -> None:
+        """Begin as ``start`` says (:func:`~.segment_start.segment_start` decided it): load
+        its input snapshot or this job's resume point (neither: fresh), copy a warm start's
+        weights, hold a rollback record until its step."""
+        self.input_snapshot = start.input
+        self.guard.last_good_snapshot = None if start.input is None else str(start.input)
+        if start.load is not None:
+            snap = self._load(start.load)
+            self.carried_files = snap.extra_files if start.stopped else {}
+        self.resume_step = (int(start.stopped["segment_start"]) if start.stopped
+                            else self.state.step)
+        if start.rollback is not None:
+            record = self.rollback = start.rollback
             log.warning("attempt %d: rolling back to step %d; at step %d the data cursor will "
-                        "jump from %s to %s (abort at step %d)", attempt, self.state.step,
+                        "jump from %s to %s (abort at step %d)", start.attempt, self.state.step,
                         record["window_steps"][0], record["window_cursor"][0],
                         record["resume_cursor"], record["abort_step"])
+        if start.warm_start is not None:
+            self.warm_start(start.warm_start)
 
     def _load(self, snapshot: Path) -> Snapshot:
         """Every part from ``snapshot`` (collective with several ranks); an EMA the snapshot

@@ -9,63 +9,30 @@ every call, dry runs included, and the per-segment functions once per segment jo
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint.compat import snapshot_config
-from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
-from ..export.hf_import import resolve_init_from
-from ..spec.budget import total_steps
 from ..spec.config import (
     DEFAULT_CONFIG_PATH,
     Config,
     DataConfig,
-    config_for_run,
     config_from_dict,
     config_hash,
     to_dict,
 )
 from ..spec.config_files import merge_user_config
-from ..spec.data_id import data_id as compute_data_id
 from ..spec.init_source import source_files
 from ..spec.layout import ResultsLayout, RunLayout
-from ..spec.names import BYTE_VOCAB_SIZE
-from ..spec.rules import check_exit_gate_trained
+from ..spec.run_spec import RunSpec, read_run_spec
 from ..spec.signatures import init_signature, precision_signature, train_signature
 from ..spec.snapshots import anchor_steps, kept_steps, previous_end, segment_ends
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads, segment_time
-
-DEFAULT_RUN = "default"
-
-
-def planned_vocab_size(data: DataConfig) -> int:
-    """Vocabulary size known before packing (for a token-budget step count): 258 for byte,
-    the target size for BPE, and a file tokenizer's own, read cheaply (a JSON parse of its
-    tokenizer.json, or the GGUF metadata's token count; no tokenizers, torch, transformers)."""
-    if data.tokenizer.type == "file":
-        return source_vocab_size(data.tokenizer.path)
-    return BYTE_VOCAB_SIZE if data.tokenizer.type == "byte" else data.tokenizer.vocab_size
-
-
-def check_teacher_vocab(cfg: Config) -> None:
-    """A snapshot teacher (``train.distill.teacher``) has the run's vocabulary, unless that is
-    known only once packed (BPE); the tokenizers are compared when a segment starts."""
-    teacher = cfg.train.distill.teacher
-    if teacher in ("", "source") or (not cfg.model.vocab_size and cfg.data.tokenizer.type == "bpe"):
-        return
-    key = f"train.distill.teacher = {teacher!r}"
-    rows = snapshot_config(Path(teacher).expanduser(), fix=f"{key} must be a finished "
-                           "snapshot").model.vocab_size
-    own = cfg.model.vocab_size or planned_vocab_size(cfg.data)
-    if rows != own:
-        raise ConfigError(f"{key}: the teacher has a {rows}-token vocabulary, this run "
-                          f"{own}; distill from a model of the run's tokenizer")
+from .resolve import DEFAULT_RUN, resolve_run, write_run_specs
 
 
 def _check_results_dir(results: Path) -> None:
@@ -83,13 +50,29 @@ def _check_results_dir(results: Path) -> None:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """One variant of the experiment: resolved config (total_steps filled in) and steps."""
+    """One variant of the experiment: its :class:`RunSpec` (the completed config) and the
+    steps its segments end at and keep."""
 
-    name: str
-    config: Config
-    data_id: str
+    spec: RunSpec
     segment_ends: list[int]
     kept_steps: list[int]
+
+    @classmethod
+    def of(cls, spec: RunSpec) -> RunPlan:
+        ends = segment_ends(spec.config.train.total_steps, spec.config.train.steps_per_segment)
+        return cls(spec=spec, segment_ends=ends, kept_steps=kept_steps(ends, spec.config.snapshots))
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def config(self) -> Config:
+        return self.spec.config
+
+    @property
+    def data_id(self) -> str:
+        return self.spec.data_id
 
     @property
     def final_step(self) -> int:
@@ -113,7 +96,9 @@ class RunPlan:
 class WorkflowPlan:
     """Runs, data packs and snapshot steps of one Snakemake invocation."""
 
-    def __init__(self, config: Mapping[str, Any], source: str = "Snakemake config"):
+    def __init__(self, config: Mapping[str, Any], source: str = "Snakemake config", *,
+                 saved_specs: bool = False):
+        self._saved_specs = saved_specs
         self.config = config_from_dict(config, source)
         self.results = Path(self.config.experiment.results_dir)
         _check_results_dir(self.results)
@@ -150,21 +135,21 @@ class WorkflowPlan:
             self._bench_inputs[name] = checked[key]
 
     def _plan_run(self, name: str) -> RunPlan:
-        cfg = config_for_run(self.config, name) if self.config.runs else self.config
-        try:
-            cfg = resolve_init_from(cfg)
-            check_exit_gate_trained(cfg.train, cfg.model)
-            check_teacher_vocab(cfg)
-        except PipelineError as exc:
-            raise type(exc)(f"runs.{name}: {exc}" if self.config.runs else str(exc)) from None
-        # the vocabulary only matters for a token budget (and may mean reading a file)
-        budget = cfg.train.total_steps == 0 and cfg.model.vocab_size == 0
-        vocab = planned_vocab_size(cfg.data) if budget else 0
-        steps = total_steps(cfg.train, cfg.model, cfg.data.seq_len, vocab)
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, total_steps=steps))
-        ends = segment_ends(steps, cfg.train.steps_per_segment)
-        return RunPlan(name=name, config=cfg, data_id=compute_data_id(cfg.data),
-                       segment_ends=ends, kept_steps=kept_steps(ends, cfg.snapshots))
+        """The run's :class:`RunSpec`: resolved (:func:`resolve_run`), or, inside a cluster
+        job (``saved_specs``), the one the main Snakemake process wrote for this invocation
+        (no pretrained-source or tokenizer file read again in every job)."""
+        if self._saved_specs:
+            try:
+                spec = read_run_spec(self.layout.run(name).run_dir)
+                if spec.name == name:
+                    return RunPlan.of(spec.with_tracking_uri(self.config.tracking.uri))
+            except ConfigError:
+                pass  # not written by this invocation: resolve it here
+        return RunPlan.of(resolve_run(self.config, name if self.config.runs else None))
+
+    def write_run_specs(self) -> list[str]:
+        """Every run's ``{run}/run_spec.yaml`` (where it changed): what the jobs read."""
+        return write_run_specs((p.spec, self.run_dir(n)) for n, p in self.runs.items())
 
     # ------------------------------------------------------------------ runs and data
 
@@ -374,20 +359,23 @@ class WorkflowPlan:
 
 
 def plan_for_snakemake(config: dict[str, Any], configfiles: Sequence[Any] = (),
-                       overrides: Mapping[str, Any] | None = None) -> WorkflowPlan:
+                       overrides: Mapping[str, Any] | None = None, *,
+                       saved_specs: bool = False) -> WorkflowPlan:
     """The Snakefile's plan, ``config`` rebuilt in place by loopline's rules (not Snakemake's
     recursive merge, which adds a later file's ``runs:`` to the earlier ones): the default ←
     ``configfiles`` in order, as the commands' ``--config A --config B`` ← ``overrides``
     (``--config``; without files ``config`` is all the user gave). A user error ends Snakemake
     with the one line the commands print (``error: …``, naming the file or the ``runs:``
-    variant), never with a traceback or a dump of the JSON schema."""
+    variant), never with a traceback or a dump of the JSON schema. ``saved_specs`` (inside a
+    cluster job): read each run's spec from its ``run_spec.yaml`` (:meth:`WorkflowPlan._plan_run`)."""
     names = [_shown(Path(f)) for f in configfiles] + (["--config"] if overrides else [])
     try:
         last = (overrides or {}) if configfiles else config
         merged = merge_user_config(configfiles, DEFAULT_CONFIG_PATH, last, overrides)
         config.clear()
         config.update(merged)
-        return WorkflowPlan(config, " + ".join(names) or "config/config.yaml")
+        return WorkflowPlan(config, " + ".join(names) or "config/config.yaml",
+                            saved_specs=saved_specs)
     except PipelineError as exc:
         raise SystemExit(f"error: {exc}") from None
 

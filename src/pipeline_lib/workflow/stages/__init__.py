@@ -8,6 +8,8 @@ false``) is the only difference between them.
 - :mod:`.train`: one training segment (``train`` child run, continued across segments).
 - :mod:`.heff`, :mod:`.heff_summary`, :mod:`.bench`: the H_eff sweep and the downstream
   benchmarks of one snapshot, and their summaries (the heff summary loads no torch).
+- :mod:`.trajectories`: the latent trajectories of one snapshot (opt-in: rule
+  ``eval_trajectories``, reached only through the target rule ``trajectories``).
 - :mod:`.interop`: ``import`` of a pretrained source and ``export`` in the Hugging Face format.
 - :mod:`.parent_runs`: the store, the variant's parent run and its ``pack`` child; the
   Snakefile's onsuccess/onerror handler (torch-free: the Snakefile imports it).

@@ -1,0 +1,77 @@
+"""How a segment starts is one value, decided once from the job's inputs (SegmentStart)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline_lib.data.loader import DataCursor
+from pipeline_lib.errors import ConfigError
+from pipeline_lib.spec.layout import RunLayout
+from pipeline_lib.train import rollback
+from pipeline_lib.train.segment_start import segment_start
+
+
+def _snapshot(path: Path, step: int, preemptions: list | None = None) -> Path:
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps(
+        {"step": step, "preemptions": preemptions or []}))
+    return path
+
+
+def _record(run: Path, input_snapshot: Path | None, input_step: int) -> None:
+    cursor = DataCursor(0, 8)
+    rollback.write_record(run, rollback.make_record(
+        input_snapshot=input_snapshot, input_step=input_step, abort_step=input_step + 3,
+        first_bad_step=input_step + 1, window_start=cursor, window_end=DataCursor(0, 32),
+        resume_cursor=DataCursor(0, 48), skip_steps=2, attempt=1))
+
+
+def test_scratch_resume_and_warm_start(tmp_path: Path) -> None:
+    previous = _snapshot(tmp_path / "snapshots" / "step_0000003", 3)
+    init = _snapshot(tmp_path / "init", 0)
+    assert segment_start(tmp_path, None, 3).kind == "scratch"
+    resume = segment_start(tmp_path, previous, 6)
+    assert (resume.kind, resume.load, resume.input) == ("resume", previous, previous)
+    warm = segment_start(tmp_path, None, 3, warm_start=init)
+    assert (warm.kind, warm.load, warm.warm_start) == ("warm start", None, init)
+    assert resume.point == RunLayout.at(tmp_path).resume_point(6)
+
+
+def test_resume_and_warm_start_exclude_each_other(tmp_path: Path) -> None:
+    snap = _snapshot(tmp_path / "s", 3)
+    with pytest.raises(ConfigError, match="--warm-start and --resume-from exclude each other"):
+        segment_start(tmp_path, snap, 6, warm_start=snap)
+
+
+def test_a_resume_point_of_this_job_wins_and_a_foreign_one_is_removed(tmp_path: Path) -> None:
+    previous = _snapshot(tmp_path / "snapshots" / "step_0000003", 3)
+    point = RunLayout.at(tmp_path).resume_point(9)
+    stop = {"input": str(previous), "until_step": 9, "segment_start": 3, "attempt": 1}
+    _snapshot(point, 5, [stop])
+    _record(tmp_path, previous, 3)  # a resume point comes first even on a retry
+    start = segment_start(tmp_path, previous, 9, attempt=2, warm_start=None)
+    assert (start.kind, start.load, start.stopped) == ("resume point", point, stop)
+    assert start.rollback is None
+    other = segment_start(tmp_path, None, 9)  # another input: not this job's point
+    assert other.kind == "scratch" and not point.exists()
+
+
+def test_a_retry_from_the_recorded_input_rolls_back(tmp_path: Path) -> None:
+    previous = _snapshot(tmp_path / "snapshots" / "step_0000003", 3)
+    _record(tmp_path, previous, 3)
+    assert segment_start(tmp_path, previous, 9, attempt=1).kind == "resume"  # first try
+    start = segment_start(tmp_path, previous, 9, attempt=2)
+    assert start.kind == "rollback" and start.load == previous
+    assert start.rollback["applied_attempt"] == 2 and start.rollback["resume_cursor"] == [0, 48]
+    other = _snapshot(tmp_path / "snapshots" / "step_0000006", 6)
+    assert segment_start(tmp_path, other, 9, attempt=2).kind == "resume"  # another input
+
+
+def test_a_warm_started_retry_rolls_back_too(tmp_path: Path) -> None:
+    init = _snapshot(tmp_path / "init", 0)
+    _record(tmp_path, None, 0)
+    start = segment_start(tmp_path, None, 3, attempt=3, warm_start=init)
+    assert start.kind == "rollback" and start.warm_start == init and start.load is None
