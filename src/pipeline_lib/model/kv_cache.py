@@ -114,7 +114,8 @@ class KVCache:
         self.every = share_every(kv_share, h_eff)
         groups = -(-h_eff // self.every)
         self.prelude, self.core = cfg.prelude_layers, cfg.core_layers
-        self.calls = self.prelude + groups * self.core + cfg.coda_layers  # slots
+        self.coda_slot = self.prelude + groups * self.core  # first coda slot
+        self.calls = self.coda_slot + cfg.coda_layers  # slots
         self.continuous = continuous
         self.capacity = max(capacity, L)
         self.lengths = lengths.clone()  # [B] cached tokens = column of the next token
@@ -135,6 +136,7 @@ class KVCache:
         self._visible: Tensor | None = None  # decoding: the bias up to the longest row's token
         self._mask: Tensor | None = None  # decoding: the bias of the current piece's rows
         self._rows: Tensor | None = None  # decoding: the rows computed (None: all)
+        self._skipped = False  # kv_fill skip: some column stopped before the last loop
         self._slot = 0
 
     @property
@@ -154,14 +156,13 @@ class KVCache:
     def enter(self, piece: str, t: int = 0, rows: Tensor | None = None) -> None:
         """Before a piece of a pass (``prelude``, ``loop`` t (0-based), ``coda``): its
         attention calls take its slots; a decoding piece computes only ``rows`` (None: all)."""
-        groups = -(-self.h_eff // self.every)
-        self._slot = {"prelude": 0, "loop": self.group_slot(t),
-                      "coda": self.prelude + groups * self.core}[piece]
+        self._slot = (self.group_slot(t) if piece == "loop" else
+                      self.coda_slot if piece == "coda" else 0)
         if self._prefill_mask is not None:
             return
         self._rows = rows
         mask = self._visible
-        if piece == "loop" and self.kv_fill == "skip":  # stopped before loop t+1: masked
+        if piece == "loop" and self._skipped:  # stopped before loop t+1: masked
             used = mask.shape[-1]
             mask = mask.masked_fill((self.reached[:, None, None, :used] <= t), float("-inf"))
         self._mask = mask if rows is None else mask[rows]
@@ -194,6 +195,7 @@ class KVCache:
         cols = self.lengths[rows]
         self.reached[rows, cols] = loops
         if self.kv_fill != "latest":
+            self._skipped = True  # from now on a loop may mask columns
             return
         src = self.group_slot(loops - 1)
         for dst in range(src + self.core, self.group_slot(self.h_eff - 1) + 1, self.core):
