@@ -21,8 +21,10 @@ from snapshot_helpers import (
 from pipeline_lib.bench import LooplineLM
 from pipeline_lib.bench.lm_wrapper import score_windows
 from pipeline_lib.errors import CheckpointError, ConfigError
+from pipeline_lib.evaluate.exit.cached import CriterionExit
 from pipeline_lib.evaluate.exit.criteria import adaptive_logits
 from pipeline_lib.evaluate.exit.spec import ExitSpec
+from pipeline_lib.model.generate import CachedNextIds, greedy_decode
 
 
 def ll_request(context: str, continuation: str) -> Instance:
@@ -326,6 +328,34 @@ def test_adaptive_generation(trained_model, tokenizer):
     lm = make_lm(trained_model, tokenizer, h_eff="adaptive:0.01:3")
     assert lm.generate_until(reqs, disable_tqdm=True) == ["9", "123456789", "3456789"]
     assert 1.0 <= lm.mean_loops["gen"] <= 3.0
+
+
+def test_adaptive_generation_decodes_through_the_cache_as_generate_does(random_model,
+                                                                        tokenizer):
+    """Generative requests under adaptive exit are loopline's cached adaptive decoding: the
+    texts and the loops computed per token of ``CachedNextIds`` with the criterion's rule
+    (a token's later loops are never computed)."""
+    prompts = ["a=7;b=a;print(b)=", "0", "x=12;y=3;"]
+    lm = make_lm(random_model, tokenizer, h_eff="adaptive:0.05:5", batch_size=3)
+    got = lm.generate_until([task_request("generate_until", (p, {"until": [],
+                                                                 "max_gen_toks": 10}), "gen")
+                             for p in prompts], disable_tqdm=True)
+    eos = lm.eot_token_id
+    nxt = CachedNextIds(random_model, 5, pad_id=eos, exit_rule=CriterionExit(
+        random_model, ExitSpec((0.05,), "kl", 5)))
+    loops: list[int] = []
+
+    def next_ids(active, rows):
+        out = nxt(active, rows)
+        loops.extend(nxt.loops)
+        return out
+
+    with torch.inference_mode():
+        done = greedy_decode(next_ids, [lm.tok_encode(p) for p in prompts], [10] * 3,
+                             eos_id=eos, context_len=SEQ_LEN)
+    assert got == [lm.tok_decode(new) for new, _ in done]
+    assert lm.mean_loops == {"gen": pytest.approx(sum(loops) / len(loops))}
+    assert 1 < sum(loops) / len(loops) < 5  # the exits vary
 
 
 def test_adaptive_mean_loops_per_task_through_simple_evaluate(trained_model, tokenizer,

@@ -91,6 +91,27 @@ def test_adaptive_exit_bounds(capsys, pattern):
     assert parse_depth(None, "1e9", 2, "entropy").loops == 2
 
 
+def test_kv_share_and_continuous_report_their_cache_bytes(capsys, pattern):
+    _, snap = pattern
+    args = ["--prompts-file", "-", "--max-new-tokens", "6", "--h-eff", "3"]
+    outputs = {}
+    for cache in ([], ["--kv-share", "last"], ["--kv-share", "every:2"], ["--continuous"],
+                  ["--adaptive", "1e9:3", "--kv-fill", "skip", "--kv-share", "last"]):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("sys.stdin", io.StringIO("0123\n56\n"))
+            depth = [] if "--adaptive" in cache else args[4:]
+            code, out, _ = _generate(capsys, snap, *args[:4], *depth, *cache)
+        assert code == 0
+        outputs[" ".join(cache)] = _records(out)
+    full, last = outputs[""][0]["kv_bytes"], outputs["--kv-share last"][0]["kv_bytes"]
+    # 1 prelude and 1 coda slot, a core slot per loop (3) or one shared: 5 slots → 3
+    assert full > 0 and last * 5 == full * 3
+    assert outputs["--kv-share every:2"][0]["kv_bytes"] * 5 == full * 4
+    assert all(r["mean_loops"] == 3.0 for r in outputs["--continuous"])
+    adaptive = outputs["--adaptive 1e9:3 --kv-fill skip --kv-share last"]
+    assert all(r["mean_loops"] == 1.0 and r["kv_bytes"] == last for r in adaptive)
+
+
 def test_sampling_is_seeded_and_top_p_cuts_the_tail(capsys, pattern):
     _, snap = pattern
     hot = ["--prompt", "0", "--temperature", "50", "--max-new-tokens", "8"]
@@ -113,6 +134,10 @@ def test_sampling_is_seeded_and_top_p_cuts_the_tail(capsys, pattern):
     (["--adaptive", "-1"], "error: --adaptive '-1' is not [CRITERION:]THRESHOLD[:MAX]"),
     (["--adaptive", "gate:0.5"], "error: generate --adaptive-criterion: criterion gate needs a "
                                  "snapshot with the learned exit gate"),
+    (["--kv-share", "every:0"], "error: --kv-share 'every:0' is not one of per_loop, last or "
+                                "every:K (K >= 1)"),
+    (["--kv-share", "first"], "error: --kv-share 'first' is not one of per_loop, last or every:K"),
+    (["--kv-fill", "nearest"], "error: --kv-fill 'nearest' is not one of ['latest', 'skip']"),
     (["--temperature", "-1"], "error: --temperature -1.0 must be a finite number >= 0"),
     (["--top-p", "0"], "error: --top-p 0.0 must lie in (0, 1]"),
     (["--max-new-tokens", "0"], "error: --max-new-tokens 0 and --batch-size 16 must be at least 1"),

@@ -14,14 +14,15 @@ TINY = ROOT / "config" / "experiments" / "tiny.yaml"
 
 
 def snakemake(workdir: Path, *args: str, extra_configs: tuple[Path, ...] = (),
-              timeout: int = 900, config: Path = TINY) -> subprocess.CompletedProcess:
+              timeout: int = 900, config: Path = TINY,
+              snakefile: Path = ROOT / "Snakefile") -> subprocess.CompletedProcess:
     """``snakemake --snakefile ROOT/Snakefile --directory workdir …`` with ``config`` (the
     tiny one by default) and ``extra_configs`` merged over it (one --configfile flag takes
-    them all)."""
+    them all); ``snakefile``: another copy of the workflow."""
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "HF_HOME": str(workdir / ".hf"), "OMP_NUM_THREADS": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [str(SNAKEMAKE), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+    cmd = [str(SNAKEMAKE), "--snakefile", str(snakefile), "--directory", str(workdir),
            "--configfile", str(config), *map(str, extra_configs), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
                           cwd=workdir)

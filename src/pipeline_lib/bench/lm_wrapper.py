@@ -47,6 +47,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from ..errors import ConfigError
+from ..evaluate.exit.cached import CriterionExit
 from ..evaluate.exit.criteria import adaptive_logits, check_model_criterion
 from ..evaluate.exit.spec import ExitSpec
 from ..model.generate import CachedNextIds, greedy_decode, padded_rows
@@ -359,25 +360,22 @@ class LooplineLM(TemplateLM):
 
     def _generate_batch(self, prompts: list[list[int]], settings: list[tuple[list[str], int]],
                         keys: list[DocKey] | None = None) -> list[str]:
-        """Greedy continuations of ``prompts``; each row stops on its own. A fixed h_eff
-        decodes with the KV cache; adaptive exit recomputes each window. Every generated
-        token (the final EOS included) counts its loops used for its (task, doc_id)."""
+        """Greedy continuations of ``prompts``; each row stops on its own, decoded with the
+        KV cache at a fixed h_eff or with adaptive exit (each token's later loops not
+        computed, ``kv_fill`` latest: :mod:`pipeline_lib.model.kv_adaptive`). Every generated
+        token (the final EOS included) counts its loops computed for its (task, doc_id)."""
         keys = keys or [(None, None)] * len(prompts)
         texts = [""] * len(prompts)
         budgets = [max_gen for _, max_gen in settings]
+        rule = None if self._exit is None else CriterionExit(self.model, self._exit, "h_eff")
         cached = CachedNextIds(self.model, self._h_eff, pad_id=self._eos, device=self._device,
-                               reserve=max(budgets, default=0))
+                               reserve=max(budgets, default=0), exit_rule=rule)
 
         def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
-            if self._exit is None:
-                for i in active:
-                    self.loops_used.add(*keys[i], (self._h_eff,))
-                return cached(active, rows)
-            logits, loops, lengths = self._forward(rows)
-            last = (torch.arange(len(rows), device=lengths.device), lengths - 1)
-            for i, used in zip(active, loops[last].tolist(), strict=True):
+            out = cached(active, rows)
+            for i, used in zip(active, cached.loops, strict=True):
                 self.loops_used.add(*keys[i], (used,))
-            return logits[last].float().argmax(dim=-1).tolist()
+            return out
 
         def stopped(i: int, new_ids: list[int]) -> bool:
             texts[i], found = cut_at_stops(self.tok_decode(new_ids), settings[i][0])

@@ -19,8 +19,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Continue --prompt (streamed to stdout) or every line of --prompts-file "
                     "('-' or piped stdin; a .jsonl file holds {\"prompt\": …} objects; one "
                     "JSON line out per prompt) after --h-eff core loops (default: the "
-                    "training loop count) or with adaptive exits. Greedy unless --temperature "
-                    "> 0.")
+                    "training loop count) or with adaptive exits (each token's later loops are "
+                    "not computed). Greedy unless --temperature > 0. Each JSON line reports "
+                    "mean_loops (loops computed per token) and kv_bytes.")
     parser.add_argument("--snapshot", type=Path, required=True, help="snapshot directory")
     parser.add_argument("--prompt", default=None, help="one prompt (streamed output)")
     parser.add_argument("--prompts-file", default=None, metavar="FILE",
@@ -34,6 +35,16 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--adaptive-criterion", default="kl", choices=list(EXIT_CRITERIA),
                         help="exit score of --adaptive (default kl; gate needs a snapshot "
                              "with model.exit_gate); --adaptive gate:0.9 names it too")
+    parser.add_argument("--kv-share", default="per_loop", metavar="per_loop|last|every:K",
+                        help="KV cache across loops: one slot per loop (default, exact), only "
+                             "the last loop's, or one per K loops (less memory)")
+    parser.add_argument("--kv-fill", default="latest", metavar="latest|skip",
+                        help="adaptive exit: what a later token reads of a position that "
+                             "stopped looping early: its last computed loop (default) or "
+                             "nothing (masked past its exit)")
+    parser.add_argument("--continuous", action="store_true",
+                        help="continuous compute: a generated token starts looping from the "
+                             "previous token's final state instead of state_init")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="per prompt (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature; 0 = greedy (default)")
@@ -107,11 +118,12 @@ def _json_prompt(name: str, n: int, line: str) -> str:
 def run(args: argparse.Namespace) -> int:
     # torch: loads on run, `--help` stays fast
     from ..device import resolve_device
-    from ..evaluate.generation import Sampling, generate_texts, parse_depth
+    from ..evaluate.generation import CacheOptions, Sampling, generate_texts, parse_depth
     from ..evaluate.loading import load_for_eval
 
     prompts, streamed = read_prompts(args)
     sampling = Sampling(args.temperature, args.top_p, args.seed)  # checked before loading
+    cache = CacheOptions(args.kv_share, args.kv_fill, args.continuous)
     parse_depth(args.h_eff, args.adaptive, 1, args.adaptive_criterion)
     loaded = load_for_eval(args.snapshot, use_ema=args.use_ema, tokenizer=args.tokenizer,
                            tokenizer_option="--tokenizer {}")
@@ -130,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     results = generate_texts(model, loaded.tokenizer, prompts, context_len=loaded.seq_len,
                              max_new_tokens=args.max_new_tokens, depth=depth,
                              sampling=sampling, batch_size=args.batch_size,
-                             on_text=show if streamed else None)
+                             on_text=show if streamed else None, cache=cache)
     if streamed:
         sys.stdout.write("\n")
     else:

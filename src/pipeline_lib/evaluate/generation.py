@@ -2,12 +2,15 @@
 
 What ``python -m pipeline_lib generate`` runs. Prompts are decoded in batches through the
 shared decoding loop (:func:`pipeline_lib.model.generate.greedy_decode`, called once per
-batch in :func:`_decode`, over the KV cache at a fixed H_eff); this module decides how a
-next token is chosen:
+batch in :func:`_decode`, over the KV cache); this module decides how a next token is
+chosen:
 
 - depth: the logits after ``h_eff`` core loops, or every token read out at its own adaptive
-  exit (:func:`~pipeline_lib.evaluate.exit.criteria.adaptive_logits`: the first loop whose
-  next-token distribution moved less than the threshold, at most ``max_loops``);
+  exit (the first loop whose criterion score passes the threshold, at most ``max_loops``:
+  :class:`~pipeline_lib.evaluate.exit.cached.CriterionExit`), its later loops never computed
+  (:mod:`pipeline_lib.model.kv_adaptive`);
+- the cache (:class:`CacheOptions`): KV sharing across loops, what a later token reads of a
+  position that exited early (``kv_fill``), continuous compute;
 - choice: the argmax (greedy, the default), or a draw at ``temperature`` from the smallest
   set of tokens holding ``top_p`` of the probability (nucleus sampling), from a generator
   seeded with ``seed``: the same seed, prompts and batch size give the same text.
@@ -30,8 +33,9 @@ import torch
 from ..data.tokenizer import eos_id
 from ..errors import ConfigError, UsageError
 from ..model.generate import CachedNextIds, greedy_decode
+from ..model.kv_cache import check_kv_fill, share_every
 from ..spec.rules import check_test_loops
-from .exit.criteria import adaptive_logits
+from .exit.cached import CriterionExit
 from .exit.spec import CRITERIA, ExitSpec
 
 
@@ -122,6 +126,24 @@ def pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
     return order.gather(-1, drawn).squeeze(-1).tolist()
 
 
+@dataclass(frozen=True)
+class CacheOptions:
+    """How the KV cache is kept (``generate --kv-share/--kv-fill/--continuous``, see
+    :mod:`pipeline_lib.model.kv_cache`): ``kv_fill`` matters under adaptive depth only."""
+
+    kv_share: str = "per_loop"
+    kv_fill: str = "latest"
+    continuous: bool = False
+
+    def __post_init__(self) -> None:
+        share_every(self.kv_share, 1)
+        check_kv_fill(self.kv_fill)
+
+    def options(self) -> dict[str, Any]:
+        return {"kv_share": self.kv_share, "kv_fill": self.kv_fill,
+                "continuous": self.continuous}
+
+
 @dataclass
 class Generation:
     """One prompt's continuation."""
@@ -130,11 +152,13 @@ class Generation:
     text: str
     ids: list[int]  # new tokens kept (EOS not kept)
     stop: str  # "eos" or "length"
-    mean_loops: float  # loops per generated token (its exit loop under adaptive depth)
+    mean_loops: float  # loops computed per generated token (its exit under adaptive depth)
+    kv_bytes: int = 0  # the largest KV cache of its batch (keys and values, allocated)
 
     def to_json(self) -> dict[str, Any]:
         return {"prompt": self.prompt, "completion": self.text, "completion_ids": self.ids,
-                "stop": self.stop, "mean_loops": round(self.mean_loops, 4)}
+                "stop": self.stop, "mean_loops": round(self.mean_loops, 4),
+                "kv_bytes": self.kv_bytes}
 
 
 def encode_prompts(tok: Any, prompts: Sequence[str], context_len: int, eos: int
@@ -150,26 +174,6 @@ def encode_prompts(tok: Any, prompts: Sequence[str], context_len: int, eos: int
                              f"{context_len} tokens or fewer")
         encoded.append(ids)
     return encoded
-
-
-@torch.no_grad()
-def last_logits(model: torch.nn.Module, rows: list[list[int]], depth: Depth, pad: int
-                ) -> tuple[torch.Tensor, list[int]]:
-    """Logits [n, V] (fp32, CPU) at each row's last token and the loops it used.
-
-    Rows are right-padded: the model is causal, so padding never changes earlier logits.
-    """
-    device = next(model.parameters()).device
-    ids = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-    ids = ids.to(device)
-    last = torch.tensor([len(r) - 1 for r in rows], device=device)
-    at = torch.arange(len(rows), device=device)
-    if depth.exit is None:
-        return model.logits_at(ids, depth.loops)[at, last].float().cpu(), [depth.loops] * len(rows)
-    logits, exits = adaptive_logits(model, ids, depth.exit)
-    return logits[at, last].float().cpu(), exits[at, last].tolist()
 
 
 class _TextStream:
@@ -190,19 +194,17 @@ class _TextStream:
 
 def _decode(model: torch.nn.Module, prompt_ids: list[list[int]], *, eos: int,
             max_new_tokens: int, depth: Depth, sampling: Sampling, generator: torch.Generator,
-            context_len: int, stream: _TextStream, offset: int
-            ) -> list[tuple[list[int], str, int]]:
-    """(new ids, stop reason, Σ loops) per prompt of one batch."""
+            context_len: int, stream: _TextStream, offset: int, cache: CacheOptions
+            ) -> tuple[list[tuple[list[int], str, int]], int]:
+    """((new ids, stop reason, Σ loops computed) per prompt of one batch, KV bytes)."""
     loops = [0] * len(prompt_ids)
-    cached = (CachedNextIds(model, depth.loops, pad_id=eos, reserve=max_new_tokens)
-              if depth.exit is None else None)  # adaptive exit recomputes the window
+    rule = None if depth.exit is None else CriterionExit(model, depth.exit)
+    cached = CachedNextIds(model, depth.loops, pad_id=eos, reserve=max_new_tokens,
+                           exit_rule=rule, **cache.options())
 
     def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
-        if cached is not None:
-            logits, used = cached.logits(active, rows).float().cpu(), [depth.loops] * len(rows)
-        else:
-            logits, used = last_logits(model, rows, depth, eos)
-        for i, n in zip(active, used, strict=True):
+        logits = cached.logits(active, rows).float().cpu()
+        for i, n in zip(active, cached.loops, strict=True):
             loops[i] += n
         return pick_tokens(logits, sampling, generator)
 
@@ -212,18 +214,20 @@ def _decode(model: torch.nn.Module, prompt_ids: list[list[int]], *, eos: int,
 
     done = greedy_decode(next_ids, prompt_ids, [max_new_tokens] * len(prompt_ids), eos_id=eos,
                          context_len=context_len, stopped=shown)
-    return [(new, stop, used) for (new, stop), used in zip(done, loops, strict=True)]
+    return ([(new, stop, used) for (new, stop), used in zip(done, loops, strict=True)],
+            cached.kv_bytes)
 
 
 def generate_texts(model: torch.nn.Module, tok: Any, prompts: Sequence[str], *,
                    context_len: int, max_new_tokens: int, depth: Depth,
                    sampling: Sampling | None = None, batch_size: int = 16,
-                   on_text: Callable[[int, str], None] | None = None) -> list[Generation]:
+                   on_text: Callable[[int, str], None] | None = None,
+                   cache: CacheOptions | None = None) -> list[Generation]:
     """Continuations of ``prompts`` (see the module docstring), ``batch_size`` at a time."""
     if max_new_tokens < 1 or batch_size < 1:
         raise ConfigError(f"--max-new-tokens {max_new_tokens} and --batch-size {batch_size} "
                           "must be at least 1")
-    sampling = sampling or Sampling()
+    sampling, cache = sampling or Sampling(), cache or CacheOptions()
     eos = eos_id(tok)
     prompt_ids = encode_prompts(tok, prompts, context_len, eos)
     generator = torch.Generator().manual_seed(sampling.seed)
@@ -232,12 +236,13 @@ def generate_texts(model: torch.nn.Module, tok: Any, prompts: Sequence[str], *,
     out: list[Generation] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompt_ids[start:start + batch_size]
-        decoded = _decode(model, chunk, eos=eos, max_new_tokens=max_new_tokens,
-                          depth=depth, sampling=sampling, generator=generator,
-                          context_len=context_len, stream=stream, offset=start)
+        decoded, kv_bytes = _decode(model, chunk, eos=eos, max_new_tokens=max_new_tokens,
+                                    depth=depth, sampling=sampling, generator=generator,
+                                    context_len=context_len, stream=stream, offset=start,
+                                    cache=cache)
         for i, (new, stop, used) in enumerate(decoded, start):
             text = stream.update(i, new, final=True)
             # EOS ends a row after one more forward pass: its loops count too
             steps = len(new) + (stop == "eos")
-            out.append(Generation(prompts[i], text, new, stop, used / max(steps, 1)))
+            out.append(Generation(prompts[i], text, new, stop, used / max(steps, 1), kv_bytes))
     return out

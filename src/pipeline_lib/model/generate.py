@@ -2,9 +2,9 @@
 
 The caller supplies ``next_ids`` (row indices and their token ids → the argmax next token
 of each row), so the same loop serves a fixed loop count and adaptive exit, one prompt or a
-batch. For a model at a fixed loop count, :class:`CachedNextIds` is that function with a KV
-cache (:mod:`.kv_cache`): it prefills the rows once and then feeds one token per row and
-step; :class:`WindowNextIds` recomputes every row's whole window each step (the reference).
+batch. :class:`CachedNextIds` is that function with a KV cache (:mod:`.kv_cache`; adaptive
+exit per token: :mod:`.kv_adaptive`): it prefills the rows once and then feeds one token per
+row and step; :class:`WindowNextIds` recomputes every row's whole window each step (the reference).
 :func:`greedy_generate` puts them together.
 
 The cache is exact against the window (tests): whenever a row's window slides (it reached
@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from .kv_adaptive import ExitRule, kv_adaptive_prefill, kv_adaptive_step
 
 STOP_EOS, STOP_LENGTH, STOP_STRING = "eos", "length", "stop"
 RESERVE_MAX = 64  # cache columns reserved past the prompt at most; beyond, it doubles
@@ -91,12 +93,21 @@ class CachedNextIds(WindowNextIds):
     A step whose rows are the cached rows plus one token each (rows that stopped are
     dropped from the cache) is one ``decode_step``; any other call (the first, or a window
     that slid) prefills. ``prefills``/``steps`` count both kinds of pass.
+
+    ``exit_rule``: adaptive exit (:mod:`.kv_adaptive`), at most ``exit_rule.max_loops``
+    loops (``h_eff`` is ignored); ``options``: the cache's ``kv_share``, ``kv_fill`` and
+    ``continuous`` (:mod:`.kv_cache`). After each call ``loops`` holds the loops each row's
+    token computed and ``kv_bytes`` the largest cache so far.
     """
 
     def __init__(self, model: Any, h_eff: int, *, pad_id: int = 0, device: Any = None,
-                 reserve: int = 0) -> None:
-        super().__init__(model, h_eff, pad_id=pad_id, device=device)
+                 reserve: int = 0, exit_rule: ExitRule | None = None, **options: Any) -> None:
+        super().__init__(model, exit_rule.max_loops if exit_rule else h_eff, pad_id=pad_id,
+                         device=device)
         self.reserve = min(reserve, RESERVE_MAX)  # rows often stop early; the cache grows
+        self.exit_rule, self.options = exit_rule, options
+        self.loops: list[int] = []
+        self.kv_bytes = 0
         self.cache: Any = None
         self.held: dict[int, list[int]] = {}  # prompt index → the tokens its cache row holds
         self.order: list[int] = []  # prompt index of each cache row
@@ -113,12 +124,23 @@ class CachedNextIds(WindowNextIds):
                 where = {i: r for r, i in enumerate(self.order)}
                 self.cache.select(torch.tensor([where[i] for i in active]))
             tokens = torch.tensor([row[-1] for row in rows], device=self.device)
-            out = self.model.decode_step(self.cache, tokens)
+            if self.exit_rule is None:
+                out, loops = self.model.decode_step(self.cache, tokens), None
+            else:
+                out, loops = kv_adaptive_step(self.model, self.cache, tokens, self.exit_rule)
             self.steps += 1
         else:
             ids, lengths = padded_rows(rows, self.pad_id, self.device)
-            out, self.cache = self.model.prefill(ids, self.h_eff, lengths, self.reserve)
+            if self.exit_rule is None:
+                out, self.cache = self.model.prefill(ids, self.h_eff, lengths, self.reserve,
+                                                     **self.options)
+                loops = None
+            else:
+                out, loops, self.cache = kv_adaptive_prefill(
+                    self.model, ids, self.exit_rule, lengths, self.reserve, **self.options)
             self.prefills += 1
+        self.loops = [self.h_eff] * len(rows) if loops is None else loops.tolist()
+        self.kv_bytes = max(self.kv_bytes, self.cache.nbytes)
         self.order = list(active)
         self.held = {i: list(row) for i, row in zip(active, rows, strict=True)}
         return out
@@ -129,15 +151,18 @@ def greedy_generate(model: Any, prompts: Sequence[Sequence[int]],
                     max_new_tokens: int | Sequence[int], *, h_eff: int, eos_id: int | None,
                     context_len: int, use_cache: bool = True,
                     stopped: Callable[[int, list[int]], bool] | None = None,
-                    device: Any = None) -> list[tuple[list[int], str]]:
+                    device: Any = None, **options: Any) -> list[tuple[list[int], str]]:
     """Greedy continuations of ``prompts`` read out after ``h_eff`` loops (see
     :func:`greedy_decode`), with the KV cache unless ``use_cache=False``; rows are padded
-    with ``eos_id`` (0 without one). Put the model in eval mode first."""
+    with ``eos_id`` (0 without one). Put the model in eval mode first. ``options``: those
+    of :class:`CachedNextIds` (``exit_rule``, ``kv_share``, ``kv_fill``, ``continuous``)."""
+    if options and not use_cache:
+        raise ValueError(f"{sorted(options)} need the KV cache (use_cache=True)")
     budgets = ([int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens, int)
                else [int(n) for n in max_new_tokens])
     pad = 0 if eos_id is None else eos_id
     next_ids = (CachedNextIds(model, h_eff, pad_id=pad, device=device,
-                              reserve=max(budgets, default=0)) if use_cache
+                              reserve=max(budgets, default=0), **options) if use_cache
                 else WindowNextIds(model, h_eff, pad_id=pad, device=device))
     return greedy_decode(next_ids, prompts, budgets, eos_id=eos_id, context_len=context_len,
                          stopped=stopped)

@@ -327,10 +327,10 @@ class LoopedLM(nn.Module):
         return self.logits_by_loops(batch_or_input_ids, [h_eff])[h_eff]
 
     def prefill(self, batch_or_input_ids: Batch | Tensor, h_eff: int,
-                lengths: Tensor | None = None, reserve: int = 0) -> tuple[Tensor, KVCache]:
+                lengths: Tensor | None = None, reserve: int = 0, **options) -> tuple[Tensor, KVCache]:
         """(logits [B, V] at each row's last token, KV cache) after ``h_eff`` loops;
-        ``lengths`` [B]: real tokens per right-padded row. See :mod:`.kv_cache`."""
-        return kv_prefill(self, batch_or_input_ids, h_eff, lengths, reserve)
+        ``lengths`` [B]: real tokens per right-padded row; ``options``: see :mod:`.kv_cache`."""
+        return kv_prefill(self, batch_or_input_ids, h_eff, lengths, reserve, **options)
 
     def decode_step(self, cache: KVCache, tokens: Tensor) -> Tensor:
         """Logits [B, V] of the next token after appending ``tokens`` [B] (one per row)."""

@@ -1,0 +1,64 @@
+"""The adaptive-exit criteria as an exit rule of cached decoding (:mod:`pipeline_lib.model.
+kv_adaptive`): the same scores and thresholds as :func:`.criteria.adaptive_logits`, for the
+rows of one decoding pass (one token each) that are still looping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ...errors import ConfigError
+from ...spec.rules import check_exit_threshold
+from .criteria import (
+    LOGIT_CRITERIA,
+    ExitTracker,
+    check_model_criterion,
+    exit_scores,
+    exit_threshold,
+)
+from .spec import CRITERIA, ExitSpec
+
+
+class CriterionExit:
+    """:class:`~pipeline_lib.model.kv_adaptive.ExitRule` of one threshold of ``spec``
+    (``max_loops`` filled); ``key`` names the flag in errors."""
+
+    def __init__(self, model: Any, spec: ExitSpec, key: str = "--adaptive") -> None:
+        if spec.criterion not in CRITERIA:
+            raise ConfigError(f"{key}: criterion {spec.criterion!r} is not one of "
+                              f"{list(CRITERIA)}")
+        check_exit_threshold(spec.criterion, spec.threshold, f"{key} threshold")
+        if spec.max_loops < 1:
+            raise ConfigError(f"{key}: MAX = {spec.max_loops} must be at least 1 loop")
+        check_model_criterion(model, spec.criterion, key)
+        self.model, self.criterion, self.max_loops = model, spec.criterion, spec.max_loops
+        self.threshold = exit_threshold(spec.criterion, spec.threshold)
+        self.tracker: ExitTracker | None = None
+        self.prev: Tensor | None = None
+
+    def start(self, state: Tensor, readout: Callable[[], Tensor]) -> None:
+        self.prev = None
+        if self.criterion == "kl" and self.max_loops > 1:  # p_0: the initial state's readout
+            self.prev = torch.log_softmax(readout().float(), dim=-1)
+        self.tracker = None
+        if self.criterion not in LOGIT_CRITERIA:
+            self.tracker = ExitTracker(self.model, self.criterion)
+            self.tracker.start(state)
+
+    def exited(self, state: Tensor, hidden: Tensor, logits: Tensor) -> Tensor:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        if self.tracker is None:
+            score = exit_scores(logp, self.prev, self.criterion)
+        else:
+            score = self.tracker.score(state, hidden, logp.argmax(-1))
+        self.prev = logp
+        return score < self.threshold
+
+    def keep(self, still: Tensor) -> None:
+        if self.prev is not None:
+            self.prev = self.prev[still]
+        if self.tracker is not None:
+            self.tracker.keep(still)
