@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import DataError
 
 
@@ -45,8 +47,6 @@ def _level_label(info: Mapping[str, Any], level: int) -> str:
 
 def _plot_heatmap(ax: Any, task: str, latest: Mapping[str, Any], first_col: bool) -> Any:
     """One task's accuracy heatmap (difficulty × H_eff) at the latest step; returns the image."""
-    import numpy as np
-
     info = latest["tasks"][task]
     train_max = latest.get("train_max_difficulty")
     levels, h_effs, grid = _heatmap_grid(info)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 PANELS = (("relative_step", "‖s_t − s_{t−1}‖ / ‖s_t‖", "log"),
           ("cosine", "cos(s_t, s_{t−1})", "linear"),
           ("kl_to_final", "KL(p_t ‖ p_M) (nats)", "symlog"))
@@ -48,7 +50,6 @@ def plot_trajectories(result: dict[str, Any], out: Path, title: str = "") -> Any
 
 def _paths(fig: Any, ax: Any, result: dict[str, Any]) -> None:
     """Every path in the PCA plane, states coloured by loop."""
-    import numpy as np
     from matplotlib.ticker import MaxNLocator
 
     paths = np.asarray([p["pca"] for p in result["paths"]])  # [n, M+1, 2]
