@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..spec.config import load_config
 from ..spec.layout import RunLayout
+from ..spec.size import flops_per_token, param_count
 
 log = logging.getLogger(__name__)
 TAIL_STEPS = 10  # final training loss = mean over the last this many logged steps
@@ -151,8 +153,6 @@ def _model_shape(config_yaml: Path | None) -> _ModelShape:
         log.warning("no snapshot config %s: the comparison lists no parameters, FLOPs or "
                     "variant kind", config_yaml)
         return _ModelShape()
-    from ..spec.config import load_config
-    from ..spec.size import flops_per_token, param_count
 
     cfg = load_config(Path(config_yaml), base=None)
     return _ModelShape(param_count(cfg.model), flops_per_token(cfg.model, cfg.data.seq_len),
