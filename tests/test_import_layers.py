@@ -3,6 +3,8 @@
 ``lint-imports`` checks the contracts in pyproject.toml; the cycle test below builds the import
 graph from the source with ``ast`` on its own, counting imports inside functions and the
 names a package exports lazily (``_EXPORTS = {"name": "submodule"}``) as the imports they are.
+Imports inside functions hide the dependency graph (issue 28): they stay few, and each one
+says in a comment why it cannot sit at the top of its module.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import ast
 import os
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = "pipeline_lib"
+# issue 28: at most half of the 236 imports inside functions counted before the redesign
+MAX_FUNCTION_IMPORTS = 110
 
 
 def test_lint_imports_keeps_every_contract() -> None:
@@ -128,3 +133,65 @@ def test_graph_sees_function_level_and_lazy_imports(tmp_path: Path) -> None:
 def test_no_import_cycle_in_pipeline_lib() -> None:
     cycle = find_cycle(import_graph())
     assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def function_imports(root: Path) -> list[tuple[str, int, bool]]:
+    """``(file relative to root, line, has a comment)`` of every import statement inside a
+    function under ``root``. A comment counts on the statement's lines or alone on the line
+    above it (a real comment token: a ``#`` in a string is not one)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        with tokenize.open(path) as f:
+            tokens = list(tokenize.generate_tokens(f.readline))
+        comments = {t.start[0] for t in tokens if t.type == tokenize.COMMENT}
+        alone = {t.start[0] for t in tokens if t.type == tokenize.COMMENT
+                 and not t.line[: t.start[1]].strip()}
+        tree = ast.parse(path.read_text())
+        nodes = {n.lineno: n for fn in ast.walk(tree)
+                 if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        for line, node in sorted(nodes.items()):
+            said = (line - 1 in alone
+                    or any(n in comments for n in range(line, node.end_lineno + 1)))
+            out.append((path.relative_to(root).as_posix(), line, said))
+    return out
+
+
+def test_function_imports_sees_each_kind_of_comment(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(
+        "import os\n\n\n"
+        "def f():\n"
+        "    import json\n"                          # 5: none
+        "    import re  # why\n"                     # 6: on its line
+        "    # why\n"
+        "    import csv\n"                           # 8: alone on the line above
+        "    x = '#'\n"
+        "    import abc\n"                           # 10: a '#' in a string is no comment
+        "    from os import (  # why\n"             # 11: on its first line
+        "        path,\n"
+        "    )\n\n"
+        "    def g():\n"
+        "        from os import (\n"                # 16: inside the statement
+        "            sep,  # why\n"
+        "        )\n")
+    assert function_imports(tmp_path) == [("m.py", 5, False), ("m.py", 6, True),
+                                          ("m.py", 8, True), ("m.py", 10, False),
+                                          ("m.py", 11, True), ("m.py", 16, True)]
+
+
+def test_function_level_imports_stay_few() -> None:
+    found = function_imports(SRC / PACKAGE)
+    assert len(found) <= MAX_FUNCTION_IMPORTS, (
+        f"{len(found)} imports inside functions (at most {MAX_FUNCTION_IMPORTS}): move one to "
+        "the top of its module, or move the code that needs it where the import is cheap")
+
+
+def test_each_function_level_import_says_why() -> None:
+    missing: dict[str, list[int]] = {}
+    for path, line, said in function_imports(SRC / PACKAGE):
+        if not said:
+            missing.setdefault(path, []).append(line)
+    assert not missing, (
+        "imports inside functions without a comment saying why (a light path it would load, "
+        "e.g. CLI --help or the Snakefile's plan; a cycle; an optional dependency), or move "
+        f"them to the top of the module: {missing}")

@@ -18,7 +18,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from .commands import lm_eval
+from .commands._common import check_command_paths
 from .errors import PREEMPTED_EXIT, PipelineError, Preempted
+from .output_set import STORAGE_ERRNOS, storage_error
 
 # Order here is the order in `--help`.
 COMMAND_MODULES = [
@@ -83,8 +86,6 @@ def _take_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace,
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "lm-eval":  # passes everything through to lm-eval's own parser
-        from .commands import lm_eval
-
         return lm_eval.passthrough(argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -93,8 +94,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from .commands._common import check_command_paths
-    from .output_set import STORAGE_ERRNOS, storage_error
 
     try:
         check_command_paths(args, args._labels)

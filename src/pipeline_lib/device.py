@@ -16,6 +16,7 @@ import importlib
 import logging
 
 import torch
+import torch.distributed as dist
 
 from .errors import DeviceError
 
@@ -113,8 +114,6 @@ def flagged_ranks(flag: bool, device: torch.device) -> list[int]:
     Each rank sets its own slot of a world-size vector and one all-reduce sums them, so
     every rank learns which ranks raised the flag (and so whether any did) in one call.
     """
-    import torch.distributed as dist
-
     flags = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=device)
     flags[dist.get_rank()] = int(bool(flag))
     dist.all_reduce(flags)

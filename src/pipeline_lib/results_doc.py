@@ -125,6 +125,7 @@ def load_results(results: Path) -> tuple[list[RunResults], dict[str, Any]]:
 
 def _has_rows(table: Path) -> bool:
     """Whether the parquet ``table`` exists and holds any row (its footer alone is read)."""
+    # pyarrow: CLI --help imports this module; only reading a table needs it
     import pyarrow.parquet as pq
 
     try:

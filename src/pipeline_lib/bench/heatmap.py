@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from matplotlib.figure import Figure
+
 from ..errors import DataError
 
 
@@ -45,8 +48,6 @@ def _level_label(info: Mapping[str, Any], level: int) -> str:
 
 def _plot_heatmap(ax: Any, task: str, latest: Mapping[str, Any], first_col: bool) -> Any:
     """One task's accuracy heatmap (difficulty × H_eff) at the latest step; returns the image."""
-    import numpy as np
-
     info = latest["tasks"][task]
     train_max = latest.get("train_max_difficulty")
     levels, h_effs, grid = _heatmap_grid(info)
@@ -105,11 +106,6 @@ def _plot_trend(ax: Any, task: str, reports: list[Mapping[str, Any]], first_col:
 
 def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
     """The summary figure: accuracy heatmap (difficulty × H_eff) per levelled task."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     latest = reports[-1]
     tasks = [t for t, info in latest["tasks"].items() if info.get("metric") and
              any(s.get("levels") for s in info["h_eff"].values())]
@@ -122,10 +118,9 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
     cols_max = max([len(latest["tasks"][t]["h_eff"]) for t in tasks] or [0])
     # Cells hold two lines (score, interval): size the panels by the largest grid.
     panel_w, panel_h = max(3.4, 0.62 * cols_max + 1.4), max(3.2, 0.42 * rows_max + 1.2)
-    fig, axes = plt.subplots(2 if with_trend else 1, len(panels), squeeze=False,
-                             layout="constrained",
-                             figsize=(panel_w * len(panels) + 1.0,
-                                      panel_h * (2 if with_trend else 1) + 0.6))
+    fig = Figure(layout="constrained", figsize=(panel_w * len(panels) + 1.0,
+                                                panel_h * (2 if with_trend else 1) + 0.6))
+    axes = fig.subplots(2 if with_trend else 1, len(panels), squeeze=False)
     train_max = latest.get("train_max_difficulty")
     image = None
     for col, (ax, task) in enumerate(zip(axes[0], tasks, strict=False)):
@@ -146,4 +141,3 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
     fig.suptitle(caption, fontsize=9)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
-    plt.close(fig)

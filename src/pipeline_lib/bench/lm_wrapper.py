@@ -44,12 +44,15 @@ from typing import Any
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
+from lm_eval.utils import simple_parse_args_string
 from tqdm import tqdm
 
+from ..data.tokenizer import eos_id
 from ..errors import ConfigError
 from ..evaluate.exit.cached import CriterionExit
 from ..evaluate.exit.criteria import adaptive_logits, check_model_criterion
 from ..evaluate.exit.spec import ExitSpec
+from ..evaluate.loading import load_for_eval
 from ..model.generate import CachedNextIds, greedy_decode, padded_rows
 from .lm_requests import Window, cut_at_stops, generation_settings, score_windows
 from .loops_used import DocKey, LoopsUsed
@@ -133,8 +136,6 @@ class LooplineLM(TemplateLM):
         self.loops_used = LoopsUsed()  # (task, doc_id) → tokens per loops used
         self._request_keys: list[DocKey] | None = None
         self.h_eff = default_h_eff if h_eff is None else h_eff
-        from ..data.tokenizer import eos_id
-
         self._eos = eos_id(tok)
         self._warned: set[str] = set()
 
@@ -156,8 +157,6 @@ class LooplineLM(TemplateLM):
     @classmethod
     def create_from_arg_string(cls, arg_string: str,
                                additional_config: dict[str, Any] | None = None) -> LooplineLM:
-        from lm_eval.utils import simple_parse_args_string
-
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     def _load_snapshot(self, snapshot: str | Path | None, use_ema: bool | str, tokenizer: Any,
@@ -167,9 +166,7 @@ class LooplineLM(TemplateLM):
         if snapshot in (None, ""):
             raise ConfigError("loopline model_args need snapshot=DIR (a snapshot directory "
                               "with MANIFEST.json), e.g. snapshot=results/base/snapshots/final")
-        from ..evaluate.loading import load_for_eval as load_for_bench
-
-        loaded = load_for_bench(Path(str(snapshot)), use_ema=as_bool("use_ema", use_ema),
+        loaded = load_for_eval(Path(str(snapshot)), use_ema=as_bool("use_ema", use_ema),
                                 tokenizer=tokenizer, device=self._device)
         self.config, self.snapshot, self.step = loaded.config, loaded.path, loaded.step
         return (loaded.model, loaded.tokenizer, seq_len or loaded.seq_len,

@@ -19,11 +19,15 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+import lm_eval
+from lm_eval.tasks import TaskManager
+
 from ..errors import ConfigError
 from ..evaluate.exit.spec import ExitSpec
 from ..fsio import output_file_problem, write_text_atomic
 from ..spec.config import BenchConfig
 from ..task_catalog import check_bench_tasks
+from .lm_wrapper import LooplineLM
 from .loops_used import loops_summary
 from .scoring import (
     add_paired_comparisons,
@@ -55,8 +59,6 @@ def task_manager_for(tasks: Sequence[str], tasks_dir: Path, local: Collection[st
     Indexing lm-eval's ~15k bundled task configs costs seconds, so it is skipped when every
     requested task is built in or the user's.
     """
-    from lm_eval.tasks import TaskManager
-
     needs_defaults = any(not is_builtin(t) and t not in local for t in tasks)
     manager = TaskManager(include_path=str(Path(tasks_dir).resolve()),
                           include_defaults=needs_defaults)
@@ -102,8 +104,6 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
 
     Built-in tasks are broken down by their ``level``; any other task by ``level_field`` when
     its documents carry it, scored by :func:`.scoring.per_sample_metric` (its ``metric``)."""
-    import lm_eval
-
     out: dict[str, Any] = {}
     for name in tasks:
         builtin = is_builtin(name)
@@ -165,8 +165,6 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
     ``h_effs`` defaults to ``bench.h_eff``. ``tasks_dir`` receives the built-in task files.
     The model runs on ``device`` in ``precision`` (``experiment.device``/``.precision``).
     """
-    from .lm_wrapper import LooplineLM
-
     h_effs = [int(h) for h in (h_effs if h_effs is not None else bench.h_eff)]
     if not h_effs or min(h_effs) < 1:
         raise ConfigError(f"bench H_eff list {h_effs} must be non-empty with every value >= 1")
@@ -183,7 +181,6 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
                     adaptive_criterion=first)
     started = time.perf_counter()
     scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field, adaptive)
-    import lm_eval
 
     report = {
         "step": lm.step,

@@ -47,6 +47,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from ..errors import DataError
 from .heatmap import plot_bench
 from .intervals import find_comparison, interval_fields, paired_comparisons
@@ -277,9 +280,6 @@ def summarize_bench(jsons: list[Path], out_parquet: Path, out_png: Path) -> list
     Returns the table rows. The heatmaps show the latest step; with several steps a second
     row of panels shows whole-task accuracy against step, one line per H_eff.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if not jsons:
         raise DataError("summarize-bench got no benchmark JSON files; pass at least one")
     reports = sorted((_read_report(Path(p)) for p in jsons), key=lambda r: r.get("step") or 0)

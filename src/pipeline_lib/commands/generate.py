@@ -118,8 +118,13 @@ def _json_prompt(name: str, n: int, line: str) -> str:
 def run(args: argparse.Namespace) -> int:
     # torch: loads on run, `--help` stays fast
     from ..device import resolve_device
-    from ..evaluate.generation import CacheOptions, Sampling, generate_texts, parse_depth
-    from ..evaluate.loading import load_for_eval
+    from ..evaluate.generation import (  # torch: as above
+        CacheOptions,
+        Sampling,
+        generate_texts,
+        parse_depth,
+    )
+    from ..evaluate.loading import load_for_eval  # torch: as above
 
     prompts, streamed = read_prompts(args)
     sampling = Sampling(args.temperature, args.top_p, args.seed)  # checked before loading

@@ -34,7 +34,7 @@ def passthrough(argv: Sequence[str]) -> int:
     """Run lm-eval's CLI on ``argv`` with the loopline model registered; its exit status."""
     from lm_eval.__main__ import cli_evaluate  # lm-eval, torch: loads on run, `--help` stays fast
 
-    from .. import bench  # noqa: F401  (registers --model loopline)
+    from .. import bench  # noqa: F401  (registers --model loopline; torch, lm-eval: as above)
 
     saved = sys.argv
     scratch = tempfile.TemporaryDirectory(prefix="loopline-tasks-")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import ConfigError
+from ..spec.config import config_for_run, load_config
 from ._common import add_config_args, add_output
 
 
@@ -38,11 +40,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..evaluate.heff import parse_h_eff
-    from ..export.retrofit_plan import plan, plan_inputs, write_plan
-    from ..export.retrofit_report import plan_markdown
-    from ..spec.config import config_for_run, load_config
+    from ..evaluate.heff import parse_h_eff  # torch, matplotlib: loads on run, `--help` stays fast
+    from ..export.retrofit_plan import plan, plan_inputs, write_plan  # torch: as above
+    from ..export.retrofit_report import plan_markdown  # matplotlib: as above
 
     cfg = load_config(args.config, args.overrides)
     if args.run:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..results_doc import replace_between_markers
 from ..spec.schema import SCHEMA_PATH, schema_yaml, write_schema
 
 
@@ -20,7 +21,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     # generators of files the CLI's other commands never need: only when this one runs
     from ..config_readers import DOC_PATH, DOC_SECTION, keys_markdown
-    from ..results_doc import replace_between_markers
 
     if args.write:
         print(write_schema(SCHEMA_PATH))

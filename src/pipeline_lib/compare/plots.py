@@ -17,10 +17,10 @@ def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
     """``loss_vs_heff.png``, ``accuracy_vs_heff.png``, ``train_loss.png`` and, when some
     variant was benchmarked under adaptive exit, ``accuracy_vs_loops.png`` (a stale one is
     removed otherwise)."""
-    import matplotlib
+    import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # as above: Agg is set first
 
     plots = [("loss_vs_heff.png", _plot_loss_vs_heff), ("accuracy_vs_heff.png", _plot_accuracy),
              ("train_loss.png", _plot_train_loss)]
@@ -35,10 +35,10 @@ def plot_val_loss_curves(curves: Mapping[int, Sequence[tuple[int, float]]], run:
                          path: Path) -> Path:
     """``path``: validation loss against the training step, one line per H_eff (``curves``:
     :func:`.runs.val_loss_curves` of the run ``run``)."""
-    import matplotlib
+    import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # as above: Agg is set first
 
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     for h, points in sorted(curves.items()):
@@ -52,7 +52,7 @@ def plot_val_loss_curves(curves: Mapping[int, Sequence[tuple[int, float]]], run:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: as above
 
     fig.savefig(path, dpi=110)
     plt.close(fig)

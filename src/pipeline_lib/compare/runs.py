@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..spec.config import load_config
 from ..spec.layout import RunLayout
+from ..spec.size import flops_per_token, param_count
 
 log = logging.getLogger(__name__)
 TAIL_STEPS = 10  # final training loss = mean over the last this many logged steps
@@ -151,8 +153,6 @@ def _model_shape(config_yaml: Path | None) -> _ModelShape:
         log.warning("no snapshot config %s: the comparison lists no parameters, FLOPs or "
                     "variant kind", config_yaml)
         return _ModelShape()
-    from ..spec.config import load_config
-    from ..spec.size import flops_per_token, param_count
 
     cfg = load_config(Path(config_yaml), base=None)
     return _ModelShape(param_count(cfg.model), flops_per_token(cfg.model, cfg.data.seq_len),
@@ -224,6 +224,7 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
                      config_yaml: Path | None = None) -> RunResults:
     """Final-snapshot numbers of one variant. ``config_yaml`` defaults to the config of the
     snapshot the bench JSON names."""
+    # pyarrow: CLI --help imports this module; only reading tables needs it
     import pyarrow.parquet as pq
 
     rows = pq.read_table(heff_table).to_pylist()
@@ -323,8 +324,8 @@ def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
 
 def write_table(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     """``rows`` (:data:`COLUMNS`) as a parquet file with fixed column types."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # pyarrow: CLI --help imports this module; only writing a table needs it
+    import pyarrow.parquet as pq  # pyarrow: as above
 
     types = {"run": pa.string(), "final_step": pa.int64(), "metric": pa.string(),
              "h_eff": pa.int64(), "level": pa.int64(), "value": pa.float64(), "n": pa.int64(),

@@ -37,6 +37,7 @@ class GGUFArray:
 
 def _gguf_constants() -> tuple[int, Any]:
     try:
+        # optional: gguf (the dev extra), only .gguf sources need it
         from gguf.constants import GGUF_MAGIC, GGUFValueType
     except ImportError:
         raise DataError("reading a .gguf file needs the gguf package; run `make install` "

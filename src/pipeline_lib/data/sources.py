@@ -20,6 +20,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.json as pj
+import pyarrow.parquet as pq
+
 from ..errors import DataError
 from ..spec.config import SourceConfig
 from ..spec.data_id import FILE_SOURCE_TYPES, SourceGlob, glob_source, stdlib_dir
@@ -175,9 +179,6 @@ def _field_key(src: SourceConfig, name: str) -> str:
 
 
 def _open_parquet(index: int, src: SourceConfig, path: Path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
@@ -186,8 +187,6 @@ def _open_parquet(index: int, src: SourceConfig, path: Path):
 
 
 def _check_parquet_schema(index: int, src: SourceConfig, path: Path, pf) -> None:
-    import pyarrow as pa
-
     schema = pf.schema_arrow
     wanted = _text_fields(src) + ([src.level_field] if src.level_field else [])
     for name in wanted:
@@ -233,8 +232,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _column_texts(column, stats: SourceStats, path: Path) -> list[str | None]:
-    import pyarrow as pa
-
     if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
         return [None if raw is None else decode_utf8(raw, stats, path)
                 for raw in column.to_pylist()]
@@ -285,8 +282,6 @@ def _batch_documents(index: int, src: SourceConfig, path: Path, batch, first_rec
 
 def _parquet_documents(index: int, src: SourceConfig, files: list[Path],
                        stats: SourceStats) -> Iterator[RawDocument]:
-    import pyarrow as pa
-
     wanted = list(dict.fromkeys(_text_fields(src) + ([src.level_field] if src.level_field
                                                      else [])))
     for path in files:
@@ -308,9 +303,6 @@ def _parquet_documents(index: int, src: SourceConfig, files: list[Path],
 
 def _jsonl_documents(index: int, src: SourceConfig, files: list[Path],
                      stats: SourceStats) -> Iterator[RawDocument]:
-    import pyarrow as pa
-    import pyarrow.json as pj
-
     fields = [pa.field(name, pa.string()) for name in dict.fromkeys(_text_fields(src))]
     if src.level_field:  # float64: 2.5 is read (and refused by name below), not a parse error
         fields.append(pa.field(src.level_field, pa.float64()))

@@ -118,6 +118,7 @@ def _gguf(path: Path) -> tuple[Tokenizer, _Declared, int]:
     and its number of tokens."""
     meta = gguf_tokenizer_metadata(path)  # cheap checks first: no tokenizer, no import
     try:
+        # optional: transformers (the dev extra), GGUF tokenizers only
         from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
     except ImportError:
         raise DataError(f"building the tokenizer of GGUF file {path} needs transformers "

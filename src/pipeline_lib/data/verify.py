@@ -25,6 +25,7 @@ while the others wait and then find the marker valid.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -116,8 +117,6 @@ def _marker_lock(marker: Path) -> Iterator[None]:
     """An exclusive lock beside the marker; none where the filesystem has no locks."""
     lock_path = marker.with_name(marker.name.removesuffix(".json") + ".lock")
     try:
-        import fcntl
-
         fh = open(lock_path, "a")  # noqa: SIM115 (closed below)
     except (ImportError, OSError):
         yield

@@ -23,13 +23,17 @@ import numpy as np
 import torch
 
 from ..checkpoint.compat import check_snapshot_fits_pack
+from ..data.loader import PackedData
+from ..device import resolve_device
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
+from ..precision import Precision
 from ..spec.rules import check_test_loops
 from .exit.criteria import check_model_criterion
 from .exit.results import AdaptiveLosses, adaptive_section
 from .exit.spec import ExitSpec
 from .heff_stats import DocumentLosses, loss_statistics
+from .loading import load_for_eval
 from .sweep_pass import NoTokensScored, sweep_pass
 
 log = logging.getLogger(__name__)
@@ -149,11 +153,6 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     run of the loops (:func:`_adaptive_sections`). The model and every batch live on
     ``device`` (``experiment.device``), passes run in ``precision`` (``experiment.precision``).
     """
-    from ..data.loader import PackedData
-    from ..device import resolve_device
-    from ..precision import Precision
-    from .loading import load_for_eval
-
     _check_out(out)  # before the sweep, not after it
     dev = resolve_device(device)
     amp = Precision.resolve(precision, dev)  # a device that cannot do it fails before loading

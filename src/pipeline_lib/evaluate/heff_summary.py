@@ -68,8 +68,8 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> None:
 def write_parquet(rows: Sequence[dict[str, Any]], columns: Sequence[str],
                   types: dict[str, str], out: Path) -> None:
     """``rows`` as a parquet table of ``columns`` typed by ``types`` (pyarrow type names)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # pyarrow: CLI --help imports this module; only writing a table needs it
+    import pyarrow.parquet as pq  # pyarrow: as above
 
     table = pa.table({c: pa.array([r[c] for r in rows], getattr(pa, types[c])())
                       for c in columns})
@@ -79,10 +79,10 @@ def write_parquet(rows: Sequence[dict[str, Any]], columns: Sequence[str],
 
 def plot_sweeps(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") -> None:
     """Left: loss vs H_eff, one line per snapshot. Right: loss vs step, one line per H_eff."""
-    import matplotlib
+    import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # as above: Agg is set first
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     cmap = plt.get_cmap("viridis")

@@ -25,14 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..checkpoint.compat import check_snapshot_fits_pack
+from ..data.loader import PackedData
+from ..device import resolve_device
 from ..errors import ConfigError, DataError
 from ..output_paths import check_output_dir
 from ..output_set import output_set
+from ..precision import Precision
 from ..spec.layout import TRAJECTORIES_FIGURE, TRAJECTORIES_JSON
 from ..spec.names import IGNORE_INDEX
 from ..spec.rules import check_test_loops
 from .exit.criteria import exit_scores
 from .exit.readout import LoopHidden
+from .loading import load_for_eval
 from .trajectory_paths import (
     MEASURES,
     class_counts,
@@ -43,6 +48,7 @@ from .trajectory_paths import (
     rules,
     tail_steps,
 )
+from .trajectory_plot import plot_trajectories
 
 log = logging.getLogger(__name__)
 
@@ -182,13 +188,6 @@ def run_trajectories(snapshot: Path, data_dir: Path, out_dir: Path, *,
     ``snapshot`` for loops 1..``max_loops`` (default 2 × ``model.loops``); write
     ``trajectories.json`` and ``trajectories.png`` into ``out_dir`` together. The model runs
     on ``device`` in ``precision``; the measures are computed in fp32/fp64."""
-    from ..checkpoint.compat import check_snapshot_fits_pack
-    from ..data.loader import PackedData
-    from ..device import resolve_device
-    from ..precision import Precision
-    from .loading import load_for_eval
-    from .trajectory_plot import plot_trajectories
-
     check_trajectory_args(tokens, max_loops)
     check_output_dir(Path(out_dir), "--out", owned=is_trajectories_dir,
                      kind=f"a trajectories result (no {TRAJECTORIES_JSON})")

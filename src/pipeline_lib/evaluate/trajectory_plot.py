@@ -15,6 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
 PANELS = (("relative_step", "‖s_t − s_{t−1}‖ / ‖s_t‖", "log"),
           ("cosine", "cos(s_t, s_{t−1})", "linear"),
           ("kl_to_final", "KL(p_t ‖ p_M) (nats)", "symlog"))
@@ -24,13 +28,8 @@ COLOUR = "#0072B2"  # Okabe–Ito blue, as the kl criterion in the adaptive figu
 
 def plot_trajectories(result: dict[str, Any], out: Path, title: str = "") -> Any:
     """Write the figure of one :func:`~.trajectories.trajectory_result` to ``out``; returns
-    the (closed) matplotlib figure."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig = plt.figure(figsize=(12, 6.5), layout="constrained")
+    the matplotlib figure (a plain ``Figure``: pyplot never holds it)."""
+    fig = Figure(figsize=(12, 6.5), layout="constrained")
     grid = fig.add_gridspec(len(PANELS), 2, width_ratios=[1.3, 1])
     _paths(fig, fig.add_subplot(grid[:, 0]), result)
     axes = [fig.add_subplot(grid[i, 1]) for i in range(len(PANELS))]
@@ -42,15 +41,11 @@ def plot_trajectories(result: dict[str, Any], out: Path, title: str = "") -> Any
                           f"(step {result.get('step')}): {counts}")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return fig
 
 
 def _paths(fig: Any, ax: Any, result: dict[str, Any]) -> None:
     """Every path in the PCA plane, states coloured by loop."""
-    import numpy as np
-    from matplotlib.ticker import MaxNLocator
-
     paths = np.asarray([p["pca"] for p in result["paths"]])  # [n, M+1, 2]
     loops = np.broadcast_to(np.arange(paths.shape[1]), paths.shape[:2])
     for path in paths:
@@ -75,8 +70,6 @@ def _paths(fig: Any, ax: Any, result: dict[str, Any]) -> None:
 
 def _measure(ax: Any, result: dict[str, Any], name: str, label: str, scale: str) -> None:
     """One measure's mean and q10–q90 band per loop, the training loop count marked."""
-    from matplotlib.ticker import MaxNLocator
-
     loops, summary = result["loops"], result["measures"][name]
     ax.fill_between(loops, summary["q10"], summary["q90"], color=COLOUR, alpha=0.2,
                     linewidth=0, label="q10–q90")

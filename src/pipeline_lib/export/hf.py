@@ -145,7 +145,7 @@ def _save_weights(state: dict[str, Any], path: Path) -> None:
     """safetensors' ``save_file``, whose failure to write (a full disk) is an OSError like
     every other write here (it raises its own SafetensorError naming the os error)."""
     from safetensors import SafetensorError  # lazy: torch, as above
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: torch, as above
 
     try:
         save_file(state, str(path), metadata={"format": "pt"})

@@ -21,6 +21,7 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..data.gguf_metadata import read_gguf_header
 from ..errors import DataError
 from ..spec.names import CONFIG_JSON
 from .hf_layout import SourceArch, is_gguf, source_tensor_shapes
@@ -123,7 +124,7 @@ def _check_tensors(path: Path, arch: SourceArch, tensors: dict[str, TensorInfo])
 def _dequantizable(type_name: str) -> bool:
     """Whether the gguf package dequantizes GGML type ``type_name`` (F32, F16, or a type
     with its own class in ``gguf.quants``)."""
-    import gguf.quants
+    import gguf.quants  # optional: gguf (the dev extra), only .gguf sources need it
 
     return type_name in ("F32", "F16") or isinstance(getattr(gguf.quants, type_name, None),
                                                      type)
@@ -247,9 +248,9 @@ def _ints(values: object) -> bool:
 def _gguf_source(path: Path) -> tuple[SourceArch, dict[str, TensorInfo]]:
     """The metadata and the tensor-info records of a GGUF file, each tensor's bytes
     (type block size × element count) checked to lie inside the file."""
+    # optional: gguf (the dev extra), only .gguf sources need it
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    from ..data.gguf_metadata import read_gguf_header
 
     header = read_gguf_header(path, tensors=True)
     tensors = {}

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 
 SHOWN = 6  # candidates drawn in the figure (the table lists every measured one)
 
@@ -46,12 +47,8 @@ def plan_markdown(result: dict[str, Any]) -> str:
 def plan_figure(result: dict[str, Any], out: Path) -> None:
     """Left: angular distance d(i, i+n) of the source's layers (Gromov et al.); right: the
     measured candidates' loss at each H_eff with 95% intervals, the original as a band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (heat, curves) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    heat, curves = fig.subplots(1, 2)
     ang = np.asarray(result["layers_measured"]["angular_distance"])
     n = ang.shape[0] - 1
     grid = np.full((n, n), np.nan)  # [span n-1, start i]
@@ -78,4 +75,3 @@ def plan_figure(result: dict[str, Any], out: Path) -> None:
     curves.legend(fontsize=7)
     fig.suptitle(f"retrofit plan: {Path(result['source']).name}")
     fig.savefig(out, dpi=110)
-    plt.close(fig)

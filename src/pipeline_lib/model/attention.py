@@ -54,6 +54,7 @@ def resolve_attention_kernel(requested: str, device: torch.device) -> str:
     if decided_kernel() == "sdpa":
         return "sdpa"
     try:
+        # a probe: some torch builds (an accelerator's) lack FlexAttention
         from torch.nn.attention import flex_attention  # noqa: F401
     except ImportError:
         flex_unavailable("torch.nn.attention.flex_attention is not importable")

@@ -128,6 +128,7 @@ def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
 def document_block_mask(doc_ids: Tensor) -> Any:
     """BlockMask of document-causal attention for ``doc_ids`` [B, L] (L a multiple of
     FLEX_BLOCK), built on ``doc_ids``' device."""
+    # lazy: a torch without FlexAttention still runs SDPA (attention's probe decides)
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
     B, L = doc_ids.shape
@@ -156,6 +157,7 @@ def document_block_mask(doc_ids: Tensor) -> Any:
 
 def _compiled() -> Any:
     if _decision.compiled is None:
+        # lazy: a torch without FlexAttention still runs SDPA (attention's probe decides)
         from torch.nn.attention.flex_attention import flex_attention
 
         _decision.compiled = torch.compile(flex_attention)
@@ -166,7 +168,7 @@ def _mark(tensor: Tensor, batch_dynamic: bool, dims: range) -> None:
     """Mark the length/block dims dynamic and the batch dim static or dynamic."""
     if torch.compiler.is_compiling():  # inside train.compile: its graph owns the shapes
         return
-    import torch._dynamo as dynamo
+    import torch._dynamo as dynamo  # torch._dynamo (~1.2 s): only runs that mark shapes pay it
 
     if batch_dynamic:
         dynamo.maybe_mark_dynamic(tensor, 0)
@@ -190,6 +192,7 @@ def _padded(fn: Callable[..., Tensor], q: Tensor, k: Tensor, v: Tensor, block_ma
 def flex_in_graph(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, length: int) -> Tensor:
     """FlexAttention traced into an enclosing ``torch.compile`` (``train.compile``): that
     compile owns shapes and failures, so no probe and no marks here."""
+    # lazy: a torch without FlexAttention still runs SDPA (attention's probe decides)
     from torch.nn.attention.flex_attention import flex_attention
 
     return _padded(flex_attention, q, k, v, block_mask, length)

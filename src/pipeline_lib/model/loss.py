@@ -50,7 +50,7 @@ def _chunk_step_torch(logits: Tensor, targets: Tensor, scale: Tensor, ignore_ind
 
 def _chunk_step(backend: str):
     if backend == "triton":
-        from .triton_loss import chunk_step_triton
+        from .triton_loss import chunk_step_triton  # optional: triton (the triton extra), CUDA only
 
         return chunk_step_triton
     return _chunk_step_torch
@@ -62,7 +62,7 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend != "auto":
         return backend
     if device.type == "cuda":
-        from .triton_loss import triton_available
+        from .triton_loss import triton_available  # optional: triton (the triton extra), CUDA only
 
         if triton_available():
             return "triton"

@@ -100,6 +100,7 @@ def commit_points(client: Any, run_id: str, points: Iterable[Point],
     ``committed`` is the caller's cache of :func:`latest_steps` (read once per run and
     updated here after every batch); None reads it from the store.
     """
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.entities import Metric
 
     if committed is None:
@@ -123,6 +124,7 @@ def commit_versioned(client: Any, run_id: str, points: Iterable[Point],
     replayed commit of one version adds nothing. ``known`` caches each key's stored
     (step, timestamp) pairs (read from the metric history on first use, updated here).
     """
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.entities import Metric
 
     known = {} if known is None else known
@@ -150,6 +152,7 @@ def log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> list
     the tag ``loopline.params_changed`` and in one warning, and each one's current value is
     the tag ``loopline.param.{key}``. When nothing differs any more, the list is emptied.
     """
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.entities import Param
 
     wanted = clean_params(params)
@@ -178,6 +181,7 @@ def log_params_once(client: Any, run_id: str, params: Mapping[str, Any]) -> list
 
 def set_tags(client: Any, run_id: str, tags: Mapping[str, Any]) -> None:
     """Set tags (mutable in MLflow) in batches of 100."""
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.entities import RunTag
 
     items = [RunTag(k, v) for k, v in clean_tags(tags).items()]

@@ -97,6 +97,7 @@ def check_store(cfg: Config, run_dir: Path) -> None:
 
 
 def _holds_experiment(sink: Any, experiment_id: str, name: str | None) -> bool:
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.exceptions import MlflowException
 
     try:

@@ -71,8 +71,9 @@ def pack_dataset(meta: Mapping[str, Any], data_dir: Path) -> dict[str, str]:
 def log_dataset(client: Any, run_id: str, dataset: Mapping[str, str],
                 context: str = DATA_CONTEXT) -> None:
     """Attach ``dataset`` (fields of :func:`pack_dataset`) to the run as an input (idempotent)."""
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.entities import Dataset, DatasetInput, InputTag
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow: as above
 
     entity = Dataset(**{k: dataset.get(k) for k in ("name", "digest", "source_type", "source",
                                                     "schema", "profile")})
@@ -105,6 +106,7 @@ def log_model(client: Any, experiment_id: str, run_id: str, spec: Mapping[str, A
     its id. ``spec``: name, key, step, params, tags, metrics ({key: value} at ``step``),
     dataset (name and digest the metrics were measured on, or None). ``files`` are uploaded
     as the model's artifacts."""
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
 
     model = find_model(client, experiment_id, spec["key"])

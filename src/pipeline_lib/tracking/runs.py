@@ -65,6 +65,7 @@ def find_or_create_parent(client: Any, experiment_id: str, run: str,
         call(client.set_terminated, run_id, "FINISHED", end_time=created.info.start_time,
              what="end parent run")
     else:
+        # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
         from mlflow.entities import RunTag
 
         items = [RunTag(k, v) for k, v in merged.items()]
@@ -98,6 +99,7 @@ def supersede_siblings(client: Any, experiment_id: str, parent_id: str, stage: s
     """Tag every other child of ``parent_id`` for ``stage`` ``loopline.superseded = true``:
     a rerun of a stage (a retrain after a config change, a retried first segment, a sweep
     rerun) makes the new run the current one. Returns the ids tagged."""
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.entities import RunTag
 
     found = call(client.search_runs, [experiment_id],
@@ -114,6 +116,7 @@ def supersede_siblings(client: Any, experiment_id: str, parent_id: str, stage: s
 
 def run_exists(client: Any, run_id: str) -> bool:
     """True if the store holds an active run with this id."""
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.exceptions import MlflowException
 
     try:

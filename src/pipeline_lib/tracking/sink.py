@@ -51,6 +51,7 @@ from .runs import (
     set_status,
 )
 from .store import StoreUnavailable, call, ensure_store, get_client, probe
+from .sync import sync_outbox
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,6 @@ class Sink:
             self._go_offline(str(exc))
             return
         if pending_lines(self.run_dir, uri):
-            from .sync import sync_outbox
-
             try:
                 sync_outbox(self.run_dir, uri)
             except StoreUnavailable as exc:

@@ -203,6 +203,7 @@ def _system_metrics(sink: Sink, run_id: str) -> Any:
     if not sink.online or run_id.startswith("local:"):
         log.info("system metrics are not recorded while the tracking store is unreachable")
         return None
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,

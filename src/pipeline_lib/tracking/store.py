@@ -153,8 +153,9 @@ def get_client(uri: str) -> Any:
     is serialised by a file lock next to the database: parallel jobs touching a new store
     at once cannot race on the migration.
     """
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow: as above
 
     if is_server(uri):
         uri = use_uri_credentials(uri)  # MLflow never sees a password in the URI
@@ -242,6 +243,7 @@ def _safe_name(name: str) -> str:
 
 def ensure_experiment(client: Any, uri: str, name: str) -> str:
     """Id of the active experiment ``name``, created when missing (race-safe)."""
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.exceptions import MlflowException
 
     exp = call(client.get_experiment_by_name, name, what="get experiment")

@@ -198,6 +198,7 @@ def sync_outbox(run_dir: Path, uri: str) -> SyncReport:
 def _replay_line(replayer: _Replayer, rec: dict[str, Any] | None, where: str,
                  report: SyncReport) -> None:
     """Apply one record; count and report what cannot be (StoreUnavailable propagates)."""
+    # mlflow (~1.2 s): the Snakefile (parent runs) and CLI --help import tracking
     from mlflow.exceptions import MlflowException
 
     if not isinstance(rec, dict):  # unreadable (torn) or not a record

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 PREFIX = "diag"
 
@@ -79,8 +80,6 @@ def _norm(params: Iterator[nn.Parameter]) -> float | None:
 
 def _full(value: torch.Tensor) -> torch.Tensor:
     """A sum over an FSDP-sharded gradient is a partial DTensor: complete it (collective)."""
-    from torch.distributed.tensor import DTensor
-
     return value.full_tensor() if isinstance(value, DTensor) else value
 
 

@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..checkpoint.compat import check_snapshot_fits_pack
 from ..data.loader import PackedData
 from ..errors import ConfigError
+from ..evaluate.loading import load_for_eval
 from ..model.distill import DistillTarget
 from ..model.looped import LoopedLM
 from ..spec.config import Config
@@ -55,9 +57,6 @@ class Teacher:
 
 
 def _snapshot_teacher(path: Path, data: PackedData, device: torch.device) -> LoopedLM:
-    from ..checkpoint.compat import check_snapshot_fits_pack
-    from ..evaluate.loading import load_for_eval
-
     if not path.is_dir():
         raise ConfigError(f"{KEY} = {str(path)!r} is not a snapshot directory; use source, a "
                           "loopline snapshot, or '' (off)")

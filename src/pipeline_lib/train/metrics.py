@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torch.utils.tensorboard import SummaryWriter
+
 from ..fsio import write_text_atomic
 from ..spec.layout import RunLayout
 
@@ -109,8 +111,6 @@ class TrainLog:
         self._metrics_fh = open(self.metrics_path, "a", buffering=1)  # noqa: SIM115 (closed in close())
         self._events_fh = open(self.events_path, "a", buffering=1)  # noqa: SIM115
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
             self._tb = SummaryWriter(log_dir=str(layout.tensorboard),
                                      purge_step=resume_step + 1)
 

@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..spec.config import flatten
+
 Values = dict[str, dict[int, float]]
 
 
@@ -84,8 +86,6 @@ def model_spec(run: str, snapshot: Path, export_dir: Path,
     (the tag ``loopline.export_dir`` points there). Its params are the export's
     ``config.json``; its metrics the snapshot's validation loss and tokens seen, measured
     on ``dataset`` (name and digest of the pack)."""
-    from ..spec.config import flatten
-
     snapshot, export_dir = Path(snapshot), Path(export_dir)
     state = json.loads((snapshot / "trainer_state.json").read_text())
     hf = json.loads((export_dir / "config.json").read_text())

@@ -49,7 +49,7 @@ def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") 
     import matplotlib  # here: the figure's jobs alone pay for it, and Agg is set before pyplot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # as above
 
     shown = [doc for doc in sweeps if sections(doc)]
     n_small = max(len(shown) - 1, 0)
