@@ -28,13 +28,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.fsdp import (
-    FSDPModule,
-    MixedPrecisionPolicy,
-    fully_shard,
-    register_fsdp_forward_method,
-)
-from torch.distributed.tensor import DTensor
 
 from ..device import (
     device_for_rank,
@@ -45,7 +38,6 @@ from ..device import (
 )
 from ..errors import ConfigError, TrainingError
 from ..precision import Precision
-from .diagnostics import named_blocks
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +127,15 @@ def shard_model(model: nn.Module, precision: Precision) -> list[nn.Parameter]:
     compute dtype of the gathered parameters; gradients are reduced in fp32. Returns the
     parameters left replicated (0-dim ones).
     """
+    # torch.distributed (FSDP, DTensor, DCP: ~0.6 s): only multi-process segments load it
+    from torch.distributed.fsdp import (
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
+
+    # with the FSDP imports above: only the sharding path needs it
+    from .diagnostics import named_blocks
 
     mp = (MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32)
           if precision.mixed else MixedPrecisionPolicy())
@@ -158,6 +159,9 @@ def reshard(model: nn.Module) -> None:
     and while unsharded its registered parameters are not the optimizer's DTensors; call
     this before anything reads parameters (optimizer step, state dicts).
     """
+    # torch.distributed (FSDP, DTensor, DCP: ~0.6 s): only multi-process segments load it
+    from torch.distributed.fsdp import FSDPModule
+
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
@@ -165,6 +169,9 @@ def reshard(model: nn.Module) -> None:
 
 def is_dtensor(tensor: Any) -> bool:
     """Whether ``tensor`` is a DTensor (an FSDP2 shard), not a plain tensor."""
+    # torch.distributed (FSDP, DTensor, DCP: ~0.6 s): only multi-process segments load it
+    from torch.distributed.tensor import DTensor
+
     return isinstance(tensor, DTensor)
 
 
