@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from ..results_doc import replace_between_markers
-from ..spec.schema import SCHEMA_PATH, schema_yaml, write_schema
+from ..spec import schema as spec_schema
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -23,11 +23,11 @@ def run(args: argparse.Namespace) -> int:
     from ..config_readers import DOC_PATH, DOC_SECTION, keys_markdown
 
     if args.write:
-        print(write_schema(SCHEMA_PATH))
+        print(spec_schema.write_schema(spec_schema.SCHEMA_PATH))  # read at call time
         text = DOC_PATH.read_text()
         DOC_PATH.write_text(replace_between_markers(text, keys_markdown(), DOC_PATH,
                                                     DOC_SECTION))
         print(f"{DOC_PATH}: config key table regenerated")
     else:
-        print(schema_yaml(), end="")
+        print(spec_schema.schema_yaml(), end="")
     return 0

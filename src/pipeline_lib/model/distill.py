@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..spec.names import IGNORE_INDEX
+
 
 def _log_softmax_(logits: Tensor, temperature: float) -> Tensor:
     """log softmax(logits / T) of [C, V], in place."""
@@ -75,7 +77,7 @@ class _ChunkedKL(torch.autograd.Function):
 
 
 def token_scale(targets: Tensor, token_weights: Tensor | None,
-                ignore_index: int = -100) -> Tensor:
+                ignore_index: int = IGNORE_INDEX) -> Tensor:
     """Each token's share of a weighted mean over the scored targets [N] (0 where ignored;
     all 0 when nothing is scored): the same weights the objective's cross-entropy uses."""
     valid = targets != ignore_index
