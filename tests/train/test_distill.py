@@ -71,8 +71,7 @@ def test_a_student_that_is_the_teacher_trains_exactly_as_without_it(source, tmp_
     # one step: the student is the teacher while the gradient is taken
     plain = _config(source, "model.loops=1", "train.total_steps=1")
     distilled = _config(source, "model.loops=1", "train.total_steps=1",
-                        "train.distill.teacher=source", "train.distill.weight=0.7",
-                        "train.distill.temperature=2.0")
+                        "train.distill.teacher=source", "train.distill.weight=0.7")
     init = _init(source, plain, tmp_path / "init")
     a = _train(source, plain, tmp_path / "plain", [1], init)
     b = _train(source, distilled, tmp_path / "distilled", [1], init)
@@ -96,12 +95,12 @@ def test_a_retrofit_distilled_from_its_source_gets_closer_to_it(source, tmp_path
     assert kl[0] > 0.05  # the retrofit starts away from its source
     assert sum(kl[-3:]) / 3 < 0.7 * sum(kl[:3]) / 3, kl
     losses = [m["loss"] for m in metrics(tmp_path / "run")]
-    assert all(x >= k for x, k in zip(losses, kl, strict=True))  # CE + T²·KL, both ≥ 0
+    assert all(x >= k for x, k in zip(losses, kl, strict=True))  # CE + weight·KL, both ≥ 0
 
 
 def test_resume_with_distillation_is_bit_identical(source, tmp_path) -> None:
     cfg = _config(source, "model.loops=2", "model.init_from.core=[2,4]",
-                  "train.distill.teacher=source", "train.distill.temperature=1.5",
+                  "train.distill.teacher=source", "train.distill.weight=1.5",
                   "train.objective=deep_supervision", "train.loop_sampling.mode=uniform",
                   "train.loop_sampling.max_loops=3", "train.bptt.mode=unrolled",
                   "train.bptt.k=2")

@@ -80,20 +80,12 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         N = hidden.shape[0]  # hidden: [N, D], weight: [V, D], targets: [N]
         dtype = torch.promote_types(hidden.dtype, weight.dtype)
         w_mat = weight.to(dtype)
-        valid = targets != ignore_index
-        tok_w = valid.float() if token_weights is None else token_weights.float() * valid  # [N]
-        if reduction == "mean":
-            total = tok_w.sum()
-            # All targets ignored (or weighted 0): loss 0 with zero gradients, not 0/0.
-            scale = tok_w / torch.where(total > 0, total, torch.ones_like(total))
-        else:
-            scale = tok_w
+        scale = (token_scale(targets, token_weights, ignore_index) if reduction == "mean"
+                 else scored_weights(targets, token_weights, ignore_index))
         compute_grad = need_hidden_grad or need_weight_grad
         step = _chunk_step(backend)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if need_hidden_grad else None
-        grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-                       if need_weight_grad else None)
+        grads = ChunkGrads(hidden, weight, need_hidden_grad, need_weight_grad)
         # One [C, V] fp32 buffer reused by every chunk: no allocator churn of large blocks.
         buffer = torch.empty(min(chunk_size, N), weight.shape[0], dtype=torch.float32,
                              device=hidden.device)
@@ -110,30 +102,67 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             loss += (losses * scale[start:end]).sum()
             if token_losses is not None:  # side output, no gradient
                 token_losses[start:end] = losses
-            if compute_grad:
-                grad_logits = logits.to(dtype)  # [C, V], now d loss / d logits
-                if grad_hidden is not None:
-                    grad_hidden[start:end] = grad_logits @ w_mat
-                if grad_weight is not None:
-                    grad_weight.addmm_(grad_logits.T.float(), h_c.float())
-        # Plain attributes, not save_for_backward: backward scales them in place and hands
-        # them over (no second [V, D] buffer at the end of backward).
-        ctx.grads = (grad_hidden, grad_weight)
-        ctx.weight_dtype = weight.dtype
+            if compute_grad:  # logits now hold d loss / d logits
+                grads.add(start, end, logits.to(dtype), h_c, w_mat)
+        ctx.grads = grads
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        if ctx.grads is None:
-            raise RuntimeError("chunked_cross_entropy: backward ran twice through the same "
-                               "loss (retain_graph); compute the loss again instead")
-        grad_hidden, grad_weight = ctx.grads
-        ctx.grads = None
+        return *ctx.grads.take(grad_loss, "chunked_cross_entropy"), *(None,) * 9
+
+
+class ChunkGrads:
+    """The hidden and head gradients a chunked loss over ``hidden [N, D] @ weight.T`` computes
+    in its forward, chunk by chunk, and hands to autograd in its backward (scaled there by
+    the incoming gradient, in place: no second [V, D] buffer at the end of backward). Kept
+    as a plain ``ctx`` attribute, not ``save_for_backward``."""
+
+    def __init__(self, hidden: Tensor, weight: Tensor, need_hidden: bool,
+                 need_weight: bool) -> None:
+        self.hidden = torch.empty_like(hidden) if need_hidden else None
+        self.weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+                       if need_weight else None)
+        self.weight_dtype = weight.dtype
+        self.taken = False
+
+    def add(self, start: int, end: int, grad_logits: Tensor, h_c: Tensor,
+            w_mat: Tensor) -> None:
+        """Rows ``start:end``'s share: ``grad_logits`` [C, V] = d loss / d logits."""
+        if self.hidden is not None:
+            self.hidden[start:end] = grad_logits @ w_mat
+        if self.weight is not None:
+            self.weight.addmm_(grad_logits.T.float(), h_c.float())
+
+    def take(self, grad_loss: Tensor, name: str) -> tuple[Tensor | None, Tensor | None]:
+        """(d hidden, d weight) times ``grad_loss``; once only."""
+        if self.taken:
+            raise RuntimeError(f"{name}: backward ran twice through the same loss "
+                               "(retain_graph); compute the loss again instead")
+        grad_hidden, grad_weight = self.hidden, self.weight
+        self.hidden = self.weight = None
+        self.taken = True
         if grad_hidden is not None:
             grad_hidden.mul_(grad_loss.to(grad_hidden.dtype))
         if grad_weight is not None:
-            grad_weight = grad_weight.mul_(grad_loss).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None, None
+            grad_weight = grad_weight.mul_(grad_loss).to(self.weight_dtype)
+        return grad_hidden, grad_weight
+
+
+def scored_weights(targets: Tensor, token_weights: Tensor | None,
+                   ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """Each token's loss weight [N]: ``token_weights`` (1 when None), 0 where ignored."""
+    valid = targets != ignore_index
+    return valid.float() if token_weights is None else token_weights.float() * valid
+
+
+def token_scale(targets: Tensor, token_weights: Tensor | None,
+                ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """Each token's share of the weighted mean over the scored targets [N]; all 0 when
+    nothing is scored (a loss of 0 with zero gradients, not 0/0)."""
+    tok_w = scored_weights(targets, token_weights, ignore_index)
+    total = tok_w.sum()
+    return tok_w / torch.where(total > 0, total, torch.ones_like(total))
 
 
 def token_weights(answer_mask: Tensor | None, answer_weight: float,

@@ -316,11 +316,9 @@ class DistillConfig:
     teacher: str = _f("", "Empty = off; source = the pretrained model of model.init_from.source "
                       "run whole (every layer, one loop); else a loopline snapshot directory. "
                       "Its tokenizer must be the run's.")
-    weight: float = _f(1.0, "Weight of the KL term: the objective gains weight·T²·KL(teacher_T ‖ "
-                       "student_T) per scored token, on every readout the objective scores.",
+    weight: float = _f(1.0, "Weight of the KL term: the objective gains weight·KL(teacher ‖ "
+                       "student) per scored token, on every readout the objective scores.",
                        exclusive_minimum=0)
-    temperature: float = _f(1.0, "Temperature T both distributions are softened by.",
-                            exclusive_minimum=0)
 
 
 @dataclass

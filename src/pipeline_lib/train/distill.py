@@ -42,9 +42,9 @@ SourceBuilder = Callable[[Config], LoopedLM]  # the whole pretrained model of in
 class Teacher:
     """A frozen model whose readout after ``loops`` loops the student is distilled toward."""
 
-    def __init__(self, model: LoopedLM, loops: int, weight: float, temperature: float) -> None:
+    def __init__(self, model: LoopedLM, loops: int, weight: float) -> None:
         self.model, self.loops = model.eval().requires_grad_(False), loops
-        self.weight, self.temperature = weight, temperature
+        self.weight = weight
 
     @torch.no_grad()
     def target(self, batch: Mapping[str, Tensor]) -> DistillTarget:
@@ -53,7 +53,7 @@ class Teacher:
         hidden = self.model.readout_hidden(self.model.forward_loops(ctx, 0, self.loops), ctx)
         self.model.take_aux_loss()  # an MoE teacher's aux terms are not the student's
         return DistillTarget(hidden.reshape(-1, hidden.shape[-1]), self.model.head_weight,
-                             self.weight, self.temperature)
+                             self.weight)
 
 
 def _snapshot_teacher(path: Path, data: PackedData, device: torch.device) -> LoopedLM:
@@ -88,9 +88,8 @@ def load_teacher(cfg: Config, data: PackedData, device: torch.device,
         raise ConfigError(f"{KEY} = {distill.teacher!r}: the teacher has {rows} output rows, "
                           f"the student {own}; a teacher must share the student's tokenizer "
                           "and vocabulary")
-    log.info("distilling from %s (%d loops, weight %g, temperature %g)", distill.teacher,
-             loops, distill.weight, distill.temperature)
-    return Teacher(model, loops, distill.weight, distill.temperature)
+    log.info("distilling from %s (%d loops, weight %g)", distill.teacher, loops, distill.weight)
+    return Teacher(model, loops, distill.weight)
 
 
 __all__ = ["SourceBuilder", "Teacher", "load_teacher"]
