@@ -37,8 +37,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from .exit.criteria import relative_step, state_cosine
 
 CLASSES = ("converging", "orbiting", "drifting")
 MEASURES = ("relative_step", "cosine", "kl_to_final")
@@ -67,9 +68,7 @@ def path_measures(states: Tensor) -> dict[str, Tensor]:
     """``relative_step`` and ``cosine`` [n, M] of paths ``states`` [n, M+1, D] (float64)."""
     s = states.double()
     now, before = s[:, 1:], s[:, :-1]
-    step = (now - before).norm(dim=-1)
-    return {"relative_step": step / now.norm(dim=-1).clamp_min(1e-30),
-            "cosine": F.cosine_similarity(now, before, dim=-1, eps=1e-30)}
+    return {"relative_step": relative_step(now, before), "cosine": state_cosine(now, before)}
 
 
 def tail_steps(max_loops: int) -> int:

@@ -41,6 +41,17 @@ from .spec import CRITERIA, ExitSpec
 LOGIT_CRITERIA = ("kl", "entropy")  # scored from the next-token distributions
 
 
+def relative_step(now: Tensor, before: Tensor) -> Tensor:
+    """‖now − before‖ / ‖now‖ of loop states [..., D] per row (``latent_diff``; a latent
+    trajectory's step)."""
+    return (now - before).norm(dim=-1) / now.norm(dim=-1).clamp_min(1e-30)
+
+
+def state_cosine(now: Tensor, before: Tensor) -> Tensor:
+    """cos(now, before) of loop states [..., D] per row (a zero state: 0)."""
+    return F.cosine_similarity(now, before, dim=-1, eps=1e-30)
+
+
 def never_exits(criterion: str, threshold: float) -> bool:
     """Whether no token ever exits early under ``threshold`` (the fixed H-loop result)."""
     return threshold >= 1 if criterion == "gate" else threshold == 0
@@ -109,8 +120,8 @@ class ExitTracker:
             assert prev is not None, "start() first"
             self.prev = s
             if c == "latent_diff":
-                return (s - prev).norm(dim=-1) / s.norm(dim=-1).clamp_min(1e-30)
-            return (1 - F.cosine_similarity(s, prev, dim=-1, eps=1e-30)).clamp_min_(0.0)
+                return relative_step(s, prev)
+            return (1 - state_cosine(s, prev)).clamp_min_(0.0)
         if c == "argmax_stable":
             assert top is not None, "argmax_stable needs the top tokens"
             run = (torch.zeros_like(top) if self.prev is None
