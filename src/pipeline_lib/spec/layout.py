@@ -44,6 +44,7 @@ TEMP_SNAPSHOTS_DIR = "transient"  # temporary snapshots, under snapshots/
 BEST_DIR = "best"  # the best snapshot's copy (checkpoint.best), under snapshots/
 INDEX_FILE = "index.json"  # the kept snapshots (checkpoint.index), under snapshots/
 FINAL_LINK = "final"  # beside the index: a link to the last kept snapshot
+RUN_SPEC_FILE = "run_spec.yaml"  # the run's completed config (spec.run_spec)
 TRACKING_JSON = "tracking.json"
 TRACKING_LOCK = ".tracking.lock"
 TRACKING_FILES_DIR = "tracking_files"  # resolved configs logged as parent-run artifacts
@@ -215,6 +216,11 @@ class RunLayout:
     @property
     def tensorboard(self) -> Path:
         return self.run_dir / "tensorboard"
+
+    @property
+    def run_spec(self) -> Path:
+        """The run's completed config, written once per Snakemake call (spec.run_spec)."""
+        return self.run_dir / RUN_SPEC_FILE
 
     # ------------------------------------------------------------------ tracking
 

@@ -26,8 +26,8 @@ from ..credentials import redact_uri
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
 from .config import Config, config_from_dict, public_dict
+from .layout import RunLayout
 
-RUN_SPEC_FILE = "run_spec.yaml"  # in the run directory
 RUN_SPEC_FORMAT = 1
 
 
@@ -58,8 +58,8 @@ class RunSpec:
 
 
 def run_spec_path(run_dir: str | Path) -> Path:
-    """Where the run's spec lies: ``{run_dir}/run_spec.yaml``."""
-    return Path(run_dir) / RUN_SPEC_FILE
+    """Where the run's spec lies (:attr:`~.layout.RunLayout.run_spec`)."""
+    return RunLayout.at(run_dir).run_spec
 
 
 def write_run_spec(spec: RunSpec, run_dir: str | Path) -> bool:
@@ -101,4 +101,4 @@ def read_run_spec(run_dir: str | Path) -> RunSpec:
                           "which writes it again") from None
 
 
-__all__ = ["RUN_SPEC_FILE", "RunSpec", "read_run_spec", "run_spec_path", "write_run_spec"]
+__all__ = ["RunSpec", "read_run_spec", "run_spec_path", "write_run_spec"]
