@@ -75,6 +75,12 @@ from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .loopline_adaptive import (
+    AdaptiveKVCache,
+    adaptive_step,
+    check_kv_fill,
+    full_depth_readout,
+)
 from .loopline_layers import (
     Block,
     LoopKVCache,
@@ -255,64 +261,42 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
                              "(1 = never exit early), e.g. 0.9")
         return threshold
 
-    def _gated_readout(self, state: torch.Tensor, e: torch.Tensor, loops: int,
-                       threshold: float, rope, mask, cache: LoopKVCache | None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(readout hidden [B, L, D], exit loop [B, L]): every position runs all ``loops``
-        loops (later tokens attend to its state at each), its readout taken at its exit loop,
-        computed as loopline's ``adaptive_logits(…, "gate")`` computes it."""
-        B, L, D = state.shape
-        out = torch.empty_like(state)
-        exit_loops = torch.full((B, L), loops, dtype=torch.long, device=state.device)
-        done = torch.zeros(B, L, dtype=torch.bool, device=state.device)
-        log_survive = None  # Σ_{s≤t} log(1 − λ_s) per position [B·L], fp32
-        for t in range(1, loops + 1):
-            state = self._loop(state, e, t - 1, rope, mask, cache)
-            hidden = self._readout(state, rope, mask, cache)
-            if t == loops:
-                out[~done] = hidden[~done]
-                break
-            z = self.exit_gate(hidden.reshape(-1, D)).squeeze(-1).float()
-            log_stay = F.logsigmoid(-z)  # log(1 − λ_t)
-            log_survive = log_stay if log_survive is None else log_survive + log_stay
-            # cumulative exit probability 1 − exp(Σ log(1 − λ)) > T, i.e. expm1(Σ) < −T
-            new = (torch.expm1(log_survive) < -threshold).view(B, L) & ~done
-            out[new] = hidden[new]
-            exit_loops[new] = t
-            done |= new
-        return out, exit_loops
-
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None,
                 labels: torch.LongTensor | None = None, num_loops: int | None = None,
                 exit_threshold: float | None = None, cache: LoopKVCache | None = None,
-                use_cache: bool | None = None, **kwargs) -> LooplineCausalLMOutput:
+                use_cache: bool | None = None, kv_fill: str = "latest",
+                **kwargs) -> LooplineCausalLMOutput:
         """Logits [B, L, V] after ``num_loops`` core loops (default ``config.num_loops``);
         with ``labels`` also the mean next-token loss (labels shifted inside, -100 ignored).
 
         ``exit_threshold`` (default ``config.exit_threshold``; needs the exit gate): each
         position read out at its gate exit loop, at most ``num_loops``; ``exit_loops`` [B, L]
-        says which. ``cache``: a :class:`LoopKVCache` holding the tokens before ``input_ids``
-        (whose ``attention_mask`` then covers the cached tokens too); ``use_cache=True``
-        starts one when none is given. The output's ``cache`` is the cache after this pass."""
+        says which. ``cache``: a :class:`LoopKVCache` (:class:`AdaptiveKVCache` under a
+        threshold) holding the tokens before ``input_ids`` (whose ``attention_mask`` then
+        covers the cached tokens too); ``use_cache=True`` starts one when none is given. Under
+        a threshold, one token per row over a filled cache stops at its exit loop and
+        ``kv_fill`` (``latest`` or ``skip``) says what later tokens read of it (module doc).
+        The output's ``cache`` is the cache after this pass."""
         loops = int(self.config.num_loops if num_loops is None else num_loops)
         if loops < 1:
             raise ValueError(f"num_loops must be at least 1, got {num_loops}")
-        threshold = self._exit_threshold(exit_threshold)
+        threshold, kv_fill = self._exit_threshold(exit_threshold), check_kv_fill(kv_fill)
         gated = threshold is not None and threshold < 1  # T = 1 never exits: fixed depth
         if cache is None and use_cache:
-            cache = LoopKVCache(loops, gated)
-        past = 0 if cache is None else cache.begin_pass(loops, gated)
+            cache = AdaptiveKVCache(loops, self.config, kv_fill) if gated else LoopKVCache(loops)
+        past = 0 if cache is None else cache.begin_pass(loops, gated, kv_fill if gated else None)
         positions, mask = padding_inputs(input_ids, attention_mask, position_ids, past)
-        cfg = self.config
-        rope = rope_tables(positions, cfg)
+        if gated and cache is not None:
+            cache.open(*input_ids.shape, input_ids.device)
+        rope = rope_tables(positions, self.config)
         e = self.tok_emb(input_ids)  # [B, L, D]
         for block in self.prelude:
             e = block(e, rope, mask, cache)
         state = self._initial_state(e)
         if gated:
-            hidden, exit_loops = self._gated_readout(state, e, loops, threshold, rope, mask,
-                                                     cache)
+            pass_ = adaptive_step if cache is not None and cache.decoding else full_depth_readout
+            hidden, exit_loops = pass_(self, state, e, loops, threshold, rope, mask, cache)
         else:
             for t in range(loops):
                 state = self._loop(state, e, t, rope, mask, cache)
@@ -334,13 +318,16 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
                                       num_loops: int | None = None,
                                       exit_threshold: float | None = None,
                                       cache: LoopKVCache | None = None,
-                                      use_cache: bool | None = None, **kwargs) -> dict:
+                                      use_cache: bool | None = None, kv_fill: str = "latest",
+                                      **kwargs) -> dict:
         """The tokens not yet cached (all of them without a cache), the whole mask, the loop
-        count, the exit threshold and the cache (``use_cache`` starts one on the first step)."""
+        count, the exit threshold, ``kv_fill`` and the cache (``use_cache`` starts one on the
+        first step)."""
         if cache is not None:
             input_ids = input_ids[:, cache.get_seq_length():]
         return {"input_ids": input_ids, "attention_mask": attention_mask, "num_loops": num_loops,
-                "exit_threshold": exit_threshold, "cache": cache, "use_cache": use_cache}
+                "exit_threshold": exit_threshold, "cache": cache, "use_cache": use_cache,
+                "kv_fill": kv_fill}
 
     def adjust_generation_fn(self, *args, **kwargs) -> None:
         """Load the generation config, without ``num_loops`` or ``exit_threshold``:
