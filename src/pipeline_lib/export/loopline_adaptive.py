@@ -1,7 +1,7 @@
 """Adaptive depth of the exported loopline model under its exit gate (remote code: torch only).
 
 Copied next to ``modeling_loopline.py`` by ``python -m pipeline_lib export`` and imported by
-it relatively. Loopline's cached adaptive decoding (``pipeline_lib.model.kv_adaptive``,
+it relatively. Loopline's cached adaptive decoding (its ``model/kv_adaptive.py``,
 criterion ``gate``) redone for the export, with the same results:
 
 - :func:`full_depth_readout`: every position of the pass runs every loop (later tokens of the
