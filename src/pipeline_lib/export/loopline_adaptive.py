@@ -8,7 +8,8 @@ criterion ``gate``) redone for the export, with the same results:
   same pass attend to its state at each); each is read out at its gate exit loop. Without a
   cache this is loopline's ``adaptive_logits``; through an :class:`AdaptiveKVCache` it is the
   prompt's prefill (``kv_adaptive_prefill``): each loop's core keys and values are kept, the
-  coda's of the last loop only.
+  coda's of the last loop only (a pass of several tokens over a filled cache runs the same
+  way, attending to the cached positions as a decoding step does).
 - :func:`adaptive_step`: one new token per row over a filled cache; a row stops at its gate
   exit loop, and its later loops (core blocks and the coda readouts after them) are never
   computed (``kv_adaptive_step``).
