@@ -22,13 +22,13 @@ from pipeline_lib.data.tokenizer import byte_level_tokenizer, eos_id
 from pipeline_lib.evaluate.exit.cached import CriterionExit
 from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.generation import CacheOptions, Depth, encode_prompts, generate_texts
-from pipeline_lib.export import export_snapshot
+from pipeline_lib.export import export_snapshot, loopline_adaptive
 from pipeline_lib.export.modeling_loopline import LooplineForCausalLM
 from pipeline_lib.model.kv_adaptive import kv_adaptive_prefill, kv_adaptive_step
+from pipeline_lib.model.kv_cache import KV_FILLS
 
 PROMPTS = ["a=1;b=", "x=12;y=3;z=a;", "q"]
 MAX_NEW = 8
-FILLS = ["latest", "skip"]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def _generate(hf, tok, **kw):
     return run, ids.shape[1]
 
 
-@pytest.mark.parametrize("kv_fill", FILLS)
+@pytest.mark.parametrize("kv_fill", KV_FILLS)
 @pytest.mark.parametrize(("max_loops", "threshold"), [(5, 0.9), (4, 0.8)])
 def test_generate_writes_loopline_s_tokens_with_its_loops_per_token(dense, max_loops, threshold,
                                                                     kv_fill) -> None:
@@ -90,7 +90,7 @@ def test_cached_steps_equal_loopline_s_adaptive_prefill_and_steps(dense) -> None
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(5))
     kw = {"num_loops": 4, "exit_threshold": 0.7}
     logits = {}
-    for fill in FILLS:
+    for fill in KV_FILLS:
         rule = CriterionExit(model, ExitSpec((0.7,), "gate", 4))
         want, want_loops, lib_cache = kv_adaptive_prefill(model, ids[:, :6], rule, kv_fill=fill)
         out = hf(ids[:, :6], use_cache=True, kv_fill=fill, **kw)
@@ -132,6 +132,7 @@ def test_a_threshold_that_never_exits_is_fixed_depth_cached_generation(dense, th
 
 def test_a_kv_fill_not_in_the_list_is_refused(dense) -> None:
     _, hf, _ = dense
+    assert loopline_adaptive.KV_FILLS == KV_FILLS  # the export's copy of loopline's list
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(1))
     message = r"^kv_fill='nearest' is not one of \['latest', 'skip'\]; use kv_fill='latest'"
     with pytest.raises(ValueError, match=message):

@@ -67,7 +67,7 @@ class AdaptiveKVCache(LoopKVCache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.reached is None else self.reached.shape[1]
 
-    def open(self, rows: int, length: int, device: torch.device) -> None:
+    def add_columns(self, rows: int, length: int, device: torch.device) -> None:
         """After :meth:`begin_pass`: columns for the pass's ``length`` tokens per row; one
         token over a filled cache decodes (its keys and values go into a new column)."""
         self.decoding = length == 1 and self.reached is not None

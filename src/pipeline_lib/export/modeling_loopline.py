@@ -311,7 +311,7 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
         past = 0 if cache is None else cache.begin_pass(loops, gated, kv_fill if gated else None)
         positions, mask = padding_inputs(input_ids, attention_mask, position_ids, past)
         if gated and cache is not None:
-            cache.open(*input_ids.shape, input_ids.device)
+            cache.add_columns(*input_ids.shape, input_ids.device)
         rope = rope_tables(positions, self.config)
         e = self.tok_emb(input_ids)  # [B, L, D]
         for block in self.prelude:
