@@ -1,11 +1,11 @@
 """The exported model honours the learned exit gate: ``forward(…, exit_threshold=T)`` reads
 each position out at its gate exit loop with loopline's ``adaptive_logits`` (criterion ``gate``)
-logits and exit loops (bit for bit), left padding changes nothing, the KV cache holds the
-coda of every loop and is bound to its loop count and mode, ``config.exit_threshold`` is the
-default, bad thresholds are refused; and with transformers alone, ``generate`` with a
-threshold writes what loopline's adaptive readout of each whole window does on the same
-snapshot (the export does not yet decode adaptively through its cache as loopline's
-``generate`` does)."""
+logits and exit loops (bit for bit), left padding changes nothing, the KV cache is bound to
+its loop count, mode and ``kv_fill``, ``config.exit_threshold`` is the default, bad
+thresholds are refused; and with transformers alone, cached ``generate`` with a threshold
+writes loopline's ``generate`` text with the same loops per token (cached adaptive decoding,
+``kv_fill`` latest and skip; in-process exactness: ``test_hf_export_adaptive.py``), while
+``use_cache=False`` writes what loopline's adaptive readout of each whole window does."""
 
 from __future__ import annotations
 
@@ -15,14 +15,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.export_helpers import SEQ_LEN, random_model, run_hf_worker, write_model_snapshot
+from support.export_helpers import (
+    SEQ_LEN,
+    library_generate,
+    random_model,
+    run_hf_worker,
+    write_model_snapshot,
+)
 
 from pipeline_lib.data.tokenizer import byte_level_tokenizer, eos_id
 from pipeline_lib.evaluate.exit.criteria import adaptive_logits
 from pipeline_lib.evaluate.exit.spec import ExitSpec
-from pipeline_lib.evaluate.generation import encode_prompts
+from pipeline_lib.evaluate.generation import CacheOptions, Depth, encode_prompts, generate_texts
 from pipeline_lib.export import export_snapshot
-from pipeline_lib.export.modeling_loopline import LoopKVCache, LooplineForCausalLM
+from pipeline_lib.export.modeling_loopline import LooplineForCausalLM
 from pipeline_lib.model.generate import greedy_decode, padded_rows
 
 THRESHOLDS = [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
@@ -153,50 +159,29 @@ def test_a_model_without_the_gate_refuses_a_threshold(exports) -> None:
 
 
 @torch.no_grad()
-def test_cached_gated_steps_equal_one_forward_pass(exports) -> None:
-    """A left-padded batch prefilled, then fed one token and then two at a time through the
-    cache (which holds the prelude, then each loop's core and coda calls): logits within
-    1e-5 and exit loops equal to one pass over the whole sequence."""
-    _, export = exports["dense"]
-    hf, ids = _load(export), _ids(2, 11, seed=5)
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    full = hf(ids, attention_mask=mask, num_loops=4, exit_threshold=0.7)
-    cache = LoopKVCache(4, gated=True)
-    pieces = []
-    for a, b in [(0, 6), (6, 7), (7, 9), (9, 11)]:
-        step = hf(ids[:, a:b], attention_mask=mask[:, :b], num_loops=4, exit_threshold=0.7,
-                  cache=cache)
-        pieces.append(step)
-    cfg = hf.config
-    assert len(cache.keys) == cfg.prelude_layers + 4 * (cfg.core_layers + cfg.coda_layers)
-    assert cache.get_seq_length() == 11
-    torch.testing.assert_close(torch.cat([p.logits for p in pieces], dim=1), full.logits,
-                               atol=1e-5, rtol=0)
-    assert torch.equal(torch.cat([p.exit_loops for p in pieces], dim=1), full.exit_loops)
-
-
-@torch.no_grad()
-def test_a_cache_is_bound_to_its_loop_count_and_mode(exports) -> None:
+def test_a_cache_is_bound_to_its_loop_count_mode_and_kv_fill(exports) -> None:
     _, export = exports["dense"]
     hf, ids = _load(export), _ids()
     gated = hf(ids[:, :8], num_loops=3, exit_threshold=0.7, use_cache=True).cache
-    with pytest.raises(ValueError, match=r"^this cache holds 3 loops read out by the exit gate; "
-                                         r"the pass asks for 3 loops at fixed depth"):
+    with pytest.raises(ValueError, match=r"^this cache holds 3 loops read out by the exit gate "
+                                         r"\(kv_fill 'latest'\); the pass asks for 3 loops at "
+                                         r"fixed depth"):
         hf(ids[:, 8:], num_loops=3, cache=gated)
     fixed = hf(ids[:, :8], num_loops=3, use_cache=True).cache
     with pytest.raises(ValueError, match=r"holds 3 loops at fixed depth; the pass asks for 3 "
-                                         r"loops read out by the exit gate"):
+                                         r"loops read out by the exit gate \(kv_fill 'latest'\)"):
         hf(ids[:, 8:], num_loops=3, exit_threshold=0.7, cache=fixed)
     with pytest.raises(ValueError, match=r"asks for 4 loops read out by the exit gate"):
         hf(ids[:, 8:], num_loops=4, exit_threshold=0.7, cache=gated)
+    with pytest.raises(ValueError, match=r"asks for 3 loops read out by the exit gate "
+                                         r"\(kv_fill 'skip'\) \(start a new cache"):
+        hf(ids[:, 8:9], num_loops=3, exit_threshold=0.7, kv_fill="skip", cache=gated)
 
 
 def window_generate(model, tok, spec: ExitSpec, max_new: int) -> tuple[list[str], list[list[int]]]:
     """(texts, loops per new token) of greedy decoding with loopline's adaptive readout of each
     whole window (every position runs every loop, ``adaptive_logits``): what the export's
-    ``generate`` computes. loopline's own ``generate`` no longer does: its cached adaptive
-    decoding stops computing a token at its exit (docs/export.md)."""
+    ``generate(use_cache=False)`` computes (cached, a token stops at its exit)."""
     eos = eos_id(tok)
     prompts = encode_prompts(tok, PROMPTS, SEQ_LEN, eos)
     loops: list[list[int]] = [[] for _ in prompts]
@@ -218,14 +203,15 @@ def window_generate(model, tok, spec: ExitSpec, max_new: int) -> tuple[list[str]
 def test_transformers_alone_generates_with_the_gate_as_loopline_does(exports,
                                                                      tmp_path) -> None:
     """AutoModelForCausalLM (trust_remote_code, loopline not importable) on the export:
-    gated logits and exit loops equal loopline's, greedy generate() on left-padded rows
-    writes the text of loopline's adaptive readout over each window with the same loops per
-    token; cached and
-    uncached generation agree (greedy, beam search, sampling), cached steps' logits match one
-    forward pass within 1e-5, and the config default gives the explicit threshold's tokens."""
+    gated logits and exit loops equal loopline's; greedy cached generate() on left-padded
+    rows writes loopline's generate_texts() text, and the loops per new token read off the
+    returned cache are those of loopline's cached adaptive decoding, for kv_fill latest and
+    skip; use_cache=False writes the text (and forward's exit loops) of loopline's adaptive
+    readout over each window; beam search and sampling run through the cache; the config
+    default gives the explicit threshold's tokens."""
     model, export = exports["dense"]
     ids = _ids()
-    forward, runs = [[3, 0.7], [5, 0.9]], [[4, 0.7], [5, 0.9]]
+    forward, runs = [[3, 0.7], [5, 0.9]], [[4, 0.8, "latest"], [5, 0.9, "skip"]]
     request = {"exports": [{"dir": str(export), "gate": {
         "ids": ids.tolist(), "forward": forward, "prompts": PROMPTS, "generate": runs,
         "max_new": 8}}]}
@@ -237,13 +223,21 @@ def test_transformers_alone_generates_with_the_gate_as_loopline_does(exports,
         assert out["exit_loops"] == exits.tolist()
         torch.testing.assert_close(torch.tensor(out["logits"]), logits, atol=1e-5, rtol=0)
     tok = byte_level_tokenizer()
-    for (h, t), out in zip(runs, got["generate"], strict=True):
-        texts, want = window_generate(model, tok, ExitSpec((t,), "gate", h), 8)
-        assert out["texts"] == texts, (h, t)
+    prompts = encode_prompts(tok, PROMPTS, SEQ_LEN, eos_id(tok))
+    for (h, t, fill), out in zip(runs, got["generate"], strict=True):
+        ours = generate_texts(model, tok, PROMPTS, context_len=SEQ_LEN, max_new_tokens=8,
+                              depth=Depth(h, ExitSpec((t,), "gate", h)),
+                              cache=CacheOptions(kv_fill=fill))
+        assert out["texts"] == [g.text for g in ours], (h, t, fill)
+        _, want, _ = library_generate(model, prompts, h, t, fill, 8, eos_id(tok))
         for mine, loops in zip(want, out["exit_loops"], strict=True):
             assert loops[:len(mine)] == mine
-        assert len({n for row in out["exit_loops"] for n in row}) > 1  # exits really vary
-        assert out["identical"] == {"greedy": True, "beam": True, "sample": True}, (h, t)
-        assert out["scores"] == 8 and out["cache"] == ["LoopKVCache", h, True]
-        assert out["max_logit_diff"] <= 1e-5
+        every = {n for row in out["exit_loops"] for n in row}
+        assert min(every) < h and max(every) == h  # exits really vary
+        assert out["cache"] == ["AdaptiveKVCache", h, fill]
+        texts, window_loops = window_generate(model, tok, ExitSpec((t,), "gate", h), 8)
+        assert out["window_texts"] == texts, (h, t)
+        for mine, loops in zip(window_loops, out["window_exit_loops"], strict=True):
+            assert loops[:len(mine)] == mine
+        assert out["beam_shape"][0] == out["sample_shape"][0] == len(PROMPTS)
         assert out["default_is_explicit"] is True

@@ -114,3 +114,45 @@ def run_hf_worker(request: dict, tmp: Path) -> dict:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads((tmp / "answer.json").read_text())
+
+
+def library_generate(model, prompts: list[list[int]], max_loops: int, threshold: float,
+                     kv_fill: str, max_new: int, eos: int
+                     ) -> tuple[list[list[int]], list[list[int]], list[list[torch.Tensor]]]:
+    """(new ids, loops per new token, next-token logits per new token) of loopline's cached
+    adaptive greedy decoding (the decoder of its ``generate``: ``CachedNextIds`` with the
+    ``gate`` criterion at ``threshold``, at most ``max_loops`` loops) of token-id
+    ``prompts``; a row's last step may be the one that wrote EOS (not kept)."""
+    from pipeline_lib.evaluate.exit.cached import CriterionExit
+    from pipeline_lib.evaluate.exit.spec import ExitSpec
+    from pipeline_lib.model.generate import CachedNextIds, greedy_decode
+
+    rule = CriterionExit(model, ExitSpec((threshold,), "gate", max_loops))
+    cached = CachedNextIds(model, max_loops, pad_id=eos, reserve=max_new, exit_rule=rule,
+                           kv_fill=kv_fill)
+    loops: list[list[int]] = [[] for _ in prompts]
+    logits: list[list[torch.Tensor]] = [[] for _ in prompts]
+
+    def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
+        out = cached.logits(active, rows)
+        for r, (i, n) in enumerate(zip(active, cached.loops, strict=True)):
+            loops[i].append(n)
+            logits[i].append(out[r])
+        return out.argmax(-1).tolist()
+
+    done = greedy_decode(next_ids, prompts, [max_new] * len(prompts), eos_id=eos,
+                         context_len=SEQ_LEN)
+    assert cached.prefills == 1, "the window never slid: one prefill, then cached steps"
+    return [new for new, _ in done], loops, logits
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask) [B, width] of ``prompts`` padded on the left, as transformers'
+    tokenizers pad for generation."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask

@@ -89,11 +89,12 @@ def _cache_answer(model, tok, ask: dict) -> dict:
 
 def _gate_answer(export: str, ask: dict) -> dict:
     """Under ``exit_threshold``: forward's logits and exit loops at each (loops, threshold) of
-    ``ask["forward"]``; and for each of ``ask["generate"]``, greedy generate() on left-padded
-    ``prompts`` (its new tokens), against use_cache=False (greedy, beam search, seeded
-    sampling), the cached steps' logits against one forward pass over the sequences (and the
-    exit loop of every generated token), and generate() without arguments on the model
-    loaded with that threshold as its config default."""
+    ``ask["forward"]``; and for each (loops, threshold, kv_fill) of ``ask["generate"]``,
+    greedy cached generate() on left-padded ``prompts`` (its texts, and the loops of each new
+    token read from the returned cache), the same without the cache (texts, and the exit loops
+    of a forward pass over its sequences), beam search and seeded sampling through the cache,
+    and generate() without arguments on the model loaded with that threshold as its config
+    default."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,33 +112,29 @@ def _gate_answer(export: str, ask: dict) -> dict:
     enc = tok(ask["prompts"], return_tensors="pt", padding=True)
     new, start = ask["max_new"], enc["input_ids"].shape[1]
 
-    def gen(seed: int = 0, **kw) -> torch.Tensor:
+    def gen(seed: int = 0, **kw):
         torch.manual_seed(seed)
         return model.generate(**enc, max_new_tokens=new, **kw)
 
-    for h, t in ask["generate"]:
+    for h, t, fill in ask["generate"]:
         depth = {"num_loops": h, "exit_threshold": t}
-        greedy = gen(**depth, do_sample=False)
-        same = {"greedy": torch.equal(greedy, gen(**depth, do_sample=False, use_cache=False)),
-                "beam": torch.equal(gen(**depth, num_beams=3, do_sample=False),
-                                    gen(**depth, num_beams=3, do_sample=False, use_cache=False)),
-                "sample": torch.equal(gen(1, **depth, do_sample=True, top_p=0.9),
-                                      gen(1, **depth, do_sample=True, top_p=0.9, use_cache=False))}
-        run = gen(**depth, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
-                  output_scores=True, output_logits=True)
-        mask = torch.cat([enc["attention_mask"], enc["attention_mask"].new_ones(len(greedy), new)],
-                         dim=1)
+        run = gen(**depth, kv_fill=fill, do_sample=False, return_dict_in_generate=True)
+        window = gen(**depth, do_sample=False, use_cache=False)
+        mask = torch.cat([enc["attention_mask"], torch.ones_like(window[:, start:])], dim=1)
         with torch.no_grad():
-            full = model(run.sequences, attention_mask=mask, **depth)
-        diff = (torch.stack(run.logits, dim=1) - full.logits[:, start - 1:start - 1 + new]).abs()
+            full = model(window, attention_mask=mask, **depth)
+        beam = gen(**depth, kv_fill=fill, num_beams=3, do_sample=False)
+        sample = gen(1, **depth, kv_fill=fill, do_sample=True, top_p=0.9)
         default = load(num_loops=h, exit_threshold=t).generate(**enc, max_new_tokens=new,
-                                                               do_sample=False)
+                                                               do_sample=False, kv_fill=fill)
         out["generate"].append({
-            "texts": tok.batch_decode(greedy[:, start:], skip_special_tokens=True),
-            "identical": same, "scores": len(run.scores), "max_logit_diff": diff.max().item(),
-            "cache": [type(run.cache).__name__, run.cache.num_loops, run.cache.gated],
-            "exit_loops": full.exit_loops[:, start - 1:start - 1 + new].tolist(),
-            "default_is_explicit": torch.equal(default, greedy)})
+            "texts": tok.batch_decode(run.sequences[:, start:], skip_special_tokens=True),
+            "exit_loops": run.cache.exit_loops[:, start - 1:].tolist(),
+            "cache": [type(run.cache).__name__, run.cache.num_loops, run.cache.kv_fill],
+            "window_texts": tok.batch_decode(window[:, start:], skip_special_tokens=True),
+            "window_exit_loops": full.exit_loops[:, start - 1:start - 1 + new].tolist(),
+            "beam_shape": list(beam.shape), "sample_shape": list(sample.shape),
+            "default_is_explicit": torch.equal(default, run.sequences)})
     return out
 
 

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "export", help="write a snapshot in the Hugging Face format (transformers, lm-eval hf)",
         description="Write model.safetensors, config.json (auto_map), generation_config.json, "
                     "the tokenizer files and a self-contained modeling_loopline.py (with its "
-                    "loopline_layers.py) to --out, so "
+                    "loopline_layers.py and loopline_adaptive.py) to --out, so "
                     "AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True) loads it "
                     "with no loopline installed (loop count: config num_loops, or the num_loops "
                     "argument of forward and generate; a model with the learned exit gate "

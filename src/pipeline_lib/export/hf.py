@@ -7,6 +7,7 @@
     model.safetensors        the LoopedLM state dict (EMA weights with use_ema), fp32
     modeling_loopline.py     the model for transformers (torch + transformers only)
     loopline_layers.py       its building blocks (imported by modeling_loopline.py)
+    loopline_adaptive.py     its adaptive depth under the exit gate (imported by it too)
     tokenizer.json  tokenizer_config.json  special_tokens_map.json   (PreTrainedTokenizerFast)
     loopline_config.yaml     the resolved loopline config the snapshot was trained with
 
@@ -42,8 +43,9 @@ from ..spec.size import (
 
 log = logging.getLogger(__name__)
 
-LAYERS_FILE = "loopline_layers.py"  # modeling_loopline.py's relative import
-MODELING_FILES = (MODELING_FILE, LAYERS_FILE)
+LAYERS_FILE = "loopline_layers.py"  # modeling_loopline.py's relative imports
+ADAPTIVE_FILE = "loopline_adaptive.py"
+MODELING_FILES = (MODELING_FILE, LAYERS_FILE, ADAPTIVE_FILE)
 WEIGHTS_FILE = "model.safetensors"
 LOOPLINE_CONFIG = "loopline_config.yaml"
 EXPORT_FILES = (CONFIG_JSON, "generation_config.json", WEIGHTS_FILE, *MODELING_FILES,

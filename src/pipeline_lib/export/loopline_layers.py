@@ -63,22 +63,21 @@ class RMSNorm(nn.Module):
 
 
 class LoopKVCache:
-    """Keys and values [B, KV, T, hd] of every attention call of a forward pass, in call order,
-    for one loop count and one mode.
-
-    Fixed depth: prelude blocks; core blocks, loop by loop; coda blocks once, on the last
-    loop's state. Gated (``gated``: the exit gate reads every loop out): prelude blocks; then
-    per loop t the core blocks and the coda blocks on state_t (the readout hidden state
-    norm(coda(state_t)) of a later token attends to the coda keys of loop t). A forward pass
-    calls :meth:`update` once per attention call, in the same order every time: the call's
-    new keys and values are appended and all of them returned.
+    """Keys and values [B, KV, T, hd] of every attention call of a fixed-depth forward pass,
+    in call order, for one loop count: prelude blocks; core blocks, loop by loop; coda blocks
+    once, on the last loop's state. A forward pass calls :meth:`update` once per attention
+    call, in the same order every time: the call's new keys and values are appended and all
+    of them returned. Under the exit gate the model keeps ``loopline_adaptive.
+    AdaptiveKVCache`` instead (``gated``), which also holds its ``kv_fill``.
     """
 
     is_compileable = False  # generate() must not try to compile around it
     is_croppable = False  # assisted decoding, which crops, is not supported
+    gated = False
+    kv_fill: str | None = None
 
-    def __init__(self, num_loops: int, gated: bool = False) -> None:
-        self.num_loops, self.gated = num_loops, gated
+    def __init__(self, num_loops: int) -> None:
+        self.num_loops = num_loops
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._call = 0
@@ -87,13 +86,14 @@ class LoopKVCache:
         """Tokens cached so far."""
         return self.keys[0].shape[2] if self.keys else 0
 
-    def begin_pass(self, num_loops: int, gated: bool = False) -> int:
-        """Start a forward pass at ``num_loops`` in the given mode; returns the tokens already
-        cached."""
-        if (num_loops, gated) != (self.num_loops, self.gated):
-            raise ValueError(f"this cache holds {_mode(self.num_loops, self.gated)}; the pass "
-                             f"asks for {_mode(num_loops, gated)} (start a new cache for "
-                             "another loop count or exit mode)")
+    def begin_pass(self, num_loops: int, gated: bool = False, kv_fill: str | None = None
+                   ) -> int:
+        """Start a forward pass at ``num_loops`` in the given mode (fixed, or gated with its
+        ``kv_fill``); returns the tokens already cached."""
+        if (num_loops, gated, kv_fill) != (self.num_loops, self.gated, self.kv_fill):
+            raise ValueError(f"this cache holds {_mode(self.num_loops, self.gated, self.kv_fill)}"
+                             f"; the pass asks for {_mode(num_loops, gated, kv_fill)} (start a "
+                             "new cache for another loop count, exit mode or kv_fill)")
         self._call = 0
         return self.get_seq_length()
 
@@ -114,8 +114,10 @@ class LoopKVCache:
         self.values = [v.index_select(0, beam_idx.to(v.device)) for v in self.values]
 
 
-def _mode(num_loops: int, gated: bool) -> str:
-    return f"{num_loops} loops " + ("read out by the exit gate" if gated else "at fixed depth")
+def _mode(num_loops: int, gated: bool, kv_fill: str | None) -> str:
+    if not gated:
+        return f"{num_loops} loops at fixed depth"
+    return f"{num_loops} loops read out by the exit gate (kv_fill {kv_fill!r})"
 
 
 class Attention(nn.Module):

@@ -1,17 +1,19 @@
 """A loopline looped transformer as a 🤗 transformers model (remote code: torch + transformers).
 
-``python -m pipeline_lib export`` copies this file and ``loopline_layers.py`` (its building
-blocks, imported relatively), unchanged, next to ``config.json`` and ``model.safetensors``,
-so that::
+``python -m pipeline_lib export`` copies this file, ``loopline_layers.py`` (its building
+blocks) and ``loopline_adaptive.py`` (adaptive depth under the exit gate), both imported
+relatively, unchanged, next to ``config.json`` and ``model.safetensors``, so that::
 
     model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
     model(input_ids, num_loops=8).logits          # read out after 8 core loops
     model.generate(input_ids, num_loops=8, max_new_tokens=20)
     out = model(input_ids, num_loops=8, exit_threshold=0.9)   # learned exit gate
     out.logits, out.exit_loops                    # each position at its own exit loop
-    model.generate(input_ids, num_loops=8, exit_threshold=0.9, max_new_tokens=20)
+    gen = model.generate(input_ids, num_loops=8, exit_threshold=0.9, max_new_tokens=20,
+                         return_dict_in_generate=True)        # tokens stop at their exit
+    gen.cache.exit_loops[:, input_ids.shape[1] - 1:]          # loops of each new token
 
-works without loopline installed. The two files import nothing but torch and transformers.
+works without loopline installed. The three files import nothing but torch and transformers.
 
 The model: embedding → prelude blocks → core blocks applied ``num_loops`` times with input
 injection (state ← core(state + λ·e), or core(W[state; e])) → coda blocks → final RMSNorm →
@@ -28,18 +30,37 @@ shared by every loop): after loop t, λ_t = sigmoid(exit_gate(h_t)) with h_t = n
 state_t)) the readout hidden state, and the cumulative exit probability is
 1 − ∏_{s≤t} (1 − λ_s). With ``exit_threshold=T`` (a probability in [0, 1]) a position is
 read out at the first loop t < ``num_loops`` whose cumulative exit probability exceeds T
-(strictly), else at ``num_loops``: the semantics and the logits of loopline's
-``adaptive_logits(model, ids, T, num_loops, "gate")`` (fp32, tested), with the exit loop of
-every position in the output's ``exit_loops`` [B, L]. Every position still runs all
-``num_loops`` loops, and the coda after each of them, because later tokens attend to its
-state at every loop: the gate picks the readout, it does not save compute (loopline's
-adaptive evaluation documents the same). T = 1 never exits early and runs the fixed-depth
-path (``exit_loops`` all ``num_loops``); without a threshold ``exit_loops`` is None. The
-loops a generated token took: ``exit_loops`` of a forward pass over ``generate``'s sequences
-with the same arguments (position i's exit loop is the depth that predicted token i + 1).
-``config.exit_threshold`` (null in an export: fixed depth) is the default of both
-``forward`` and ``generate``, e.g. ``from_pretrained(DIR, …, exit_threshold=0.9)``. A
-threshold outside [0, 1], or on a model without the gate, is refused (ValueError).
+(strictly), else at ``num_loops``, its exit loop in the output's ``exit_loops`` [B, L]:
+
+- ``forward`` without a cache, and ``generate(use_cache=False)`` at every step: every
+  position runs all ``num_loops`` loops and the coda after each (later positions attend to
+  its state at every loop), so the gate picks the readout and saves nothing: the semantics
+  and the logits of loopline's ``adaptive_logits(model, ids, T, num_loops, "gate")`` (fp32,
+  tested).
+- ``generate`` with its cache (``use_cache``, the default): the prompt runs as above (every
+  loop's keys and values kept), then each new token stops looping at its gate exit, and its
+  later loops, core blocks and the coda readouts after them, are never computed: loopline's
+  cached adaptive decoding (``generate --adaptive gate:T:MAX``; the same tokens, loops per
+  token and logits within 1e-5 in fp32, tested). A later token at loop t attending to a
+  position that stopped at loop e < t reads what ``kv_fill`` (an argument of ``generate``
+  and ``forward``) says: ``"latest"`` (default), that position's keys and values of loop e
+  (copied into the later loops' slots when it stops: no compute); ``"skip"``, nothing (the
+  position is masked at the loops it did not reach). Every coda call reads each earlier
+  position's coda keys and values of its exit loop (the prompt's: of its last loop). The
+  tokens may differ from ``use_cache=False``'s: the computations differ.
+- The loops each generated token took: ``generate(…, return_dict_in_generate=True)`` returns
+  the cache (:class:`AdaptiveKVCache`), whose ``exit_loops`` [B, T] holds the exit loop of
+  every cached position; position j's is the depth that predicted token j + 1, so the new
+  tokens' are ``gen.cache.exit_loops[:, P - 1:]`` for a prompt of width P (a row that
+  ended keeps decoding padding: cut it at its EOS). ``gen.cache.reached`` [B, T]: the loops
+  computed at each position (``num_loops`` for the prompt).
+
+T = 1 never exits early and runs the fixed-depth path (``exit_loops`` all ``num_loops``);
+without a threshold ``exit_loops`` is None. ``config.exit_threshold`` (null in an export:
+fixed depth) is the default of both ``forward`` and ``generate``, e.g.
+``from_pretrained(DIR, …, exit_threshold=0.9)``. A threshold outside [0, 1], or on a model
+without the gate, and a ``kv_fill`` other than ``"latest"`` or ``"skip"`` are refused
+(ValueError).
 
 Grouped-query attention (``num_key_value_heads`` < ``num_attention_heads``, as Llama's):
 query head i reads key/value head i // (heads / kv heads); the fused ``qkv`` projection holds
@@ -57,12 +78,14 @@ exports, which load as before): ``head_dim`` (heads of another width than hidden
 ``attention_mask`` marks padding (left or right): padded keys are never attended to and
 positions count real tokens only, so a padded row gives the logits of the unpadded one.
 
-``generate`` keeps a KV cache (:class:`LoopKVCache`, ``use_cache``, on by default): the keys
-and values of every attention call — prelude blocks, each core block once per loop (every
-loop sees a different state), coda blocks (once, or once per loop under the gate) — so each
-step runs only the new token. A cache is bound to the loop count and the mode (fixed or
-gated) it was filled with. Greedy, sampling and beam search (the cache reorders) work with
-it; assisted decoding does not; ``use_cache=False`` recomputes the window every step.
+``generate`` keeps a KV cache (``use_cache``, on by default) so each step runs only the new
+token: :class:`LoopKVCache` at fixed depth (the keys and values of every attention call —
+prelude blocks, each core block once per loop, since every loop sees a different state,
+coda blocks once), :class:`AdaptiveKVCache` under a threshold (the same slots, and what
+each position reached; see above). A cache is bound to the loop count, the mode (fixed or
+gated) and the ``kv_fill`` it was filled with. Greedy, sampling and beam search (the cache
+reorders) work with it; assisted decoding does not; ``use_cache=False`` recomputes the
+window every step.
 """
 
 from __future__ import annotations
@@ -75,6 +98,12 @@ from torch import nn
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .loopline_adaptive import (
+    AdaptiveKVCache,
+    adaptive_step,
+    check_kv_fill,
+    full_depth_readout,
+)
 from .loopline_layers import (
     Block,
     LoopKVCache,
@@ -255,64 +284,42 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
                              "(1 = never exit early), e.g. 0.9")
         return threshold
 
-    def _gated_readout(self, state: torch.Tensor, e: torch.Tensor, loops: int,
-                       threshold: float, rope, mask, cache: LoopKVCache | None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(readout hidden [B, L, D], exit loop [B, L]): every position runs all ``loops``
-        loops (later tokens attend to its state at each), its readout taken at its exit loop,
-        computed as loopline's ``adaptive_logits(…, "gate")`` computes it."""
-        B, L, D = state.shape
-        out = torch.empty_like(state)
-        exit_loops = torch.full((B, L), loops, dtype=torch.long, device=state.device)
-        done = torch.zeros(B, L, dtype=torch.bool, device=state.device)
-        log_survive = None  # Σ_{s≤t} log(1 − λ_s) per position [B·L], fp32
-        for t in range(1, loops + 1):
-            state = self._loop(state, e, t - 1, rope, mask, cache)
-            hidden = self._readout(state, rope, mask, cache)
-            if t == loops:
-                out[~done] = hidden[~done]
-                break
-            z = self.exit_gate(hidden.reshape(-1, D)).squeeze(-1).float()
-            log_stay = F.logsigmoid(-z)  # log(1 − λ_t)
-            log_survive = log_stay if log_survive is None else log_survive + log_stay
-            # cumulative exit probability 1 − exp(Σ log(1 − λ)) > T, i.e. expm1(Σ) < −T
-            new = (torch.expm1(log_survive) < -threshold).view(B, L) & ~done
-            out[new] = hidden[new]
-            exit_loops[new] = t
-            done |= new
-        return out, exit_loops
-
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None,
                 labels: torch.LongTensor | None = None, num_loops: int | None = None,
                 exit_threshold: float | None = None, cache: LoopKVCache | None = None,
-                use_cache: bool | None = None, **kwargs) -> LooplineCausalLMOutput:
+                use_cache: bool | None = None, kv_fill: str = "latest",
+                **kwargs) -> LooplineCausalLMOutput:
         """Logits [B, L, V] after ``num_loops`` core loops (default ``config.num_loops``);
         with ``labels`` also the mean next-token loss (labels shifted inside, -100 ignored).
 
         ``exit_threshold`` (default ``config.exit_threshold``; needs the exit gate): each
         position read out at its gate exit loop, at most ``num_loops``; ``exit_loops`` [B, L]
-        says which. ``cache``: a :class:`LoopKVCache` holding the tokens before ``input_ids``
-        (whose ``attention_mask`` then covers the cached tokens too); ``use_cache=True``
-        starts one when none is given. The output's ``cache`` is the cache after this pass."""
+        says which. ``cache``: a :class:`LoopKVCache` (:class:`AdaptiveKVCache` under a
+        threshold) holding the tokens before ``input_ids`` (whose ``attention_mask`` then
+        covers the cached tokens too); ``use_cache=True`` starts one when none is given. Under
+        a threshold, one token per row over a filled cache stops at its exit loop and
+        ``kv_fill`` (``latest`` or ``skip``) says what later tokens read of it (module doc).
+        The output's ``cache`` is the cache after this pass."""
         loops = int(self.config.num_loops if num_loops is None else num_loops)
         if loops < 1:
             raise ValueError(f"num_loops must be at least 1, got {num_loops}")
-        threshold = self._exit_threshold(exit_threshold)
+        threshold, kv_fill = self._exit_threshold(exit_threshold), check_kv_fill(kv_fill)
         gated = threshold is not None and threshold < 1  # T = 1 never exits: fixed depth
         if cache is None and use_cache:
-            cache = LoopKVCache(loops, gated)
-        past = 0 if cache is None else cache.begin_pass(loops, gated)
+            cache = AdaptiveKVCache(loops, self.config, kv_fill) if gated else LoopKVCache(loops)
+        past = 0 if cache is None else cache.begin_pass(loops, gated, kv_fill if gated else None)
         positions, mask = padding_inputs(input_ids, attention_mask, position_ids, past)
-        cfg = self.config
-        rope = rope_tables(positions, cfg)
+        if gated and cache is not None:
+            cache.add_columns(*input_ids.shape, input_ids.device)
+        rope = rope_tables(positions, self.config)
         e = self.tok_emb(input_ids)  # [B, L, D]
         for block in self.prelude:
             e = block(e, rope, mask, cache)
         state = self._initial_state(e)
         if gated:
-            hidden, exit_loops = self._gated_readout(state, e, loops, threshold, rope, mask,
-                                                     cache)
+            pass_ = adaptive_step if cache is not None and cache.decoding else full_depth_readout
+            hidden, exit_loops = pass_(self, state, e, loops, threshold, rope, mask, cache)
         else:
             for t in range(loops):
                 state = self._loop(state, e, t, rope, mask, cache)
@@ -334,13 +341,16 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
                                       num_loops: int | None = None,
                                       exit_threshold: float | None = None,
                                       cache: LoopKVCache | None = None,
-                                      use_cache: bool | None = None, **kwargs) -> dict:
+                                      use_cache: bool | None = None, kv_fill: str = "latest",
+                                      **kwargs) -> dict:
         """The tokens not yet cached (all of them without a cache), the whole mask, the loop
-        count, the exit threshold and the cache (``use_cache`` starts one on the first step)."""
+        count, the exit threshold, ``kv_fill`` and the cache (``use_cache`` starts one on the
+        first step)."""
         if cache is not None:
             input_ids = input_ids[:, cache.get_seq_length():]
         return {"input_ids": input_ids, "attention_mask": attention_mask, "num_loops": num_loops,
-                "exit_threshold": exit_threshold, "cache": cache, "use_cache": use_cache}
+                "exit_threshold": exit_threshold, "cache": cache, "use_cache": use_cache,
+                "kv_fill": kv_fill}
 
     def adjust_generation_fn(self, *args, **kwargs) -> None:
         """Load the generation config, without ``num_loops`` or ``exit_threshold``:
