@@ -95,6 +95,37 @@ def test_loops_used_histograms_count_every_token_per_task_and_level(
                for e in info["adaptive"].values())  # the trained model does exit early
 
 
+def test_compute_spent_per_task_and_setting(adaptive_report):
+    """Loops computed: a scored token MAX whatever its exit, a generated token its own
+    loops; KV bytes only where a task generates; wall time per setting."""
+    report, _ = adaptive_report
+    assert sorted(report["setting_seconds"]) == sorted(["1", "3", NEVER, EARLY])
+    assert all(s > 0 for s in report["setting_seconds"].values())
+    for info in report["tasks"].values():
+        generates = info["output_type"] == "generate_until"
+        for entry in info["adaptive"].values():
+            loops = entry["loops"]
+            if generates:  # decoded through the cache: used = computed
+                assert loops["generated_tokens"] == loops["tokens"] > 0
+                assert loops["computed_mean"] == pytest.approx(loops["mean"])
+            else:  # a scoring pass computes every loop at every position
+                assert loops["generated_tokens"] == 0 and loops["computed_mean"] == 3.0
+            for lv, cell in loops["levels"].items():
+                assert cell["generated_tokens"] == (cell["tokens"] if generates else 0), lv
+        for entry in [*info["h_eff"].values(), *info["adaptive"].values()]:
+            if generates:
+                assert entry["kv_bytes"] > entry["kv_bytes_core"] > 0
+            else:
+                assert "kv_bytes" not in entry and "kv_bytes_core" not in entry
+        if generates:  # the prelude and coda slots do not depend on the loop count
+            cells = info["h_eff"]
+            assert cells["3"]["kv_bytes_core"] == 3 * cells["1"]["kv_bytes_core"]
+            assert info["adaptive"][NEVER]["kv_bytes"] == cells["3"]["kv_bytes"]
+    scored = [info["adaptive"][EARLY]["loops"] for info in report["tasks"].values()
+              if info["output_type"] != "generate_until"]
+    assert any(e["mean"] < e["computed_mean"] == 3.0 for e in scored)  # needs less, spends all
+
+
 def test_adaptive_scores_sit_beside_unchanged_fixed_ones(adaptive_report, bench_report):
     report, _ = adaptive_report
     fixed, _, _ = bench_report
@@ -152,8 +183,24 @@ def test_loops_summary_and_counter():
                                   "2": {"mean": 2.0, "tokens": 1,
                                         "hist": {"1": 0, "2": 1, "3": 0, "4": 0}}}}
     assert "levels" not in loops_summary(used.documents("t"), 4)
+    used.add("t", 1, [2, 4], generated=True)  # doc 1: a scored 2, generated 2 and 4
+    summary = loops_summary(used.documents("t"), 4, {"0": 1, "1": 2},
+                            generated=used.documents("t", generated=True))
+    # 4 scored tokens of doc 0 and one of doc 1 computed 4 loops each, the generated 2 + 4
+    assert (summary["generated_tokens"], summary["computed_mean"]) == (2, (5 * 4 + 6) / 7)
+    assert summary["levels"]["1"]["generated_tokens"] == 0
+    assert summary["levels"]["1"]["computed_mean"] == 4.0
+    assert summary["levels"]["2"] == {"mean": 8 / 3, "tokens": 3, "generated_tokens": 2,
+                                      "computed_mean": 10 / 3,
+                                      "hist": {"1": 0, "2": 2, "3": 0, "4": 1}}
+    assert used.cache_bytes("t") == {}
+    used.add_cache(["t", "u", None], 100, 60)
+    used.add_cache(["t"], 80, 70)
+    assert used.cache_bytes("t") == {"kv_bytes": 100, "kv_bytes_core": 70}
+    assert used.cache_bytes("unknown") == {"kv_bytes": 100, "kv_bytes_core": 60}
     used.clear()
     assert used.mean_per_task() == {} and used.documents("t") == {}
+    assert used.cache_bytes("t") == {}
 
 
 def test_adaptive_settings_from_the_bench_config():
