@@ -1,0 +1,64 @@
+"""Greedy answers under one decoding setting (what ``bench_generate --snapshot`` scores) and
+the threshold pick, on the model that learned ``0123456789<eos>``."""
+
+from __future__ import annotations
+
+import pytest
+from snapshot_helpers import SEQ_LEN
+
+from pipeline_lib.bench.answer_check import (
+    AnswerRun,
+    against,
+    answer_accuracy,
+    answer_examples,
+    pick_threshold,
+)
+from pipeline_lib.errors import ConfigError
+from pipeline_lib.evaluate.generation import CacheOptions, parse_depth
+from pipeline_lib.evaluate.stats import wilson_interval
+from pipeline_lib.spec.config import BenchConfig
+
+# the pattern continues "0123" with "456789" then EOS; nothing continues "12" with "x"
+EXAMPLES = [{"prompt": "0123", "answer": "456789"}, {"prompt": "56", "answer": "789"},
+            {"prompt": "12", "answer": "x"}]
+
+
+def _answers(model, tokenizer, depth: str, share: str = "per_loop") -> AnswerRun:
+    return answer_accuracy(model, tokenizer, EXAMPLES, depth=parse_depth(depth, None, 2),
+                           cache=CacheOptions(kv_share=share), context_len=SEQ_LEN,
+                           max_gen_toks=8, batch_size=2)
+
+
+def test_answers_are_scored_as_the_generative_task_and_count_compute(trained_model, tokenizer):
+    fixed = _answers(trained_model, tokenizer, "2")
+    assert fixed.correct == [1.0, 1.0, 0.0] and fixed.loops == 2.0
+    never = _answers(trained_model, tokenizer, "adaptive:0:2")  # never exits: the same
+    assert (never.correct, never.loops, never.kv_bytes) == (fixed.correct, 2.0, fixed.kv_bytes)
+    early = _answers(trained_model, tokenizer, "adaptive:1e9:2")  # every token after loop 1
+    assert early.loops == 1.0
+    last = _answers(trained_model, tokenizer, "2", share="last")
+    assert last.kv_bytes_core * 2 == fixed.kv_bytes_core and last.kv_bytes < fixed.kv_bytes
+    cell = against(fixed, never)
+    lo, hi = wilson_interval(2, 3)
+    assert cell["accuracy"] == 2 / 3 and (cell["ci_low"], cell["ci_high"]) == (lo, hi)
+    assert (cell["diff"], cell["diff_lo"], cell["diff_hi"]) == (0.0, 0.0, 0.0)
+    assert cell["inside_reference_interval"] and cell["n"] == 3
+
+
+def test_pick_threshold_takes_the_cheapest_inside_the_reference_interval():
+    reference = AnswerRun([1.0] * 16 + [0.0] * 4, 4.0, 0, 0)  # 0.8 [0.58, 0.92]
+    runs = {"0.001": AnswerRun([1.0] * 16 + [0.0] * 4, 3.5, 0, 0),
+            "0.01": AnswerRun([1.0] * 13 + [0.0] * 7, 2.5, 0, 0),  # 0.65: inside
+            "0.1": AnswerRun([1.0] * 8 + [0.0] * 12, 1.5, 0, 0)}  # 0.4: outside
+    assert pick_threshold(runs, reference) == "0.01"
+    assert pick_threshold({"0.1": runs["0.1"]}, reference) is None
+
+
+def test_examples_come_from_the_bench_sets_and_bad_names_are_config_errors():
+    bench = BenchConfig(min_difficulty=1, max_difficulty=2, seed=3)
+    rows = answer_examples(bench, "loopline_addition", 2)
+    assert [r["level"] for r in rows] == [1, 2, 1, 2] and all(r["answer"] for r in rows)
+    with pytest.raises(ConfigError, match="--task 'addition' is not a built-in task"):
+        answer_examples(bench, "addition", 2)
+    with pytest.raises(ConfigError, match="--examples 0 must be at least 1"):
+        answer_examples(bench, "loopline_addition", 0)
