@@ -62,3 +62,30 @@ def test_examples_come_from_the_bench_sets_and_bad_names_are_config_errors():
         answer_examples(bench, "addition", 2)
     with pytest.raises(ConfigError, match="--examples 0 must be at least 1"):
         answer_examples(bench, "loopline_addition", 0)
+
+
+def test_bench_generate_runs_on_a_snapshot_and_reports_the_target_ratios(snapshot_dir, capsys):
+    """``benchmarks/bench_generate.py --snapshot`` at a tiny setting (its timings are not
+    checked: tests never assert wall-clock times)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_generate.py"
+    spec = importlib.util.spec_from_file_location("bench_generate", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    code = script.main(["--snapshot", str(snapshot_dir), "--task", "loopline_addition",
+                        "--examples", "1", "--new-tokens", "3", "--batch", "1", "2",
+                        "--repeats", "1", "--thresholds", "0", "1e9", "--kv-share", "last"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    result = json.loads(out[-1])
+    answers, targets = result["answers"], result["targets"]
+    assert answers["threshold=0"]["loops"] == 2.0  # never exits: MAX (the training loops)
+    assert answers["threshold=1e9"]["loops_over_max"] == 0.5
+    assert answers["picked"] == "1e9" and targets["adaptive"] == "1e9:2"  # both inside
+    assert targets["kv_share=last"]["kv_bytes_core_ratio"] == 0.5  # 1/H at H = 2
+    assert set(targets) >= {"batch 1", "batch 2"}
+    assert targets["batch 2"]["loops_computed_over_max"] == 0.5
+    assert "adaptive+kv_share=last" in result["rows"][1]["settings"]
