@@ -2,7 +2,7 @@
 ``--snapshot``, everything issue 31's targets ask of cached adaptive decoding in one run.
 
     python benchmarks/bench_generate.py [--new-tokens 64 --prompt-tokens 32 --batch 1 16 ...]
-    python benchmarks/bench_generate.py --snapshot results/base/snapshots/final \\
+    python benchmarks/bench_generate.py --snapshot results/loop4/snapshots/final \\
         --thresholds 0.001 0.01 0.1 --kv-share last [--adaptive 0.01] [--batch 1 16]
 
 Both paths are :func:`pipeline_lib.model.generate.greedy_generate` on the same model and
@@ -25,7 +25,7 @@ time / its time = its tokens/s / fixed cached tokens/s at MAX), the loops comput
 ``kv_bytes_core``, the largest cache of the run). Uncached and the other settings are not
 compared for equal tokens (sharing and early exits change them).
 
-``--snapshot DIR`` (e.g. the demo's ``results/base/snapshots/final``) measures a trained
+``--snapshot DIR`` (e.g. the demo's ``results/loop4/snapshots/final``) measures a trained
 model instead: H_eff defaults to its training loops (MAX), prompts are the built-in
 reasoning problems of its ``bench`` settings (``--task``, ``--examples`` per level), and
 before the timing every setting answers them greedily (:mod:`pipeline_lib.bench.answer_check`:
