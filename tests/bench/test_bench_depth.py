@@ -198,6 +198,19 @@ def test_summary_table_and_metrics_carry_mean_loops(adaptive_report, tmp_path):
     assert metrics[f"bench/loopline_khop/loops_hist_{EARLY}/2"] == khop["loops"]["hist"]["2"]
     assert metrics["bench/loopline_khop/acc_h3"] == \
         report["tasks"]["loopline_khop"]["h_eff"]["3"]["overall"]["acc"]  # not overwritten
+    # compute spent: loops computed, the KV cache where a task generates, wall time
+    assert whole["computed_loops"] == khop["loops"]["computed_mean"] == 3.0
+    assert whole["kv_bytes"] is None
+    assert whole["setting_seconds"] == report["setting_seconds"][EARLY]
+    addition = report["tasks"]["loopline_addition"]
+    (gen,) = [r for r in rows if (r["task"], r["adaptive"], r["level"], r["h_eff"], r["metric"])
+              == ("loopline_addition", None, None, 3, "exact_match")]
+    assert (gen["kv_bytes"], gen["kv_bytes_core"]) == (addition["h_eff"]["3"]["kv_bytes"],
+                                                       addition["h_eff"]["3"]["kv_bytes_core"])
+    assert metrics["bench/loopline_addition/kv_bytes_core_h3"] == gen["kv_bytes_core"]
+    assert metrics[f"bench/loopline_khop/computed_loops_{EARLY}"] == 3.0
+    assert metrics["bench/seconds_h1"] == report["setting_seconds"]["1"]
+    assert "bench/loopline_khop/kv_bytes_h1" not in metrics
 
 
 def test_loops_summary_and_counter():
