@@ -332,7 +332,7 @@ def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
                     if c.computed_loops is not None:
                         add(r, f"{task}/computed_loops_{label}", c.max_loops, c.computed_loops,
                             level, Score(c.computed_loops, c.tokens))
-        for metric, h, value in spent_rows(r):
+        for metric, h, value in spent_rows(r.spent, r.adaptive):
             add(r, metric, h, value)
     return rows
 

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # runs imports this module: the type only
-    from .runs import RunResults
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -49,17 +46,20 @@ def read_spent(bench: Mapping[str, Any]) -> dict[str, dict[str, Spent]]:
     return out
 
 
-def spent_rows(r: RunResults) -> Iterator[tuple[str, int, float]]:
-    """(metric, h_eff, value) rows of the comparison table for what each setting spent:
-    ``{task}/kv_bytes[_core]`` at a fixed H_eff, ``…_{adaptive}`` under an adaptive exit,
+def spent_rows(spent: Mapping[str, Mapping[str, Spent]],
+               adaptive_scores: Mapping[str, Mapping[str, Mapping[Any, Any]]]
+               ) -> Iterator[tuple[str, int, float]]:
+    """(metric, h_eff, value) rows of the comparison table for what each setting spent
+    (``spent``: a run's :func:`read_spent`; ``adaptive_scores``: its adaptive scores, whose
+    MAX is an adaptive row's h_eff): ``{task}/kv_bytes[_core]`` at a fixed H_eff, ``…_{adaptive}`` under an adaptive exit,
     ``bench/seconds[_{adaptive}]`` once per setting (all tasks)."""
     seconds: dict[tuple[str, int], float] = {}
-    for key, settings in sorted(r.spent.items()):
+    for key, settings in sorted(spent.items()):
         task = key.rsplit("/", 1)[0]
         for setting, s in settings.items():
-            adaptive = not setting.isdigit()
-            h = _max_loops(r, key, setting) if adaptive else int(setting)
-            suffix = f"_{setting}" if adaptive else ""
+            is_adaptive = not setting.isdigit()
+            h = _max_loops(adaptive_scores, key, setting) if is_adaptive else int(setting)
+            suffix = f"_{setting}" if is_adaptive else ""
             for name, value in (("kv_bytes", s.kv_bytes), ("kv_bytes_core", s.kv_bytes_core)):
                 if value is not None:
                     yield f"{task}/{name}{suffix}", h, float(value)
@@ -69,8 +69,9 @@ def spent_rows(r: RunResults) -> Iterator[tuple[str, int, float]]:
         yield metric, h, value
 
 
-def _max_loops(r: RunResults, key: str, label: str) -> int:
-    cells = r.adaptive.get(key, {}).get(label, {})
+def _max_loops(adaptive: Mapping[str, Mapping[str, Mapping[Any, Any]]], key: str, label: str
+               ) -> int:
+    cells = adaptive.get(key, {}).get(label, {})
     if None in cells:
         return cells[None].max_loops
     return int(label.rsplit(":", 1)[-1])
