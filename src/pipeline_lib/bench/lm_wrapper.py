@@ -15,8 +15,9 @@ adaptive exit instead (:mod:`pipeline_lib.evaluate.exit`): the first loop whose 
 differs from the previous loop's by a KL divergence below THRESHOLD (or, with
 ``adaptive_criterion=entropy``, whose entropy is below it), at most MAX loops (default: the
 training loop count). Scoring and generation both use it; the loops used (the exit loop of
-every scored or generated token) are counted per task and document in
-:attr:`LooplineLM.loops_used` (:mod:`.loops_used`) and averaged per task in
+every scored or generated token; a generated token computes only those, a scored one all
+MAX) are counted per task and document in :attr:`LooplineLM.loops_used` (:mod:`.loops_used`,
+with each task's largest KV cache of its generative requests) and averaged per task in
 :attr:`LooplineLM.mean_loops`, which lm-eval also writes into its results
 (``config.mean_loops``).
 
