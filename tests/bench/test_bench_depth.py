@@ -139,24 +139,20 @@ def test_adaptive_scores_sit_beside_unchanged_fixed_ones(adaptive_report, bench_
 
 
 def test_compare_sets_a_real_bench_json_against_compute_spent(adaptive_report, tmp_path):
-    """The bench stage's own JSON through compare: a row per setting with loops used and
-    computed, the KV cache and wall time, and the accuracy-vs-compute figure."""
-    from pipeline_lib.compare import compare_runs
-    from pipeline_lib.evaluate.heff import sweep_result
-    from pipeline_lib.evaluate.heff_summary import summarize_heff
+    """The bench stage's own JSON through compare's table: a row per setting with loops used
+    and computed, the KV cache and wall time (the figure: tests/test_compare.py)."""
+    import pyarrow as pa
+
+    from pipeline_lib.compare import comparison_rows, load_run_results, summary_markdown
 
     report, _ = adaptive_report
-    (tmp_path / "eval").mkdir()
-    (tmp_path / "sweep.json").write_text(json.dumps(sweep_result(7, {1: 2.0, 3: 1.9}, 50)))
-    summarize_heff([tmp_path / "sweep.json"], tmp_path / "eval" / "h.parquet",
-                   tmp_path / "eval" / "h.png")
+    pq.write_table(pa.table({"step": [7, 7], "h_eff": [1, 3], "loss": [2.0, 1.9]}),
+                   tmp_path / "heff.parquet")
     (tmp_path / "bench.json").write_text(json.dumps(report))
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 7, "loss": 2.0}) + "\n")
-    rows = compare_runs({"tiny": {"heff": tmp_path / "eval" / "h.parquet",
-                                  "bench": tmp_path / "bench.json",
-                                  "metrics": tmp_path / "metrics.jsonl"}}, tmp_path / "cmp")
-    add = report["tasks"]["loopline_addition"]
-    early = add["adaptive"][EARLY]
+    run = load_run_results("tiny", tmp_path / "heff.parquet", tmp_path / "bench.json",
+                           tmp_path / "metrics.jsonl", tmp_path / "no_config.yaml")
+    rows = comparison_rows([run])
+    early = report["tasks"]["loopline_addition"]["adaptive"][EARLY]
     (kv,) = [r["value"] for r in rows if r["metric"] == f"loopline_addition/kv_bytes_{EARLY}"]
     assert kv == early["kv_bytes"]
     (computed,) = [r["value"] for r in rows if r["level"] is None and r["metric"]
@@ -164,11 +160,9 @@ def test_compare_sets_a_real_bench_json_against_compute_spent(adaptive_report, t
     assert computed == 3.0
     (wall,) = [r["value"] for r in rows if r["metric"] == f"bench/seconds_{EARLY}"]
     assert wall == report["setting_seconds"][EARLY]
-    md = (tmp_path / "cmp" / "summary.md").read_text()
     loops = early["loops"]
-    assert (f"| tiny | loopline_addition/exact_match | {EARLY} (kl) "
-            f"| {loops['mean']:.2f} | {loops['computed_mean']:.2f} |") in md
-    assert (tmp_path / "cmp" / "accuracy_vs_loops.png").stat().st_size > 0
+    assert (f"| tiny | loopline_addition/exact_match | {EARLY} (kl) | {loops['mean']:.2f} | "
+            f"{loops['computed_mean']:.2f} |") in summary_markdown([run])
 
 
 def test_summary_table_and_metrics_carry_mean_loops(adaptive_report, tmp_path):
