@@ -286,7 +286,7 @@ def test_depth_check_without_looped_variant():
     assert "- no looped variant (model.loops > 1) among the runs" in depth_markdown(check)
 
 
-def test_accuracy_against_mean_loops_per_variant_and_depth_setting(tmp_path: Path):
+def test_accuracy_against_compute_spent_per_variant_and_depth_setting(tmp_path: Path):
     from collections import Counter
 
     from pipeline_lib.bench.loops_used import loops_summary
@@ -302,36 +302,69 @@ def test_accuracy_against_mean_loops_per_variant_and_depth_setting(tmp_path: Pat
                for i, (acc, lv) in enumerate(zip(scores, levels, strict=True))]
     entry = task_scores({"results": {"loopline_khop": {"acc,none": 55 / 80}},
                          "samples": {"loopline_khop": samples}}, "loopline_khop", "acc")
-    # level 1: 3 tokens per example, two exit after 1 loop (mean 2); level 2: all use 4
+    # level 1: 3 tokens per example, two exit after 1 loop (mean 2); level 2: all use 4.
+    # Level 1's tokens were generated (computed = used), level 2's scored (computed = 4)
     docs = {i: Counter({1: 2, 4: 1}) if lv == 1 else Counter({4: 3})
             for i, lv in enumerate(levels)}
-    entry["loops"] = loops_summary(docs, 4, info["sample_levels"])
+    generated = {i: c for i, c in docs.items() if levels[i] == 1}
+    entry["loops"] = loops_summary(docs, 4, info["sample_levels"], generated=generated)
+    entry.update(kv_bytes=9000, kv_bytes_core=6000)
+    info["h_eff"]["4"].update(kv_bytes=12000, kv_bytes_core=9000)
     info["adaptive"] = {"adaptive:0.01:4": entry}
     bench["bench"] = {"adaptive_criterion": "kl"}
+    bench["setting_seconds"] = {"1": 1.5, "4": 4.25, "adaptive:0.01:4": 3.0}
     inputs["loop4"]["bench"].write_text(json.dumps(bench))
     out = tmp_path / "compare"
     rows = compare_runs(inputs, out)
     md = (out / "summary.md").read_text()
-    assert "## Accuracy against mean loops used" in md
+    assert "## Accuracy against compute spent" in md
     lo, hi = wilson_interval(55, 80)
-    assert (f"| loop4 | loopline_khop/acc | adaptive:0.01:4 (kl) | 3.00 | "
-            f"{55 / 80:.3f} [{lo:.2f}, {hi:.2f}] |") in md
+    assert (f"| loop4 | loopline_khop/acc | adaptive:0.01:4 (kl) | 3.00 | 3.00 | "
+            f"{55 / 80:.3f} [{lo:.2f}, {hi:.2f}] | 9kB (6kB) | 3.0 |") in md
     lo, hi = wilson_interval(60, 80)
-    assert f"| loop4 | loopline_khop/acc | H_eff=4 | 4.00 | 0.750 [{lo:.2f}, {hi:.2f}] |" in md
-    assert "| loop1 | loopline_khop/acc | H_eff=1 | 1.00 | 0.500" in md
+    assert (f"| loop4 | loopline_khop/acc | H_eff=4 | 4.00 | 4.00 | 0.750 [{lo:.2f}, {hi:.2f}] "
+            "| 12kB (9kB) | 4.2 |") in md
+    assert "| loop1 | loopline_khop/acc | H_eff=1 | 1.00 | 1.00 | 0.500" in md
+    table = md.split("## Accuracy against compute spent")[1].split("\n## ")[0]
+    loop1 = [line for line in table.splitlines() if line.startswith("| loop1 |")]
+    assert loop1 and all(line.endswith("| – | – |") for line in loop1)  # nothing recorded
+    assert "| loop4 | loopline_khop/acc | H_eff=1 | 1.00 | 1.00 |" in table
 
-    def value(metric, level=None):
+    def value(metric, level=None, h=4):
         (match,) = [r["value"] for r in rows if (r["run"], r["metric"], r["h_eff"], r["level"])
-                    == ("loop4", metric, 4, level)]
+                    == ("loop4", metric, h, level)]
         return match
 
     assert value("loopline_khop/mean_loops_adaptive:0.01:4") == 3.0
     assert value("loopline_khop/mean_loops_adaptive:0.01:4", 1) == 2.0
     assert value("loopline_khop/mean_loops_adaptive:0.01:4", 2) == 4.0
+    assert value("loopline_khop/computed_loops_adaptive:0.01:4", 1) == 2.0
     assert value("loopline_khop/acc_adaptive:0.01:4") == 55 / 80
     assert value("loopline_khop/acc_adaptive:0.01:4", 2) == 25 / 40
     assert value("loopline_khop/acc") == 0.75  # the fixed H_eff=4 row is unchanged
+    assert value("loopline_khop/kv_bytes") == 12000
+    assert value("loopline_khop/kv_bytes_core_adaptive:0.01:4") == 6000
+    assert value("bench/seconds", h=1) == 1.5
+    assert value("bench/seconds_adaptive:0.01:4") == 3.0
     assert (out / "accuracy_vs_loops.png").stat().st_size > 0
     compare_runs({"loop1": inputs["loop1"]}, out)  # no adaptive results: no table, no plot
-    assert "mean loops" not in (out / "summary.md").read_text()
+    assert "loops computed" not in (out / "summary.md").read_text()
     assert not (out / "accuracy_vs_loops.png").exists()
+
+
+def test_a_bench_json_without_loops_computed_still_compares(tmp_path: Path):
+    """Written before compute spent was recorded: loops used only, '–' for the rest."""
+    from collections import Counter
+
+    from pipeline_lib.bench.loops_used import loops_summary
+
+    inputs = {"loop4": _variant(tmp_path, "loop4", 1, 4, 0.2, 20)}
+    bench = json.loads(inputs["loop4"]["bench"].read_text())
+    info = bench["tasks"]["loopline_khop"]
+    entry = dict(info["h_eff"]["4"])
+    entry["loops"] = loops_summary({0: Counter({2: 3})}, 4)
+    info["adaptive"] = {"adaptive:0.01:4": entry}
+    inputs["loop4"]["bench"].write_text(json.dumps(bench))
+    compare_runs(inputs, tmp_path / "compare")
+    md = (tmp_path / "compare" / "summary.md").read_text()
+    assert "| loop4 | loopline_khop/acc | adaptive:0.01:4 | 2.00 | – | 0.750" in md

@@ -95,6 +95,37 @@ def test_loops_used_histograms_count_every_token_per_task_and_level(
                for e in info["adaptive"].values())  # the trained model does exit early
 
 
+def test_compute_spent_per_task_and_setting(adaptive_report):
+    """Loops computed: a scored token MAX whatever its exit, a generated token its own
+    loops; KV bytes only where a task generates; wall time per setting."""
+    report, _ = adaptive_report
+    assert sorted(report["setting_seconds"]) == sorted(["1", "3", NEVER, EARLY])
+    assert all(s > 0 for s in report["setting_seconds"].values())
+    for info in report["tasks"].values():
+        generates = info["output_type"] == "generate_until"
+        for entry in info["adaptive"].values():
+            loops = entry["loops"]
+            if generates:  # decoded through the cache: used = computed
+                assert loops["generated_tokens"] == loops["tokens"] > 0
+                assert loops["computed_mean"] == pytest.approx(loops["mean"])
+            else:  # a scoring pass computes every loop at every position
+                assert loops["generated_tokens"] == 0 and loops["computed_mean"] == 3.0
+            for lv, cell in loops["levels"].items():
+                assert cell["generated_tokens"] == (cell["tokens"] if generates else 0), lv
+        for entry in [*info["h_eff"].values(), *info["adaptive"].values()]:
+            if generates:
+                assert entry["kv_bytes"] > entry["kv_bytes_core"] > 0
+            else:
+                assert "kv_bytes" not in entry and "kv_bytes_core" not in entry
+        if generates:  # the prelude and coda slots do not depend on the loop count
+            cells = info["h_eff"]
+            assert cells["3"]["kv_bytes_core"] == 3 * cells["1"]["kv_bytes_core"]
+            assert info["adaptive"][NEVER]["kv_bytes"] == cells["3"]["kv_bytes"]
+    scored = [info["adaptive"][EARLY]["loops"] for info in report["tasks"].values()
+              if info["output_type"] != "generate_until"]
+    assert any(e["mean"] < e["computed_mean"] == 3.0 for e in scored)  # needs less, spends all
+
+
 def test_adaptive_scores_sit_beside_unchanged_fixed_ones(adaptive_report, bench_report):
     report, _ = adaptive_report
     fixed, _, _ = bench_report
@@ -105,6 +136,33 @@ def test_adaptive_scores_sit_beside_unchanged_fixed_ones(adaptive_report, bench_
         never = info["adaptive"][NEVER]
         assert never["per_sample"] == info["h_eff"]["3"]["per_sample"]  # = fixed H_eff=MAX
         assert never["levels"] == info["h_eff"]["3"]["levels"]
+
+
+def test_compare_sets_a_real_bench_json_against_compute_spent(adaptive_report, tmp_path):
+    """The bench stage's own JSON through compare's table: a row per setting with loops used
+    and computed, the KV cache and wall time (the figure: tests/test_compare.py)."""
+    import pyarrow as pa
+
+    from pipeline_lib.compare import comparison_rows, load_run_results, summary_markdown
+
+    report, _ = adaptive_report
+    pq.write_table(pa.table({"step": [7, 7], "h_eff": [1, 3], "loss": [2.0, 1.9]}),
+                   tmp_path / "heff.parquet")
+    (tmp_path / "bench.json").write_text(json.dumps(report))
+    run = load_run_results("tiny", tmp_path / "heff.parquet", tmp_path / "bench.json",
+                           tmp_path / "metrics.jsonl", tmp_path / "no_config.yaml")
+    rows = comparison_rows([run])
+    early = report["tasks"]["loopline_addition"]["adaptive"][EARLY]
+    (kv,) = [r["value"] for r in rows if r["metric"] == f"loopline_addition/kv_bytes_{EARLY}"]
+    assert kv == early["kv_bytes"]
+    (computed,) = [r["value"] for r in rows if r["level"] is None and r["metric"]
+                   == f"loopline_khop/computed_loops_{EARLY}"]
+    assert computed == 3.0
+    (wall,) = [r["value"] for r in rows if r["metric"] == f"bench/seconds_{EARLY}"]
+    assert wall == report["setting_seconds"][EARLY]
+    loops = early["loops"]
+    assert (f"| tiny | loopline_addition/exact_match | {EARLY} (kl) | {loops['mean']:.2f} | "
+            f"{loops['computed_mean']:.2f} |") in summary_markdown([run])
 
 
 def test_summary_table_and_metrics_carry_mean_loops(adaptive_report, tmp_path):
@@ -134,6 +192,19 @@ def test_summary_table_and_metrics_carry_mean_loops(adaptive_report, tmp_path):
     assert metrics[f"bench/loopline_khop/loops_hist_{EARLY}/2"] == khop["loops"]["hist"]["2"]
     assert metrics["bench/loopline_khop/acc_h3"] == \
         report["tasks"]["loopline_khop"]["h_eff"]["3"]["overall"]["acc"]  # not overwritten
+    # compute spent: loops computed, the KV cache where a task generates, wall time
+    assert whole["computed_loops"] == khop["loops"]["computed_mean"] == 3.0
+    assert whole["kv_bytes"] is None
+    assert whole["setting_seconds"] == report["setting_seconds"][EARLY]
+    addition = report["tasks"]["loopline_addition"]
+    (gen,) = [r for r in rows if (r["task"], r["adaptive"], r["level"], r["h_eff"], r["metric"])
+              == ("loopline_addition", None, None, 3, "exact_match")]
+    assert (gen["kv_bytes"], gen["kv_bytes_core"]) == (addition["h_eff"]["3"]["kv_bytes"],
+                                                       addition["h_eff"]["3"]["kv_bytes_core"])
+    assert metrics["bench/loopline_addition/kv_bytes_core_h3"] == gen["kv_bytes_core"]
+    assert metrics[f"bench/loopline_khop/computed_loops_{EARLY}"] == 3.0
+    assert metrics["bench/seconds_h1"] == report["setting_seconds"]["1"]
+    assert "bench/loopline_khop/kv_bytes_h1" not in metrics
 
 
 def test_loops_summary_and_counter():
@@ -152,8 +223,24 @@ def test_loops_summary_and_counter():
                                   "2": {"mean": 2.0, "tokens": 1,
                                         "hist": {"1": 0, "2": 1, "3": 0, "4": 0}}}}
     assert "levels" not in loops_summary(used.documents("t"), 4)
+    used.add("t", 1, [2, 4], generated=True)  # doc 1: a scored 2, generated 2 and 4
+    summary = loops_summary(used.documents("t"), 4, {"0": 1, "1": 2},
+                            generated=used.documents("t", generated=True))
+    # 4 scored tokens of doc 0 and one of doc 1 computed 4 loops each, the generated 2 + 4
+    assert (summary["generated_tokens"], summary["computed_mean"]) == (2, (5 * 4 + 6) / 7)
+    assert summary["levels"]["1"]["generated_tokens"] == 0
+    assert summary["levels"]["1"]["computed_mean"] == 4.0
+    assert summary["levels"]["2"] == {"mean": 8 / 3, "tokens": 3, "generated_tokens": 2,
+                                      "computed_mean": 10 / 3,
+                                      "hist": {"1": 0, "2": 2, "3": 0, "4": 1}}
+    assert used.cache_bytes("t") == {}
+    used.add_cache(["t", "u", None], 100, 60)
+    used.add_cache(["t"], 80, 70)
+    assert used.cache_bytes("t") == {"kv_bytes": 100, "kv_bytes_core": 70}
+    assert used.cache_bytes("unknown") == {"kv_bytes": 100, "kv_bytes_core": 60}
     used.clear()
     assert used.mean_per_task() == {} and used.documents("t") == {}
+    assert used.cache_bytes("t") == {}
 
 
 def test_adaptive_settings_from_the_bench_config():

@@ -83,7 +83,9 @@ def test_adaptive_exit_bounds(capsys, pattern):
         assert code == 0
         outputs[" ".join(depth)] = _records(out)
     # threshold 0 never exits early: the fixed result at MAX, every token 3 loops deep
-    assert outputs["--adaptive 0:3"] == [{**r, "mean_loops": 3.0} for r in outputs["--h-eff 3"]]
+    timeless = [[{k: v for k, v in r.items() if k not in ("seconds", "tokens_per_s")}
+                 for r in outputs[k]] for k in ("--adaptive 0:3", "--h-eff 3")]
+    assert timeless[0] == [{**r, "mean_loops": 3.0} for r in timeless[1]]
     # a huge threshold exits after loop 1; MAX defaults to the training loop count (2)
     assert [r["completion_ids"] for r in outputs["--h-eff adaptive:1e9:3"]] == [
         r["completion_ids"] for r in outputs["--h-eff 1"]]
@@ -100,12 +102,21 @@ def test_kv_share_and_continuous_report_their_cache_bytes(capsys, pattern):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("sys.stdin", io.StringIO("0123\n56\n"))
             depth = [] if "--adaptive" in cache else args[4:]
-            code, out, _ = _generate(capsys, snap, *args[:4], *depth, *cache)
+            code, out, err = _generate(capsys, snap, *args[:4], *depth, *cache)
         assert code == 0
         outputs[" ".join(cache)] = _records(out)
+        tokens = sum(len(r["completion_ids"]) for r in outputs[" ".join(cache)])
+        assert err.startswith(f"generate: 2 prompt(s), {tokens} new tokens in ")
     full, last = outputs[""][0]["kv_bytes"], outputs["--kv-share last"][0]["kv_bytes"]
     # 1 prelude and 1 coda slot, a core slot per loop (3) or one shared: 5 slots → 3
     assert full > 0 and last * 5 == full * 3
+    core, last_core = (outputs[k][0]["kv_bytes_core"] for k in ("", "--kv-share last"))
+    assert core * 5 == full * 3 and last_core * 3 == core  # the core: exactly 1/H
+    assert f"KV cache {last} bytes (core blocks {last_core})" in err  # the last run's
+    for r in outputs[""]:  # the batch's wall time and its new tokens per second
+        assert r["seconds"] > 0
+        assert r["tokens_per_s"] == pytest.approx(
+            sum(len(x["completion_ids"]) for x in outputs[""]) / r["seconds"], rel=0.02)
     assert outputs["--kv-share every:2"][0]["kv_bytes"] * 5 == full * 4
     assert all(r["mean_loops"] == 3.0 for r in outputs["--continuous"])
     adaptive = outputs["--adaptive 1e9:3 --kv-fill skip --kv-share last"]

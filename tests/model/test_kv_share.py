@@ -70,6 +70,25 @@ def test_shared_slots_read_each_groups_last_loop(model, share: str, every: int) 
     assert shared.nbytes == per_slot * len(shared.keys)
     core_ratio = (ref.nbytes - shared.nbytes) / per_slot  # core slots saved
     assert core_ratio == (H - groups) * C
+    assert shared.nbytes_core == per_slot * groups * C
+    assert ref.nbytes_core == per_slot * H * C
+    assert shared.nbytes - shared.nbytes_core == ref.nbytes - ref.nbytes_core  # prelude, coda
+
+
+def test_last_keeps_one_hth_of_the_core_bytes_and_the_total_ratio_is_documented(model) -> None:
+    """``last`` at H loops: core bytes exactly 1/H of ``per_loop``'s, also after decoding
+    grew the buffers; the total is (P + C + Q)/(P + H·C + Q) of it."""
+    ids, lengths = _prompt()
+    caches = {}
+    for share in ("per_loop", "last"):
+        logits, cache = model.prefill(ids, H, lengths, kv_share=share)
+        _decode(model, cache, logits, 9)  # past the prefill's capacity: buffers doubled
+        caches[share] = cache
+    full, last = caches["per_loop"], caches["last"]
+    assert last.capacity == full.capacity > ids.shape[1]
+    assert last.nbytes_core * H == full.nbytes_core
+    P, C, Q = model.cfg.prelude_layers, model.cfg.core_layers, model.cfg.coda_layers
+    assert last.nbytes * (P + H * C + Q) == full.nbytes * (P + C + Q)
 
 
 def test_last_changes_what_decoded_tokens_see(model) -> None:

@@ -15,8 +15,9 @@ adaptive exit instead (:mod:`pipeline_lib.evaluate.exit`): the first loop whose 
 differs from the previous loop's by a KL divergence below THRESHOLD (or, with
 ``adaptive_criterion=entropy``, whose entropy is below it), at most MAX loops (default: the
 training loop count). Scoring and generation both use it; the loops used (the exit loop of
-every scored or generated token) are counted per task and document in
-:attr:`LooplineLM.loops_used` (:mod:`.loops_used`) and averaged per task in
+every scored or generated token; a generated token computes only those, a scored one all
+MAX) are counted per task and document in :attr:`LooplineLM.loops_used` (:mod:`.loops_used`,
+with each task's largest KV cache of its generative requests) and averaged per task in
 :attr:`LooplineLM.mean_loops`, which lm-eval also writes into its results
 (``config.mean_loops``).
 
@@ -360,7 +361,8 @@ class LooplineLM(TemplateLM):
         """Greedy continuations of ``prompts``; each row stops on its own, decoded with the
         KV cache at a fixed h_eff or with adaptive exit (each token's later loops not
         computed, ``kv_fill`` latest: :mod:`pipeline_lib.model.kv_adaptive`). Every generated
-        token (the final EOS included) counts its loops computed for its (task, doc_id)."""
+        token (the final EOS included) counts its loops computed for its (task, doc_id), and
+        the batch's cache bytes count for every task in it."""
         keys = keys or [(None, None)] * len(prompts)
         texts = [""] * len(prompts)
         budgets = [max_gen for _, max_gen in settings]
@@ -371,7 +373,7 @@ class LooplineLM(TemplateLM):
         def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
             out = cached(active, rows)
             for i, used in zip(active, cached.loops, strict=True):
-                self.loops_used.add(*keys[i], (used,))
+                self.loops_used.add(*keys[i], (used,), generated=True)
             return out
 
         def stopped(i: int, new_ids: list[int]) -> bool:
@@ -381,4 +383,6 @@ class LooplineLM(TemplateLM):
         with torch.inference_mode(), self._precision.autocast():
             greedy_decode(next_ids, prompts, budgets, eos_id=self._eos,
                           context_len=self.seq_len, stopped=stopped)
+        self.loops_used.add_cache([task for task, _ in keys], cached.kv_bytes,
+                                  cached.kv_bytes_core)
         return texts

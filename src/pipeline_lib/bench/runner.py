@@ -3,7 +3,10 @@
 One model is loaded and every task is scored through ``lm_eval.simple_evaluate`` once per
 H_eff (the wrapper's ``h_eff`` is switched between calls), then once per adaptive-exit
 threshold of every criterion (``bench.adaptive``: ``h_eff=adaptive:[CRITERION:]T:MAX``), whose scores
-go to each task's ``adaptive`` section with the loops used (:mod:`.loops_used`). Built-in
+go to each task's ``adaptive`` section with the loops used and computed (:mod:`.loops_used`).
+Every setting records what it spent: each task's largest KV cache of its generative requests
+(``kv_bytes``, ``kv_bytes_core``) and the setting's wall time over all tasks
+(``setting_seconds``). Built-in
 ``loopline_*`` tasks are written first (YAML + JSONL) and scored per difficulty level from
 lm-eval's per-sample logs; the user's tasks (``bench.include_path``, mirrored with absolute
 data paths by :mod:`.user_tasks`) and installed lm-eval tasks are scored overall, and per
@@ -96,15 +99,17 @@ def _scores_of(info: dict[str, Any], results: Any, name: str, level_field: str
 
 
 def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[int],
-                limit: int = 0, level_field: str = "level", adaptive: Sequence[str] = ()
-                ) -> dict[str, Any]:
+                limit: int = 0, level_field: str = "level", adaptive: Sequence[str] = (),
+                seconds: dict[str, float] | None = None) -> dict[str, Any]:
     """Scores of ``lm`` on ``tasks`` at each H_eff, and at each ``adaptive:T:MAX`` of
     ``adaptive`` (each task's ``adaptive`` section, keyed by the canonical ``lm.h_eff``,
     with the loops used per task and level): the ``tasks`` part of the bench JSON.
+    ``seconds`` receives each setting's wall time (all tasks together), keyed as the sections.
 
     Built-in tasks are broken down by their ``level``; any other task by ``level_field`` when
     its documents carry it, scored by :func:`.scoring.per_sample_metric` (its ``metric``)."""
     out: dict[str, Any] = {}
+    seconds = {} if seconds is None else seconds
     for name in tasks:
         builtin = is_builtin(name)
         out[name] = {"builtin": builtin, "metric": builtin_metric(name) if builtin else None,
@@ -120,16 +125,20 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
             model=lm, tasks=list(tasks), task_manager=manager, limit=limit or None,
             log_samples=True, bootstrap_iters=BOOTSTRAP_ITERS)
         assert results is not None, "single-process evaluation always returns results"
+        seconds[key] = round(time.perf_counter() - started, 3)
         for name in tasks:
             info = out[name]
             scores = _scores_of(info, results, name, level_field)
             if section == "adaptive":
-                scores["loops"] = loops_summary(lm.loops_used.documents(name), lm.adaptive.max_loops,
-                                                info.get("sample_levels"))
+                used = lm.loops_used
+                scores["loops"] = loops_summary(used.documents(name), lm.adaptive.max_loops,
+                                                info.get("sample_levels"),
+                                                generated=used.documents(name, generated=True))
+            scores.update(lm.loops_used.cache_bytes(name))
             info.setdefault(section, {})[key] = scores
         log.info("bench h_eff=%s: %s (%.1f s)", key, {
             n: out[n][section][key]["overall"].get(out[n]["metric"] or "", None)
-            for n in tasks}, time.perf_counter() - started)
+            for n in tasks}, seconds[key])
     for info in out.values():  # H_eff against H_eff, on the same examples
         add_paired_comparisons(info)
     return out
@@ -180,7 +189,9 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
                     max_gen_toks=bench.max_gen_toks, device=device, precision=precision,
                     adaptive_criterion=first)
     started = time.perf_counter()
-    scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field, adaptive)
+    setting_seconds: dict[str, float] = {}
+    scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field, adaptive,
+                         setting_seconds)
 
     report = {
         "step": lm.step,
@@ -198,6 +209,7 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
                   "adaptive_max_loops": bench.adaptive.max_loops},
         "lm_eval_version": getattr(lm_eval, "__version__", None),
         "seconds": round(time.perf_counter() - started, 3),
+        "setting_seconds": setting_seconds,
         "tasks": scores,
     }
     if adaptive:

@@ -32,7 +32,9 @@ of the per-sample metric; ``diff_vs_h1``/``diff_lo``/``diff_hi``/``p_mcnemar``: 
 difference against the baseline H_eff; ``adaptive``/``mean_loops``/``loops_hist``: the
 adaptive exit of the row, its mean loops used and histogram as JSON ``{"loops": tokens}``,
 all null on fixed-H_eff rows, whose ``h_eff`` is the depth; an adaptive row's ``h_eff`` is
-its MAX) and the figure: an accuracy heatmap (difficulty ×
+its MAX; ``computed_loops``: its mean loops computed (:mod:`.loops_used`); ``kv_bytes``/
+``kv_bytes_core``: the task's largest KV cache in the row's setting, null where it generated
+nothing; ``setting_seconds``: the setting's wall time, all tasks) and the figure: an accuracy heatmap (difficulty ×
 H_eff) per levelled task, each cell with its interval, where a depth effect shows as accuracy
 rising from left to right (or does not).
 """
@@ -58,7 +60,9 @@ log = logging.getLogger(__name__)
 
 SUMMARY_COLUMNS = ("step", "task", "h_eff", "level", "metric", "value", "n", "ci_low",
                    "ci_high", "diff_vs_h1", "diff_lo", "diff_hi", "p_mcnemar", "adaptive",
-                   "mean_loops", "loops_hist")
+                   "mean_loops", "loops_hist", "computed_loops", "kv_bytes", "kv_bytes_core",
+                   "setting_seconds")
+_SPENT = ("kv_bytes", "kv_bytes_core")
 _INTERVAL_KEYS = ("n", "ci_low", "ci_high")
 
 
@@ -197,11 +201,21 @@ def task_settings(info: Mapping[str, Any]) -> Iterator[tuple[int, str | None, Ma
 
 
 def _loops_cells(label: str | None, loops: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``adaptive``/``mean_loops``/``loops_hist`` of a row: null for a fixed H_eff."""
+    """``adaptive``/``mean_loops``/``loops_hist``/``computed_loops`` of a row: null for a
+    fixed H_eff (and ``computed_loops`` for a bench JSON from before it was recorded)."""
     if label is None or loops is None:
-        return {"adaptive": label, "mean_loops": None, "loops_hist": None}
+        return {"adaptive": label, "mean_loops": None, "loops_hist": None,
+                "computed_loops": None}
     return {"adaptive": label, "mean_loops": loops["mean"],
-            "loops_hist": json.dumps(loops["hist"])}
+            "loops_hist": json.dumps(loops["hist"]), "computed_loops": loops.get("computed_mean")}
+
+
+def _spent_cells(report: Mapping[str, Any], h: int, label: str | None,
+                 scores: Mapping[str, Any]) -> dict[str, Any]:
+    """``kv_bytes``/``kv_bytes_core`` (the task's largest cache in this setting, null when
+    it generated nothing) and ``setting_seconds`` (the setting, all tasks) of a row."""
+    seconds = (report.get("setting_seconds") or {}).get(str(h) if label is None else label)
+    return {**{k: scores.get(k) for k in _SPENT}, "setting_seconds": seconds}
 
 
 def bench_records(report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -212,17 +226,18 @@ def bench_records(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         for h, label, scores in task_settings(info):
             cis = scores.get("overall_ci", {})
             loops = scores.get("loops")
+            spent = _spent_cells(report, h, label, scores)
             for metric, value in scores["overall"].items():
                 rows.append({"step": step, "task": task, **_summary_cells(
                     info, h, None, metric, value, cis.get(metric), label is None),
-                    **_loops_cells(label, loops)})
+                    **_loops_cells(label, loops), **spent})
             for level, per_level in scores.get("levels", {}).items():
                 level_loops = (loops or {}).get("levels", {}).get(level)
                 for metric, value in per_level.items():
                     if metric not in _INTERVAL_KEYS:
                         rows.append({"step": step, "task": task, **_summary_cells(
                             info, h, int(level), metric, value, per_level, label is None),
-                            **_loops_cells(label, level_loops)})
+                            **_loops_cells(label, level_loops), **spent})
     return rows
 
 
@@ -230,15 +245,24 @@ def bench_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     """MLflow metrics of one benchmark JSON (the bench stage's child run): every row of
     :func:`bench_records` as ``bench/{task}/{metric}_h{h}`` (fixed H_eff) or
     ``bench/{task}/{metric}_{adaptive}`` (adaptive exit), ``_k{level}`` appended per level;
-    per adaptive exit also ``bench/{task}/mean_loops_{adaptive}`` (and per level) and the
-    whole task's histogram ``bench/{task}/loops_hist_{adaptive}/{loops}`` (tokens)."""
+    per adaptive exit also ``bench/{task}/mean_loops_{adaptive}`` and
+    ``bench/{task}/computed_loops_{adaptive}`` (and per level) and the whole task's histogram
+    ``bench/{task}/loops_hist_{adaptive}/{loops}`` (tokens); per setting the task's
+    ``bench/{task}/kv_bytes[_core]{depth}`` where it generated, and ``bench/seconds{depth}``."""
     metrics: dict[str, float] = {}
     for row in bench_records(report):
         level = "" if row["level"] is None else f"_k{row['level']}"
         depth = f"_h{row['h_eff']}" if row["adaptive"] is None else f"_{row['adaptive']}"
         metrics[f"bench/{row['task']}/{row['metric']}{depth}{level}"] = row["value"]
-        if row["mean_loops"] is not None:
-            metrics[f"bench/{row['task']}/mean_loops{depth}{level}"] = row["mean_loops"]
+        for key in ("mean_loops", "computed_loops"):
+            if row[key] is not None:
+                metrics[f"bench/{row['task']}/{key}{depth}{level}"] = row[key]
+        if row["level"] is None:
+            for key in _SPENT:
+                if row[key] is not None:
+                    metrics[f"bench/{row['task']}/{key}{depth}"] = float(row[key])
+            if row["setting_seconds"] is not None:
+                metrics[f"bench/seconds{depth}"] = row["setting_seconds"]
     for task, info in report["tasks"].items():
         for label, scores in (info.get("adaptive") or {}).items():
             for loops, tokens in scores["loops"]["hist"].items():
@@ -297,6 +321,9 @@ def summarize_bench(jsons: list[Path], out_parquet: Path, out_png: Path) -> list
         "adaptive": pa.array([r["adaptive"] for r in rows], pa.string()),
         "mean_loops": pa.array([r["mean_loops"] for r in rows], pa.float64()),
         "loops_hist": pa.array([r["loops_hist"] for r in rows], pa.string()),
+        "computed_loops": pa.array([r["computed_loops"] for r in rows], pa.float64()),
+        **{c: pa.array([r[c] for r in rows], pa.int64()) for c in _SPENT},
+        "setting_seconds": pa.array([r["setting_seconds"] for r in rows], pa.float64()),
     })
     Path(out_parquet).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_parquet)

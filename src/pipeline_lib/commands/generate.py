@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from ..errors import UsageError
@@ -21,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "JSON line out per prompt) after --h-eff core loops (default: the "
                     "training loop count) or with adaptive exits (each token's later loops are "
                     "not computed). Greedy unless --temperature > 0. Each JSON line reports "
-                    "mean_loops (loops computed per token) and kv_bytes.")
+                    "mean_loops (loops computed per token), kv_bytes and kv_bytes_core (its "
+                    "batch's KV cache, all of it and its core blocks), seconds and tokens_per_s "
+                    "(its batch's); a summary line of the whole run goes to stderr.")
     parser.add_argument("--snapshot", type=Path, required=True, help="snapshot directory")
     parser.add_argument("--prompt", default=None, help="one prompt (streamed output)")
     parser.add_argument("--prompts-file", default=None, metavar="FILE",
@@ -123,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         Sampling,
         generate_texts,
         parse_depth,
+        summary_line,
     )
     from ..evaluate.loading import load_for_eval  # torch: as above
 
@@ -144,13 +148,16 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
+    started = time.perf_counter()
     results = generate_texts(model, loaded.tokenizer, prompts, context_len=loaded.seq_len,
                              max_new_tokens=args.max_new_tokens, depth=depth,
                              sampling=sampling, batch_size=args.batch_size,
                              on_text=show if streamed else None, cache=cache)
+    seconds = time.perf_counter() - started
     if streamed:
         sys.stdout.write("\n")
     else:
         for result in results:
             print(json.dumps(result.to_json(), ensure_ascii=False))
+    print(summary_line(results, seconds, depth.loops), file=sys.stderr)
     return 0

@@ -5,13 +5,15 @@ and config (:mod:`.runs`). Every accuracy carries n and its 95% interval, every 
 token count and standard error; the findings call a depth effect only where the PAIRED
 interval of H_eff=h against the baseline H_eff (1) excludes zero (:func:`verdict`), and the
 depth check (:mod:`.depth`) compares looped variants with shallow and deep ones on the same
-benchmark examples; under adaptive exit, accuracy is set against the mean loops used per
-token (:func:`.markdown.loops_table`, ``accuracy_vs_loops.png``). The MLflow UI shows the same numbers run by run; this is the
-side-by-side view that also lands in ``snakemake --report`` and in the docs' generated results
-(:mod:`pipeline_lib.results_doc`).
+benchmark examples; under adaptive exit, accuracy is set against the compute each setting
+spent: loops used and computed per token, KV bytes and wall time (:mod:`.spent`,
+:func:`.markdown.loops_table`, ``accuracy_vs_loops.png``). The MLflow UI shows the same
+numbers run by run; this is the side-by-side view that also lands in ``snakemake --report``
+and in the docs' generated results (:mod:`pipeline_lib.results_doc`).
 
-Modules: :mod:`.runs` (loading, long table), :mod:`.depth` (cross-variant paired
-comparisons), :mod:`.markdown` (tables, findings), :mod:`.plots`.
+Modules: :mod:`.runs` (loading, long table), :mod:`.spent` (compute spent per setting),
+:mod:`.depth` (cross-variant paired comparisons), :mod:`.markdown` (tables, findings),
+:mod:`.plots`.
 """
 
 from __future__ import annotations

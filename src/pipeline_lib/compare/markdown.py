@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .depth import depth_check, depth_markdown
 from .runs import RunResults, Score
+from .spent import Spent
 
 
 def _fmt(value: float | None) -> str:
@@ -145,33 +147,72 @@ def accuracy_tables(runs: Sequence[RunResults], level: int = 2) -> list[str]:
     return lines
 
 
-def depth_settings(r: RunResults, key: str) -> list[tuple[str, float, Score]]:
-    """(depth setting, mean loops used, whole-task score) of one run and task: each fixed
-    H_eff (every token used H_eff loops), then each adaptive exit, by mean loops."""
-    fixed = [(f"H_eff={h}", float(h), r.scores.get(key, {}).get(None, {}).get(h, Score(v)))
+@dataclass(frozen=True)
+class Setting:
+    """One depth setting of one run and task: its label in the table (``name``) and in the
+    bench JSON (``key``), mean loops used and computed per token, whole-task score, cost
+    (:mod:`.spent`); ``computed_known`` False: a bench JSON without loops computed, whose
+    ``computed`` is then the loops used."""
+
+    name: str
+    key: str
+    used: float
+    computed: float
+    score: Score
+    spent: Spent
+    adaptive: bool
+    computed_known: bool = True
+
+
+def depth_settings(r: RunResults, key: str) -> list[Setting]:
+    """Every setting of run ``r`` on ``task/metric`` ``key``: each fixed H_eff (every token
+    used and computed H_eff loops), then each adaptive exit, by loops computed."""
+    spent = r.spent.get(key, {})
+    fixed = [Setting(f"H_eff={h}", str(h), float(h), float(h),
+                     r.scores.get(key, {}).get(None, {}).get(h, Score(v)),
+                     spent.get(str(h), Spent()), False)
              for h, v in sorted(r.accuracy.get(key, {}).items())]
     crit = f" ({r.adaptive_criterion})" if r.adaptive_criterion else ""
-    adaptive = [(f"{label}{crit}", cells[None].mean_loops, cells[None].score)
-                for label, cells in r.adaptive.get(key, {}).items() if None in cells]
-    return fixed + sorted(adaptive, key=lambda x: x[1])
+    adaptive = []
+    for label, cells in r.adaptive.get(key, {}).items():
+        if None in cells:
+            c = cells[None]
+            known = c.computed_loops is not None
+            adaptive.append(Setting(f"{label}{crit}", label, c.mean_loops,
+                                    c.computed_loops if known else c.mean_loops, c.score,
+                                    spent.get(label, Spent()), True, known))
+    return fixed + sorted(adaptive, key=lambda s: (s.computed, s.used))
+
+
+def _kv_cell(s: Spent) -> str:
+    if s.kv_bytes is None:
+        return "–"
+    return f"{_count(s.kv_bytes)}B ({_count(s.kv_bytes_core)}B)"
 
 
 def loops_table(runs: Sequence[RunResults], level: int = 2) -> list[str]:
-    """Accuracy against mean loops used per token, one row per variant × depth setting, for
-    every task some variant was benchmarked on under adaptive exit; empty without any."""
+    """Accuracy against the loops used and computed per token and what each setting spent,
+    one row per variant × depth setting, for every task some variant was benchmarked on
+    under adaptive exit; empty without any."""
     keys = sorted({k for r in runs for k in r.adaptive})
     if not keys:
         return []
-    lines = [f"{'#' * level} Accuracy against mean loops used", "",
-             "All levels; mean loops per scored or generated token (a fixed H_eff uses H_eff "
-             "loops for every token; `adaptive:THRESHOLD:MAX` reads each token out at its own "
-             "exit, at most MAX loops). Accuracy [95% interval].", "",
-             "| run | task | depth | mean loops | accuracy |", "|---|---|---|---|---|"]
+    lines = [f"{'#' * level} Accuracy against compute spent", "",
+             "All levels. Loops per scored or generated token: *used* is each token's exit "
+             "loop, *computed* what was run for it (a generated token decoded through the KV "
+             "cache stops at its exit; a scored token's pass computes every loop up to MAX; a "
+             "fixed H_eff uses and computes H_eff loops). KV cache: the largest of the task's "
+             "generative requests, all slots (core blocks' slots); – for scoring-only tasks. "
+             "Wall time: the whole setting, all tasks together. Accuracy [95% interval].", "",
+             "| run | task | depth | loops used | loops computed | accuracy | KV cache (core) | "
+             "wall s (all tasks) |", "|---|---|---|---|---|---|---|---|"]
     for key in keys:
         for r in runs:
-            for setting, loops, score in depth_settings(r, key):
-                lines.append(f"| {r.name} | {key} | {setting} | {loops:.2f} | "
-                             f"{_acc_cell(score)} |")
+            for s in depth_settings(r, key):
+                computed = f"{s.computed:.2f}" if s.computed_known else "–"
+                wall = "–" if s.spent.seconds is None else f"{s.spent.seconds:.1f}"
+                lines.append(f"| {r.name} | {key} | {s.name} | {s.used:.2f} | {computed} | "
+                             f"{_acc_cell(s.score)} | {_kv_cell(s.spent)} | {wall} |")
     return lines
 
 

@@ -15,8 +15,8 @@ LOOPS_PLOT = "accuracy_vs_loops.png"
 
 def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
     """``loss_vs_heff.png``, ``accuracy_vs_heff.png``, ``train_loss.png`` and, when some
-    variant was benchmarked under adaptive exit, ``accuracy_vs_loops.png`` (a stale one is
-    removed otherwise)."""
+    variant was benchmarked under adaptive exit, ``accuracy_vs_loops.png``: accuracy vs
+    compute spent (a stale one is removed otherwise)."""
     import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
 
     matplotlib.use("Agg")
@@ -104,24 +104,34 @@ def _interval_bars(scores: Sequence[Score]) -> list[list[float]]:
 
 
 def _plot_accuracy_vs_loops(plt: Any, runs: Sequence[RunResults]) -> Any:
-    """Accuracy against mean loops used, one panel per task with adaptive results: per
-    variant the fixed H_eff points (circles, solid) and the adaptive exits (squares, dashed)."""
+    """Accuracy against compute spent (mean loops computed per token), one panel per task
+    with adaptive results: per variant the fixed H_eff settings as a line (circles) and each
+    adaptive exit as a point (filled square); where a setting's tokens computed more loops
+    than they used (scored tokens: the pass runs every loop), a hollow square at the loops
+    used, joined to it by a dotted line. Bars: 95% intervals."""
     keys = sorted({k for r in runs for k in r.adaptive})
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.4 * len(keys), 3.8),
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.8 * len(keys), 4.0),
                              constrained_layout=True, squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         for i, r in enumerate(runs):
             points = depth_settings(r, key)
-            for adaptive, style in ((False, "o-"), (True, "s--")):
-                pts = [(x, s) for name, x, s in points if name.startswith("adaptive") == adaptive]
-                if not pts:
-                    continue
-                ax.errorbar([x for x, _ in pts], [s.value for _, s in pts],
-                            yerr=_interval_bars([s for _, s in pts]), fmt=style, color=f"C{i}",
-                            capsize=3, label=f"{r.name} ({'adaptive' if adaptive else 'fixed'})")
-        ax.set(xlabel="mean loops used per token", title=f"{key} (95% intervals)")
-        ax.legend(fontsize="small")
+            for adaptive, style in ((False, "o-"), (True, "s")):
+                pts = [p for p in points if p.adaptive == adaptive]
+                if pts:
+                    ax.errorbar([p.computed for p in pts], [p.score.value for p in pts],
+                                yerr=_interval_bars([p.score for p in pts]), fmt=style,
+                                color=f"C{i}", capsize=3,
+                                label=f"{r.name} ({'adaptive' if adaptive else 'fixed H_eff'})")
+            saved = [p for p in points if p.adaptive and p.used < p.computed]
+            for n, p in enumerate(saved):
+                ax.plot([p.used, p.computed], [p.score.value] * 2, ":", color=f"C{i}",
+                        linewidth=1)
+                ax.plot([p.used], [p.score.value], "s", mfc="none", color=f"C{i}",
+                        label=f"{r.name} (adaptive: loops used, not saved)" if n == 0 else None)
+        ax.set(xlabel="mean loops computed per token", title=f"{key} (95% intervals)")
+        ax.legend(fontsize="x-small")
     axes[0][0].set_ylabel("accuracy, all levels")
+    fig.suptitle("accuracy vs compute spent", fontsize="medium")
     return fig
 
 

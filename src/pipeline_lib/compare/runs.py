@@ -2,7 +2,8 @@
 
 Per variant it reads the final snapshot's H_eff sweep (``eval/heff.parquet``), the final
 benchmark JSON (``bench/step_….json``, with every example's score per H_eff by lm-eval
-``doc_id``, and the scores under adaptive exit with the mean loops used), the training curve (``train/metrics.jsonl``) and the snapshot's config
+``doc_id``, the scores under adaptive exit with the mean loops used and computed, and what
+each setting spent: :mod:`.spent`), the training curve (``train/metrics.jsonl``) and the snapshot's config
 (parameters, forward FLOPs per token at the training loop count, core blocks and loops: the
 variant's kind in the depth check).
 """
@@ -21,6 +22,7 @@ from ..errors import DataError
 from ..spec.config import load_config
 from ..spec.layout import RunLayout
 from ..spec.size import flops_per_token, param_count
+from .spent import Spent, read_spent, spent_rows
 
 log = logging.getLogger(__name__)
 TAIL_STEPS = 10  # final training loss = mean over the last this many logged steps
@@ -43,12 +45,14 @@ class Score:
 
 @dataclass
 class LoopScore:
-    """A score under one adaptive exit, with the mean loops its tokens used."""
+    """A score under one adaptive exit, with the mean loops its tokens used and computed
+    (``computed_loops`` None: a bench JSON from before it was recorded)."""
 
     score: Score
     mean_loops: float
     max_loops: int
     tokens: int | None = None
+    computed_loops: float | None = None
 
 
 @dataclass
@@ -88,6 +92,8 @@ class RunResults:
     # task/metric → adaptive:T:MAX → level (None: all levels) → score and mean loops used
     adaptive: dict[str, dict[str, dict[int | None, LoopScore]]] = field(default_factory=dict)
     adaptive_criterion: str | None = None  # bench.adaptive_criterion of the bench JSON
+    # task/metric → setting ("4" or adaptive:T:MAX) → wall time and KV bytes (.spent)
+    spent: dict[str, dict[str, Spent]] = field(default_factory=dict)
 
     @property
     def final_train_loss(self) -> float | None:
@@ -208,14 +214,15 @@ def _adaptive_scores(bench: Mapping[str, Any]) -> dict[str, dict[str, dict[int |
             cells = {None: LoopScore(Score(float(s["overall"][metric]), ci.get("n"), None,
                                            ci.get("ci_low"), ci.get("ci_high")),
                                      float(loops["mean"]), int(loops["max_loops"]),
-                                     loops.get("tokens"))}
+                                     loops.get("tokens"), loops.get("computed_mean"))}
             for level, cell in s.get("levels", {}).items():
                 lv = loops.get("levels", {}).get(level)
                 if lv is not None and lv.get("mean") is not None:
                     cells[int(level)] = LoopScore(
                         Score(float(cell[metric]), cell.get("n"), None, cell.get("ci_low"),
                               cell.get("ci_high")),
-                        float(lv["mean"]), int(loops["max_loops"]), lv.get("tokens"))
+                        float(lv["mean"]), int(loops["max_loops"]), lv.get("tokens"),
+                        lv.get("computed_mean"))
             out.setdefault(f"{task}/{metric}", {})[label] = cells
     return out
 
@@ -255,7 +262,8 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
                       train_loops=shape.loops, core_layers=shape.core_layers,
                       train_max_difficulty=bench.get("train_max_difficulty"), samples=samples,
                       initial_scores=initial_scores, adaptive=_adaptive_scores(bench),
-                      adaptive_criterion=(bench.get("bench") or {}).get("adaptive_criterion"))
+                      adaptive_criterion=(bench.get("bench") or {}).get("adaptive_criterion"),
+                      spent=read_spent(bench))
 
 
 def run_dir_inputs(run_dir: Path) -> dict[str, Path]:
@@ -285,8 +293,10 @@ def load_runs(inputs: Mapping[str, Mapping[str, Path]]) -> list[RunResults]:
 def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
     """Long table (:data:`COLUMNS`); h_eff None for training loss and model size, level None
     for whole-task scores; n = tokens for losses, examples for accuracies. Adaptive exits
-    add ``{task}/{metric}_{adaptive}`` and ``{task}/mean_loops_{adaptive}`` (n = tokens)
-    rows, whose h_eff is their MAX."""
+    add ``{task}/{metric}_{adaptive}``, ``{task}/mean_loops_{adaptive}`` (loops used) and,
+    where recorded, ``{task}/computed_loops_{adaptive}`` (loops computed; n = tokens) rows,
+    whose h_eff is their MAX; what each setting spent adds the rows of
+    :func:`.spent.spent_rows` (KV bytes per task, wall time per setting)."""
     rows = []
 
     def add(r: RunResults, metric: str, h: int | None, value: float, level: int | None = None,
@@ -319,6 +329,11 @@ def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
                     add(r, f"{key}_{label}", c.max_loops, c.score.value, level, c.score)
                     add(r, f"{task}/mean_loops_{label}", c.max_loops, c.mean_loops, level,
                         Score(c.mean_loops, c.tokens))
+                    if c.computed_loops is not None:
+                        add(r, f"{task}/computed_loops_{label}", c.max_loops, c.computed_loops,
+                            level, Score(c.computed_loops, c.tokens))
+        for metric, h, value in spent_rows(r.spent, r.adaptive):
+            add(r, metric, h, value)
     return rows
 
 

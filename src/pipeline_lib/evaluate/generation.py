@@ -24,6 +24,7 @@ slide out of the window. ``on_text(i, piece)`` receives the text of prompt i as 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -154,11 +155,33 @@ class Generation:
     stop: str  # "eos" or "length"
     mean_loops: float  # loops computed per generated token (its exit under adaptive depth)
     kv_bytes: int = 0  # the largest KV cache of its batch (keys and values, allocated)
+    kv_bytes_core: int = 0  # the core blocks' part of it (what kv_share shrinks)
+    seconds: float = 0.0  # wall time of its batch's decoding (prefill included)
+    tokens_per_s: float = 0.0  # its batch's new tokens (EOS not kept) per second
+
+    @property
+    def steps(self) -> int:
+        """Forward passes of this row: one per kept token, one more for an EOS."""
+        return len(self.ids) + (self.stop == "eos")
 
     def to_json(self) -> dict[str, Any]:
         return {"prompt": self.prompt, "completion": self.text, "completion_ids": self.ids,
                 "stop": self.stop, "mean_loops": round(self.mean_loops, 4),
-                "kv_bytes": self.kv_bytes}
+                "kv_bytes": self.kv_bytes, "kv_bytes_core": self.kv_bytes_core,
+                "seconds": round(self.seconds, 4), "tokens_per_s": round(self.tokens_per_s, 1)}
+
+
+def summary_line(results: Sequence[Generation], seconds: float, max_loops: int) -> str:
+    """One line for the terminal: new tokens, wall time and tokens/s of the whole run, loops
+    computed per token (of ``max_loops``) and the largest KV cache (its core part)."""
+    tokens = sum(len(r.ids) for r in results)
+    steps = sum(r.steps for r in results)
+    loops = sum(r.mean_loops * r.steps for r in results) / max(steps, 1)
+    kv = max(results, key=lambda r: r.kv_bytes, default=None)
+    return (f"generate: {len(results)} prompt(s), {tokens} new tokens in {seconds:.2f} s "
+            f"({tokens / max(seconds, 1e-9):.1f} tokens/s); {loops:.2f} of {max_loops} loops "
+            f"computed per token; KV cache {kv.kv_bytes if kv else 0} bytes "
+            f"(core blocks {kv.kv_bytes_core if kv else 0})")
 
 
 def encode_prompts(tok: Any, prompts: Sequence[str], context_len: int, eos: int
@@ -195,8 +218,8 @@ class _TextStream:
 def _decode(model: torch.nn.Module, prompt_ids: list[list[int]], *, eos: int,
             max_new_tokens: int, depth: Depth, sampling: Sampling, generator: torch.Generator,
             context_len: int, stream: _TextStream, offset: int, cache: CacheOptions
-            ) -> tuple[list[tuple[list[int], str, int]], int]:
-    """((new ids, stop reason, Σ loops computed) per prompt of one batch, KV bytes)."""
+            ) -> tuple[list[tuple[list[int], str, int]], CachedNextIds]:
+    """((new ids, stop reason, Σ loops computed) per prompt of one batch, its decoder)."""
     loops = [0] * len(prompt_ids)
     rule = None if depth.exit is None else CriterionExit(model, depth.exit)
     cached = CachedNextIds(model, depth.loops, pad_id=eos, reserve=max_new_tokens,
@@ -214,8 +237,7 @@ def _decode(model: torch.nn.Module, prompt_ids: list[list[int]], *, eos: int,
 
     done = greedy_decode(next_ids, prompt_ids, [max_new_tokens] * len(prompt_ids), eos_id=eos,
                          context_len=context_len, stopped=shown)
-    return ([(new, stop, used) for (new, stop), used in zip(done, loops, strict=True)],
-            cached.kv_bytes)
+    return [(new, stop, used) for (new, stop), used in zip(done, loops, strict=True)], cached
 
 
 def generate_texts(model: torch.nn.Module, tok: Any, prompts: Sequence[str], *,
@@ -236,13 +258,17 @@ def generate_texts(model: torch.nn.Module, tok: Any, prompts: Sequence[str], *,
     out: list[Generation] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompt_ids[start:start + batch_size]
-        decoded, kv_bytes = _decode(model, chunk, eos=eos, max_new_tokens=max_new_tokens,
+        started = time.perf_counter()
+        decoded, cached = _decode(model, chunk, eos=eos, max_new_tokens=max_new_tokens,
                                     depth=depth, sampling=sampling, generator=generator,
                                     context_len=context_len, stream=stream, offset=start,
                                     cache=cache)
+        seconds = time.perf_counter() - started
+        rate = sum(len(new) for new, _, _ in decoded) / max(seconds, 1e-9)
         for i, (new, stop, used) in enumerate(decoded, start):
             text = stream.update(i, new, final=True)
-            # EOS ends a row after one more forward pass: its loops count too
-            steps = len(new) + (stop == "eos")
-            out.append(Generation(prompts[i], text, new, stop, used / max(steps, 1), kv_bytes))
+            row = Generation(prompts[i], text, new, stop, 0.0, cached.kv_bytes,
+                             cached.kv_bytes_core, seconds, rate)
+            row.mean_loops = used / max(row.steps, 1)  # an EOS's pass computed loops too
+            out.append(row)
     return out

@@ -97,7 +97,8 @@ class CachedNextIds(WindowNextIds):
     ``exit_rule``: adaptive exit (:mod:`.kv_adaptive`), at most ``exit_rule.max_loops``
     loops (``h_eff`` is ignored); ``options``: the cache's ``kv_share``, ``kv_fill`` and
     ``continuous`` (:mod:`.kv_cache`). After each call ``loops`` holds the loops each row's
-    token computed and ``kv_bytes`` the largest cache so far.
+    token computed, ``kv_bytes`` the largest cache so far and ``kv_bytes_core`` the largest
+    core-block part of it (:attr:`.kv_cache.KVCache.nbytes_core`).
     """
 
     def __init__(self, model: Any, h_eff: int, *, pad_id: int = 0, device: Any = None,
@@ -107,7 +108,7 @@ class CachedNextIds(WindowNextIds):
         self.reserve = min(reserve, RESERVE_MAX)  # rows often stop early; the cache grows
         self.exit_rule, self.options = exit_rule, options
         self.loops: list[int] = []
-        self.kv_bytes = 0
+        self.kv_bytes = self.kv_bytes_core = 0
         self.cache: Any = None
         self.held: dict[int, list[int]] = {}  # prompt index → the tokens its cache row holds
         self.order: list[int] = []  # prompt index of each cache row
@@ -141,6 +142,7 @@ class CachedNextIds(WindowNextIds):
             self.prefills += 1
         self.loops = [self.h_eff] * len(rows) if loops is None else loops.tolist()
         self.kv_bytes = max(self.kv_bytes, self.cache.nbytes)
+        self.kv_bytes_core = max(self.kv_bytes_core, self.cache.nbytes_core)
         self.order = list(active)
         self.held = {i: list(row) for i, row in zip(active, rows, strict=True)}
         return out

@@ -21,7 +21,10 @@ Ouro's KV sharing across recursions):
 
 The prefill computes the prompt exactly (every position attends to the others' keys and
 values of the same loop) and keeps each group's last loop; sharing changes what the
-generated tokens see. :attr:`KVCache.nbytes` is the memory its keys and values take.
+generated tokens see. :attr:`KVCache.nbytes` is the memory its keys and values take,
+:attr:`KVCache.nbytes_core` the core slots' part of it: ``last`` keeps exactly 1/H of
+``per_loop``'s core bytes, and (P + C + Q)/(P + H·C + Q) of its total with P prelude, C core
+and Q coda blocks.
 
 - :func:`kv_prefill`: one ordinary forward pass over right-padded rows (the computation of
   ``logits_at``, document mask and positions included), keeping every call's keys and
@@ -95,6 +98,10 @@ def _grown(buf: Tensor, capacity: int, dim: int = 2, fill: float = 0.0) -> Tenso
     return torch.cat([buf, buf.new_full(shape, fill)], dim=dim)
 
 
+def _bytes(*slots: list[Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for group in slots for t in group if t is not None)
+
+
 class KVCache:
     """Keys and values of the attention calls of ``h_eff`` loops, per row (see module doc).
 
@@ -146,8 +153,14 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the cached keys and values (every slot, at its allocated capacity)."""
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values)
-                   if t is not None)
+        return _bytes(self.keys, self.values)
+
+    @property
+    def nbytes_core(self) -> int:
+        """Bytes of the core blocks' slots alone (what ``kv_share`` shrinks: ``last`` keeps
+        1/H of ``per_loop``'s); :attr:`nbytes` adds one slot per prelude and coda block."""
+        core = slice(self.prelude, self.coda_slot)
+        return _bytes(self.keys[core], self.values[core])
 
     def group_slot(self, t: int) -> int:
         """First slot of the core blocks at loop t (0-based)."""

@@ -26,7 +26,8 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
                 tasks_dir: Path) -> dict[str, Any]:
     """Downstream benchmarks of one snapshot at every ``bench.h_eff`` (and adaptive exit),
     as child run ``bench/step_…`` with metrics ``bench/{task}/{metric}_h{h}`` (adaptive:
-    ``…_adaptive:T:MAX`` with ``mean_loops_…`` and ``loops_hist_…/{loops}``, see
+    ``…_adaptive:T:MAX`` with ``mean_loops_…``, ``computed_loops_…`` and
+    ``loops_hist_…/{loops}``; per setting ``kv_bytes[_core]…`` and ``bench/seconds…``, see
     :func:`pipeline_lib.bench.scoring.bench_metrics`) at the snapshot's step; the final
     snapshot's fixed-H_eff scores also go to the parent run (``bench/{task}/{metric}`` at
     step = H_eff, with their intervals)."""
