@@ -226,6 +226,12 @@ def test_run_heff_writes_the_adaptive_section(tiny_run, tmp_path: Path):
     assert section["points"][-1]["loss"] == pytest.approx(result["losses"]["1"], rel=1e-6)
     assert section["points"][-1]["mean_loops"] == 1.0
     assert section["tokens"] == result["tokens"]
+    for fill in ("latest", "skip"):  # what a cached decoder spends (test_exit_replay.py)
+        never, *_, every = (p["spent"][fill] for p in section["points"])
+        assert (never["loss"], never["mean_loops"]) == (result["losses"]["4"], 4.0)
+        assert every["mean_loops"] == 1.0
+    # prelude, 4 loops of the core, coda: (keys, values) × d_model × fp32
+    assert section["kv_bytes_per_token"] == (1 + 4 + 1) * 2 * 32 * 4
     assert "adaptive_by_criterion" not in run_heff(snap, data_dir, [1, 2],
                                                    tmp_path / "plain.json", max_tokens=300,
                                                    batch_rows=4)
