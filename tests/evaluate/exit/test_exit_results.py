@@ -13,7 +13,7 @@ from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.exit.criteria import adaptive_logits
 from pipeline_lib.evaluate.exit.results import adaptive_section
 from pipeline_lib.evaluate.exit.spec import ExitSpec
-from pipeline_lib.evaluate.exit.summary import summarize_adaptive
+from pipeline_lib.evaluate.exit.summary import adaptive_rows, summarize_adaptive
 from pipeline_lib.evaluate.heff import run_heff, sweep_losses
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
 from pipeline_lib.spec.config import ModelConfig
@@ -254,6 +254,16 @@ def test_summary_table_and_plot(tiny_run, tmp_path: Path):
     assert [(r["step"], r["criterion"], r["max_loops"], r["threshold"]) for r in rows] == [
         (7, "entropy", 3, 0.0), (7, "entropy", 3, 0.5)]
     assert rows[0]["loss"] == rows[0]["fixed_loss"] and rows[0]["mean_loops"] == 3.0
+    section = json.loads(with_section.read_text())["adaptive_by_criterion"]["entropy"]
+    for row, point in zip(rows, section["points"], strict=True):
+        for fill in ("latest", "skip"):
+            spent = point["spent"][fill]
+            assert (row[f"spent_{fill}_loops"], row[f"spent_{fill}_loss"],
+                    row[f"spent_{fill}_stderr"]) == (spent["mean_loops"], spent["loss"],
+                                                     spent["stderr"])
+    old = {"step": 1, "adaptive_by_criterion": {"entropy": {**section, "points": [
+        {k: v for k, v in p.items() if k != "spent"} for p in section["points"]]}}}
+    assert adaptive_rows([old])[0]["spent_latest_loops"] is None  # written before the replay
     assert (tmp_path / "p.png").stat().st_size > 1000
     empty = summarize_adaptive([without], tmp_path / "e.parquet", tmp_path / "e.png")
     assert empty == [] and pq.read_table(tmp_path / "e.parquet").num_rows == 0
