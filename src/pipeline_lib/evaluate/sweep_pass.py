@@ -137,10 +137,11 @@ class _ExitSums:
 
 
 def _replay(model: torch.nn.Module, batch: Any, keys: np.ndarray, spec: ExitSpec,
-            ce_h: Tensor, sums: dict[str, _ExitSums]) -> None:
-    """The batch decoded by the cached decoder under every ``kv_fill``, added to ``sums``."""
+            needs: tuple[Tensor, Tensor], sums: dict[str, _ExitSums]) -> None:
+    """The batch decoded by the cached decoder under every ``kv_fill``, added to ``sums``;
+    ``needs``: the spec's exits in the sweep's pass (losses, exit loops)."""
     for fill, acc in sums.items():
-        out = replay_batch(model, batch, spec, fill, ce_h)
+        out = replay_batch(model, batch, spec, fill, needs)
         acc.add(keys, out.losses, out.loops)
         acc.kv_bytes_per_token = out.kv_bytes_per_token or acc.kv_bytes_per_token
 
@@ -175,7 +176,7 @@ def sweep_pass(model: torch.nn.Module, batches: Iterable[Any], h_effs: Sequence[
                 fixed.add(keys, out.fixed.cpu().double().numpy())
             for acc, sums, (losses, exit_loops) in zip(exits, replays, out.exits, strict=True):
                 acc.add(keys, losses, exit_loops)
-                _replay(model, batch, keys, acc.spec, losses[:, 0], sums)
+                _replay(model, batch, keys, acc.spec, (losses, exit_loops), sums)
             tokens += n
             bar.update(n)
         rows += batch["targets"].shape[0]

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from pipeline_lib.evaluate.exit.cached import CriterionExit
 from pipeline_lib.evaluate.exit.replay import replay_batch
 from pipeline_lib.evaluate.exit.spec import ExitSpec
+from pipeline_lib.evaluate.sweep_pass import sweep_batch
 from pipeline_lib.model.kv_adaptive import kv_adaptive_prefill, kv_adaptive_step
 from pipeline_lib.model.looped import LoopedLM
 from pipeline_lib.spec.config import ModelConfig
@@ -76,27 +77,29 @@ def test_the_replay_is_token_by_token_cached_decoding(model, fill, criterion, th
                                                       answer_only) -> None:
     batch = _batch(answer_only)
     spec = ExitSpec(thresholds, criterion, H)
-    ce_h = torch.full((int((batch["targets"] != -100).sum()),), 7.0)  # marks the fixed column
-    got = replay_batch(model, batch, spec, fill, ce_h)
+    needs = sweep_batch(model, batch, [], [spec]).exits[0]
+    got = replay_batch(model, batch, spec, fill, needs)
     want_losses, want_loops = _token_by_token(model, batch, spec, fill)
     for k, x in enumerate(thresholds):
         if x == 0:  # never exits early: not replayed, the fixed loss at max loops
-            assert torch.equal(got.losses[:, 1 + k], ce_h)
-            assert got.loops[:, k].tolist() == [H] * len(ce_h)
+            assert torch.equal(got.losses[:, 1 + k], needs[0][:, 0])
+            assert got.loops[:, k].tolist() == [H] * len(needs[0])
             continue
         loops = got.loops[:, k].tolist()
         assert loops == want_loops[k]
         assert min(loops) < H and max(loops) == H  # early exits and tokens that loop on
         assert torch.allclose(got.losses[:, 1 + k], torch.tensor(want_losses[k]), atol=1e-5,
                               rtol=0)
-    assert torch.equal(got.losses[:, 0], ce_h)
+    assert torch.equal(got.losses[:, 0], needs[0][:, 0])
     assert got.kv_bytes_per_token == (1 + 2 * H + 1) * 2 * 16 * 4  # calls × (k, v) × D × fp32
 
 
 def test_latest_and_skip_decode_differently(model) -> None:
-    """A later token reads an exited token's last keys and values, or skips them."""
+    """A later token reads an exited token's last keys and values, or skips them: the
+    decoder's states, exits and predictions differ from the one pass's and between fills."""
     batch, spec = _batch(False), ExitSpec((0.05,), "kl", H)
-    ce_h = torch.zeros(int((batch["targets"] != -100).sum()))
-    latest = replay_batch(model, batch, spec, "latest", ce_h)
-    skip = replay_batch(model, batch, spec, "skip", ce_h)
+    needs = sweep_batch(model, batch, [], [spec]).exits[0]
+    latest = replay_batch(model, batch, spec, "latest", needs)
+    skip = replay_batch(model, batch, spec, "skip", needs)
     assert not torch.allclose(latest.losses, skip.losses)
+    assert not torch.equal(latest.loops, needs[1]) and not torch.equal(skip.loops, needs[1])

@@ -12,7 +12,10 @@ true next token:
 
 - the prompt is the piece up to its first scored position (an ``answer_*`` objective's
   question, else the piece's first token), prefilled at full depth; the prompt's last token
-  is read out at its exit, as ``generate`` reads the first new token;
+  is read out at its exit, as ``generate`` reads the first new token. The prefill computes
+  the prompt exactly as the sweep's pass does, and its keys and values do not depend on the
+  exit rule, so each piece is prefilled once (:func:`~pipeline_lib.model.kv_cache.
+  kv_prefill`) and the prompt's last token keeps the sweep's exit and loss;
 - every later token up to the piece's last scored one is one decoding step, for all pieces
   and all thresholds at once (one cache row per piece and threshold:
   :meth:`~.cached.CriterionExit.per_row`); each scored token gets the loops it computed and
@@ -32,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...model.kv_adaptive import kv_adaptive_prefill, kv_adaptive_step
+from ...model.kv_adaptive import kv_adaptive_step
 from ...spec.names import IGNORE_INDEX
 from .cached import CriterionExit
 from .criteria import never_exits
@@ -77,65 +80,68 @@ def _pieces(batch: Any) -> _Pieces:
 
 
 @torch.no_grad()
-def replay_batch(model: Any, batch: Any, spec: ExitSpec, kv_fill: str, ce_h: Tensor
-                 ) -> Replayed:
+def replay_batch(model: Any, batch: Any, spec: ExitSpec, kv_fill: str,
+                 needs: tuple[Tensor, Tensor]) -> Replayed:
     """The scored tokens of ``batch`` decoded by the cached decoder under every threshold of
-    the resolved ``spec`` and ``kv_fill`` (module doc); ``ce_h`` [n]: their fixed
-    cross-entropy at ``spec.max_loops`` (the sweep's)."""
-    H, K = spec.max_loops, len(spec.thresholds)
-    losses = ce_h.float()[None].repeat(K, 1)  # [K, n]; a never-exit threshold keeps these
-    loops = torch.full((K, ce_h.numel()), H, dtype=torch.long, device=ce_h.device)
+    the resolved ``spec`` and ``kv_fill`` (module doc). ``needs``: the sweep's exits of
+    ``spec`` (:meth:`~.runs.CriterionExits.result`: losses [n, K+1], exit loops [n, K]),
+    which are the prompts' last tokens' too (the prefill computes them as the sweep does)."""
+    needed_losses, needed_loops = needs
+    losses = needed_losses.float().T.clone()  # [K+1, n]; a never-exit threshold keeps these
+    loops = needed_loops.T.clone()  # [K, n]
     replayed = [k for k, x in enumerate(spec.thresholds) if not never_exits(spec.criterion, x)]
     per_token = None
-    if H > 1 and replayed and ce_h.numel():
-        per_token = _decode(model, batch, spec, kv_fill, replayed, losses, loops)
-    return Replayed(torch.cat([ce_h.float()[None], losses]).T, loops.T, per_token)
+    if spec.max_loops > 1 and replayed and loops.numel():
+        per_token = _decode(model, batch, spec, kv_fill, replayed, losses[1:], loops)
+    return Replayed(losses.T, loops.T, per_token)
 
 
 def _decode(model: Any, batch: Any, spec: ExitSpec, kv_fill: str, replayed: list[int],
-            losses: Tensor, loops: Tensor) -> float:
-    """Decode every (piece, threshold k in ``replayed``) as one cache row, the rows with the
-    most steps first (a row leaves the cache when its piece is done); write each scored
-    token's loss and loops into ``losses``/``loops`` [K, n]; the cache's bytes per token."""
+            losses: Tensor, loops: Tensor) -> float | None:
+    """Prefill every piece that decodes a token once, then decode each (piece, threshold k in
+    ``replayed``) as one cache row, the rows with the most steps first (a row leaves the
+    cache when its piece is done); write each decoded scored token's loss and loops into
+    ``losses``/``loops`` [K, n]; the cache's bytes per token (None: nothing to decode)."""
     targets = batch["targets"].reshape(-1)
     B, L = batch["targets"].shape
     dev = targets.device
     slot = torch.full_like(targets, -1)  # flat position → index among the scored tokens
     slot[targets != IGNORE_INDEX] = torch.arange(losses.shape[1], device=dev)
     pieces = _pieces(batch)
-    S = len(pieces.start)
-    piece = torch.arange(S, device=dev).repeat(len(replayed))  # cache row → piece
-    k_of = torch.tensor(replayed, device=dev).repeat_interleave(S)  # cache row → threshold
-    order = torch.argsort(pieces.steps[piece], descending=True, stable=True)
-    piece, k_of = piece[order], k_of[order]
-    start, first, steps = pieces.start[piece], pieces.first[piece], pieces.steps[piece]
+    order = torch.argsort(pieces.steps, descending=True, stable=True)
+    order = order[pieces.steps[order] > 0]  # pieces that decode, most steps first
+    if not order.numel():
+        return None
+    start, first, steps = pieces.start[order], pieces.first[order], pieces.steps[order]
     ids = batch["input_ids"].reshape(-1)
     pos = batch.get("position_ids")
     pos = (torch.arange(L, device=dev).expand(B, L) if pos is None else pos).reshape(-1)
     lengths = first - start + 1
     cols = torch.minimum(start[:, None] + torch.arange(int(lengths.max()), device=dev),
-                         first[:, None])  # [R, prompt]: right-padded with the last token
-    rule = CriterionExit(model, ExitSpec((spec.thresholds[replayed[0]],), spec.criterion,
-                                         spec.max_loops),
-                         f"eval.adaptive ({spec.criterion})")
-    rule.per_row([spec.thresholds[k] for k in k_of.tolist()])
-    logits, used, cache = kv_adaptive_prefill(
-        model, {"input_ids": ids[cols], "position_ids": pos[cols]}, rule, lengths,
-        reserve=int(steps.max()), kv_fill=kv_fill)
+                         first[:, None])  # [S, prompt]: right-padded with the last token
+    # the prompt's keys and values do not depend on the exit rule (full depth): one prefill
+    _, cache = model.prefill({"input_ids": ids[cols], "position_ids": pos[cols]},
+                             spec.max_loops, lengths, int(steps.max()), kv_fill=kv_fill)
     per_token = cache.nbytes / (cache.rows * cache.capacity)
-    at = first
-    for i in range(int(steps.max()) + 1):
-        if i:
-            live = int((steps >= i).sum())  # rows are sorted by steps: a prefix goes on
-            if live < cache.rows:
-                keep = torch.arange(live, device=dev)
-                cache.select(keep)
-                rule.select(keep)
-            at = first[:live] + i
-            logits, used = kv_adaptive_step(model, cache, ids[at], rule)
+    S = len(order)  # cache row → piece (rows of the prefill) and threshold, most steps first
+    piece = torch.arange(S, device=dev).repeat_interleave(len(replayed))
+    k_of = torch.tensor(replayed, device=dev).repeat(S)
+    cache.select(piece)
+    first, steps = first[piece], steps[piece]
+    rule = CriterionExit(model, ExitSpec((spec.thresholds[replayed[0]],), spec.criterion,
+                                         spec.max_loops), f"eval.adaptive ({spec.criterion})")
+    rule.per_row([spec.thresholds[k] for k in k_of.tolist()])
+    for i in range(1, int(steps.max()) + 1):
+        live = int((steps >= i).sum())  # rows are sorted by steps: a prefix goes on
+        if live < cache.rows:
+            keep = torch.arange(live, device=dev)
+            cache.select(keep)
+            rule.select(keep)
+        at = first[:live] + i
+        logits, used = kv_adaptive_step(model, cache, ids[at], rule)
         index = slot[at]
         ok = index >= 0
         ce = F.cross_entropy(logits[ok].float(), targets[at[ok]], reduction="none")
-        losses[k_of[:len(at)][ok], index[ok]] = ce
-        loops[k_of[:len(at)][ok], index[ok]] = used[ok]
+        losses[k_of[:live][ok], index[ok]] = ce
+        loops[k_of[:live][ok], index[ok]] = used[ok]
     return per_token
