@@ -39,6 +39,7 @@ from ...model.kv_adaptive import kv_adaptive_step
 from ...spec.names import IGNORE_INDEX
 from .cached import CriterionExit
 from .criteria import never_exits
+from .replay_loops import decode_loops
 from .spec import ExitSpec
 
 
@@ -59,6 +60,7 @@ class _Pieces:
     start: Tensor  # [S] the piece's first token
     first: Tensor  # [S] its first scored position: the prompt's last token
     steps: Tensor  # [S] decoding steps: its last scored position − first
+    decoded: Tensor  # [B·L] bool: the positions after their piece's first, up to its last
 
 
 def _pieces(batch: Any) -> _Pieces:
@@ -76,7 +78,8 @@ def _pieces(batch: Any) -> _Pieces:
     first = flat.new_full((S,), B * L).scatter_reduce(0, piece[scored], flat[scored], "amin")
     last = flat.new_full((S,), -1).scatter_reduce(0, piece[scored], flat[scored], "amax")
     keep = last >= 0
-    return _Pieces(start[keep], first[keep], (last - first)[keep])
+    decoded = (flat > first[piece]) & (flat <= last[piece])
+    return _Pieces(start[keep], first[keep], (last - first)[keep], decoded)
 
 
 @torch.no_grad()
@@ -108,10 +111,13 @@ def _decode(model: Any, batch: Any, spec: ExitSpec, kv_fill: str, replayed: list
     slot = torch.full_like(targets, -1)  # flat position → index among the scored tokens
     slot[targets != IGNORE_INDEX] = torch.arange(losses.shape[1], device=dev)
     pieces = _pieces(batch)
+    if not bool(pieces.decoded.any()):
+        return None
+    if model.cfg.coda_layers == 0:  # the same, loop by loop (replay_loops)
+        return decode_loops(model, batch, spec, kv_fill, replayed, pieces.decoded, slot,
+                            losses, loops)
     order = torch.argsort(pieces.steps, descending=True, stable=True)
     order = order[pieces.steps[order] > 0]  # pieces that decode, most steps first
-    if not order.numel():
-        return None
     start, first, steps = pieces.start[order], pieces.first[order], pieces.steps[order]
     ids = batch["input_ids"].reshape(-1)
     pos = batch.get("position_ids")
