@@ -125,7 +125,7 @@ class _ExitSums:
         self.spec = spec
         self.documents = DocumentAccumulator(range(len(spec.thresholds) + 1))
         self.loops = np.zeros(len(spec.thresholds), dtype=np.int64)
-        self.kv_bytes_per_token: float | None = None
+        self.kv_bytes_per_token: int | None = None
 
     def add(self, keys: np.ndarray, losses: Tensor, exit_loops: Tensor) -> None:
         self.documents.add(keys, losses.cpu().double().numpy())

@@ -21,6 +21,9 @@ true next token:
   :meth:`~.cached.CriterionExit.per_row`); each scored token gets the loops it computed and
   the cross-entropy of its prediction at its exit.
 
+Without coda blocks the decoding steps run loop by loop instead, every position at once
+(:mod:`.replay_loops`: the same numbers, far fewer operations when many tokens decode).
+
 A threshold under which no token exits early is not replayed: the decoder then computes
 every loop of every token, fixed-depth cached decoding (the exact edge of
 :mod:`~pipeline_lib.model.kv_adaptive`), so it takes the fixed losses and max loops.
@@ -50,7 +53,7 @@ class Replayed:
 
     losses: Tensor  # [n, K+1] fp32: column 0 the fixed loss at max loops, 1+k threshold k
     loops: Tensor  # [n, K] int64 loops computed under threshold k
-    kv_bytes_per_token: float | None  # the decoder's cache per token (None: nothing replayed)
+    kv_bytes_per_token: int | None  # the decoder's cache per token (None: nothing replayed)
 
 
 @dataclass
@@ -100,7 +103,7 @@ def replay_batch(model: Any, batch: Any, spec: ExitSpec, kv_fill: str,
 
 
 def _decode(model: Any, batch: Any, spec: ExitSpec, kv_fill: str, replayed: list[int],
-            losses: Tensor, loops: Tensor) -> float | None:
+            losses: Tensor, loops: Tensor) -> int | None:
     """Prefill every piece that decodes a token once, then decode each (piece, threshold k in
     ``replayed``) as one cache row, the rows with the most steps first (a row leaves the
     cache when its piece is done); write each decoded scored token's loss and loops into
@@ -128,7 +131,7 @@ def _decode(model: Any, batch: Any, spec: ExitSpec, kv_fill: str, replayed: list
     # the prompt's keys and values do not depend on the exit rule (full depth): one prefill
     _, cache = model.prefill({"input_ids": ids[cols], "position_ids": pos[cols]},
                              spec.max_loops, lengths, int(steps.max()), kv_fill=kv_fill)
-    per_token = cache.nbytes / (cache.rows * cache.capacity)
+    per_token = cache.nbytes // (cache.rows * cache.capacity)
     S = len(order)  # cache row → piece (rows of the prefill) and threshold, most steps first
     piece = torch.arange(S, device=dev).repeat_interleave(len(replayed))
     k_of = torch.tensor(replayed, device=dev).repeat(S)

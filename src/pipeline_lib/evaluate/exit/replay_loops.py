@@ -65,7 +65,7 @@ class FrozenKV:
 
 
 def decode_loops(model: Any, batch: Any, spec: ExitSpec, kv_fill: str, replayed: list[int],
-                 decoded: Tensor, slot: Tensor, losses: Tensor, loops: Tensor) -> float:
+                 decoded: Tensor, slot: Tensor, losses: Tensor, loops: Tensor) -> int:
     """The replay of thresholds ``replayed`` (one copy of the batch each), loop by loop;
     ``decoded`` [B·L] bool: the positions decoded token by token; ``slot`` [B·L]: each
     position's index among the scored tokens (−1: none). Writes ``losses``/``loops`` [K, n];

@@ -46,7 +46,7 @@ class AdaptiveLosses:
     loops_used: list[int]  # Σ exit loops over scored tokens, per threshold
     # kv_fill → the same sums for the cached decoder's replay (:mod:`.replay`): what it spends
     spent: dict[str, AdaptiveLosses] = field(default_factory=dict)
-    kv_bytes_per_token: float | None = None  # the replay's cache (None: nothing replayed)
+    kv_bytes_per_token: int | None = None  # the replay's cache (None: nothing replayed)
 
     @property
     def tokens(self) -> int:
