@@ -13,9 +13,10 @@ true next token:
 - the prompt is the piece up to its first scored position (an ``answer_*`` objective's
   question, else the piece's first token), prefilled at full depth; the prompt's last token
   is read out at its exit, as ``generate`` reads the first new token. The prefill computes
-  the prompt exactly as the sweep's pass does, and its keys and values do not depend on the
-  exit rule, so each piece is prefilled once (:func:`~pipeline_lib.model.kv_cache.
-  kv_prefill`) and the prompt's last token keeps the sweep's exit and loss;
+  the prompt as the sweep's pass does (the same loops over the same tokens, equal up to
+  float rounding), and its keys and values do not depend on the exit rule, so each piece
+  is prefilled once (:func:`~pipeline_lib.model.kv_cache.kv_prefill`) and the prompt's
+  last token keeps the sweep's exit and loss;
 - every later token up to the piece's last scored one is one decoding step, for all pieces
   and all thresholds at once (one cache row per piece and threshold:
   :meth:`~.cached.CriterionExit.per_row`); each scored token gets the loops it computed and
