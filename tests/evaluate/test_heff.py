@@ -85,8 +85,15 @@ def test_cli_tracks_the_sweep_as_a_stage_run_unless_no_track(tiny_run, tmp_path:
                                   filter_string="tags.`loopline.stage` = 'eval_heff/step_0000007'")
     parent = json.loads((run_dir / "tracking.json").read_text())["parent_run_id"]
     assert stage.data.tags["mlflow.parentRunId"] == parent and stage.info.status == "FINISHED"
-    losses = json.loads((tmp_path / "h.json").read_text())["losses"]
-    assert stage.data.metrics["heff/loss_h2"] == losses["2"]
+    doc = json.loads((tmp_path / "h.json").read_text())
+    assert stage.data.metrics["heff/loss_h2"] == doc["losses"]["2"]
+    point = doc["adaptive_by_criterion"]["kl"]["points"][-1]  # needed and spent loops
+    t = f"t{point['threshold']:g}"
+    assert stage.data.metrics[f"heff/adaptive_loops_{t}"] == point["mean_loops"]
+    for fill in ("latest", "skip"):
+        spent = point["spent"][fill]
+        assert stage.data.metrics[f"heff/adaptive_spent_loops_{fill}_{t}"] == spent["mean_loops"]
+        assert stage.data.metrics[f"heff/adaptive_spent_loss_{fill}_{t}"] == spent["loss"]
 
 
 def test_cli_missing_snapshot_is_one_line(tmp_path: Path, tiny_run):

@@ -117,7 +117,8 @@ def test_run_heff_with_every_criterion_writes_what_one_run_per_criterion_writes(
         tiny_run, tmp_path: Path):
     data_dir, snap = tiny_run
     criteria = ("kl", "entropy", "latent_diff", "cosine", "argmax_stable")
-    kwargs = {"max_tokens": 400, "batch_rows": 3}
+    kwargs = {"max_tokens": 400, "batch_rows": 3, "spent": False}  # the pass alone (replay:
+    # test_exit_replay.py, test_exit_results.py)
     together = run_heff(snap, data_dir, [1, 2, 3], tmp_path / "all.json",
                         adaptive=specs([1, 2, 3], 4, criteria), **kwargs)
     fixed = run_heff(snap, data_dir, [1, 2, 3], tmp_path / "fixed.json", **kwargs)

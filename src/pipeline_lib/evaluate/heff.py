@@ -142,7 +142,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
              max_tokens: int, batch_rows: int, use_ema: bool = False,
              adaptive: ExitSpec | Sequence[ExitSpec] | None = None,
              device: str = "cpu", precision: str = "fp32",
-             objective: str | None = None) -> dict[str, Any]:
+             objective: str | None = None, spent: bool = True) -> dict[str, Any]:
     """Evaluate ``snapshot`` on the validation split of ``data_dir``; write ``out`` (JSON).
 
     ``objective`` (default: the snapshot's ``train.objective``) decides what is scored: an
@@ -150,7 +150,9 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     tokens such a model was trained on; any other scores every token.
 
     ``adaptive``: also the adaptive exit (:mod:`.exit`) of each criterion, from the same
-    run of the loops (:func:`_adaptive_sections`). The model and every batch live on
+    run of the loops (:func:`_adaptive_sections`): the loops each token needs, and what a
+    cached decoder spends under each ``kv_fill`` (:mod:`.exit.replay`; ``spent=False``
+    leaves the latter out, for callers that want the one pass alone). The model and every batch live on
     ``device`` (``experiment.device``), passes run in ``precision`` (``experiment.precision``).
     """
     _check_out(out)  # before the sweep, not after it
@@ -169,7 +171,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
             swept = sweep_pass(loaded.model, data.eval_batches(data.val_rows, batch_rows, dev,
                                                                answer_only=answer_only),
                                h_effs, specs, max_tokens,
-                               getattr(data, "doc_levels", None))
+                               getattr(data, "doc_levels", None), spent=spent)
         except NoTokensScored:
             if not answer_only:
                 raise

@@ -9,6 +9,9 @@ whose active rows are the same set share one readout (logits, log-softmax, cross
 entropy, KL, top token), and a criterion's cross-entropies after its max loops are the
 fixed readout at that count. The numbers equal, bit for bit, one pass for the fixed sweep
 and one per criterion (:mod:`.exit.readout` says why sharing stops at identical sets).
+
+Those exits are what each token needs; with ``spent``, each batch is also decoded by the
+cached decoder under each ``kv_fill`` (:mod:`.exit.replay`): what it would spend.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from tqdm import tqdm
 
 from ..errors import ConfigError
 from ..spec.names import IGNORE_INDEX
+from ..spec.rules import KV_FILLS
 from .exit.readout import LoopHidden, RowReadout, cross_entropy_rows
+from .exit.replay import replay_batch
 from .exit.results import AdaptiveLosses, document_keys
 from .exit.runs import CriterionExits
 from .exit.spec import ExitSpec
@@ -113,21 +118,50 @@ def _by_active_rows(runs: Sequence[CriterionExits]) -> list[list[CriterionExits]
     return groups
 
 
+class _ExitSums:
+    """Per-document losses [n, K+1] and Σ loops [K] of one spec's exits, batch by batch."""
+
+    def __init__(self, spec: ExitSpec) -> None:
+        self.spec = spec
+        self.documents = DocumentAccumulator(range(len(spec.thresholds) + 1))
+        self.loops = np.zeros(len(spec.thresholds), dtype=np.int64)
+        self.kv_bytes_per_token: int | None = None
+
+    def add(self, keys: np.ndarray, losses: Tensor, exit_loops: Tensor) -> None:
+        self.documents.add(keys, losses.cpu().double().numpy())
+        self.loops += exit_loops.sum(dim=0).cpu().numpy()
+
+    def finish(self) -> AdaptiveLosses:
+        return AdaptiveLosses(self.spec, self.documents.finish(), [int(x) for x in self.loops],
+                              kv_bytes_per_token=self.kv_bytes_per_token)
+
+
+def _replay(model: torch.nn.Module, batch: Any, keys: np.ndarray, spec: ExitSpec,
+            needs: tuple[Tensor, Tensor], sums: dict[str, _ExitSums]) -> None:
+    """The batch decoded by the cached decoder under every ``kv_fill``, added to ``sums``;
+    ``needs``: the spec's exits in the sweep's pass (losses, exit loops)."""
+    for fill, acc in sums.items():
+        out = replay_batch(model, batch, spec, fill, needs)
+        acc.add(keys, out.losses, out.loops)
+        acc.kv_bytes_per_token = out.kv_bytes_per_token or acc.kv_bytes_per_token
+
+
 @torch.no_grad()
 def sweep_pass(model: torch.nn.Module, batches: Iterable[Any], h_effs: Sequence[int],
                specs: Sequence[ExitSpec], max_tokens: int,
-               doc_levels: np.ndarray | None = None) -> SweepDocuments:
+               doc_levels: np.ndarray | None = None, spent: bool = False) -> SweepDocuments:
     """Summed token losses per document at every H_eff and under every threshold of every
     (resolved) spec, up to ``max_tokens`` targets; one run of the loops per batch.
 
     ``doc_levels`` (level per global document, -1 = unknown) labels the fixed sweep's
-    documents when batches carry ``doc_index``.
+    documents when batches carry ``doc_index``. ``spent``: also every spec's replay by the
+    cached decoder under each ``kv_fill`` (:attr:`AdaptiveLosses.spent`).
     """
     model.eval()
     hs = sorted({int(h) for h in h_effs})
     fixed = DocumentAccumulator(hs)
-    exits = [DocumentAccumulator(range(len(spec.thresholds) + 1)) for spec in specs]
-    loops = [np.zeros(len(spec.thresholds), dtype=np.int64) for spec in specs]
+    exits = [_ExitSums(spec) for spec in specs]
+    replays = [{fill: _ExitSums(spec) for fill in (KV_FILLS if spent else ())} for spec in specs]
     tokens = rows = 0
     global_keys = True
     bar = tqdm(total=max_tokens, desc="H_eff sweep" + (" + adaptive exit" if specs else ""),
@@ -140,9 +174,9 @@ def sweep_pass(model: torch.nn.Module, batches: Iterable[Any], h_effs: Sequence[
             out = sweep_batch(model, batch, hs, specs)
             if out.fixed is not None:
                 fixed.add(keys, out.fixed.cpu().double().numpy())
-            for acc, used, (losses, exit_loops) in zip(exits, loops, out.exits, strict=True):
-                acc.add(keys, losses.cpu().double().numpy())
-                used += exit_loops.sum(dim=0).cpu().numpy()
+            for acc, sums, (losses, exit_loops) in zip(exits, replays, out.exits, strict=True):
+                acc.add(keys, losses, exit_loops)
+                _replay(model, batch, keys, acc.spec, (losses, exit_loops), sums)
             tokens += n
             bar.update(n)
         rows += batch["targets"].shape[0]
@@ -152,6 +186,9 @@ def sweep_pass(model: torch.nn.Module, batches: Iterable[Any], h_effs: Sequence[
     if tokens == 0:
         raise NoTokensScored("the H_eff sweep scored no tokens: the validation split is empty "
                              "or fully padded; raise data.val_fraction and re-pack")
-    return SweepDocuments(fixed.finish(doc_levels if global_keys else None),
-                          [AdaptiveLosses(spec, acc.finish(), [int(x) for x in used])
-                           for spec, acc, used in zip(specs, exits, loops, strict=True)])
+    adaptive = [acc.finish() for acc in exits]
+    for result, sums in zip(adaptive, replays, strict=True):
+        for fill, acc in sums.items():
+            result.spent[fill] = acc.finish()
+            result.kv_bytes_per_token = result.spent[fill].kv_bytes_per_token
+    return SweepDocuments(fixed.finish(doc_levels if global_keys else None), adaptive)

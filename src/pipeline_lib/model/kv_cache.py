@@ -57,10 +57,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..spec.rules import KV_FILLS
 from .attention import DocumentMask, document_attention, sdpa
 
 KV_SHARES = "per_loop, last or every:K (K >= 1)"
-KV_FILLS = ("latest", "skip")
 
 
 def share_every(kv_share: str, loops: int, key: str = "--kv-share") -> int:

@@ -23,6 +23,8 @@ ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/ans
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
 # adaptive-exit criteria (pipeline_lib.evaluate.exit.criteria computes them)
 EXIT_CRITERIA = ("kl", "entropy", "latent_diff", "cosine", "argmax_stable", "gate")
+# what cached adaptive decoding reads of a position past its exit (pipeline_lib.model.kv_cache)
+KV_FILLS = ("latest", "skip")
 # Most loops read out at test time (H_eff, an adaptive exit's MAX): far past any depth a
 # loop count is trained or extrapolated to here, and a typo (200000) is an error, not a
 # run that never ends (each loop is one core-block pass per token).

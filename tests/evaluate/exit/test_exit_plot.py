@@ -6,6 +6,8 @@ from __future__ import annotations
 from itertools import combinations
 from pathlib import Path
 
+import pytest
+
 from pipeline_lib.evaluate.exit.plot import STYLE, plot_adaptive, threshold_labels
 
 H = 4
@@ -96,3 +98,23 @@ def test_no_adaptive_results_says_so(tmp_path: Path):
     assert [t.get_text() for t in main.texts] == [
         "no adaptive-exit results\n(eval.adaptive.thresholds is empty)"]
     assert (tmp_path / "e.png").is_file()
+
+
+def test_spent_points_are_hollow_twins_of_the_needed_ones(tmp_path: Path):
+    """Where the sweep has the cached decoder's replay, each criterion also draws its spent
+    points (hollow, dashed for latest, dotted for skip) and the legend names each kv_fill."""
+    doc = sweep(30, 0.0)
+    for p in doc["adaptive_by_criterion"]["kl"]["points"]:
+        p["spent"] = {"latest": {"mean_loops": p["mean_loops"] + 0.25, "loss": p["loss"] + 0.01},
+                      "skip": {"mean_loops": p["mean_loops"] + 0.5, "loss": p["loss"] + 0.02}}
+    fig = plot_adaptive([doc], tmp_path / "a.png")
+    main = fig.axes[0]
+    lines = {line.get_label(): line for line in main.get_lines()}
+    latest, skip = lines["_kl spent, kv_fill latest"], lines["_kl spent, kv_fill skip"]
+    assert list(latest.get_xdata()) == [2.45, 2.45, 2.45, 3.35, H + 0.25]
+    assert list(skip.get_ydata()) == pytest.approx([1.14, 1.14, 1.14, 1.06, 1.02])
+    assert (latest.get_linestyle(), skip.get_linestyle()) == ("--", ":")
+    assert latest.get_color() == STYLE["kl"][0] and latest.get_markerfacecolor() == "white"
+    assert not any(name.startswith("_entropy spent") for name in lines)  # none in the sweep
+    assert [t.get_text() for t in main.get_legend().get_texts()][-2:] == [
+        "spent by a cached decoder, kv_fill latest", "spent by a cached decoder, kv_fill skip"]

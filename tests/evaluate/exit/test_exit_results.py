@@ -13,7 +13,7 @@ from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.exit.criteria import adaptive_logits
 from pipeline_lib.evaluate.exit.results import adaptive_section
 from pipeline_lib.evaluate.exit.spec import ExitSpec
-from pipeline_lib.evaluate.exit.summary import summarize_adaptive
+from pipeline_lib.evaluate.exit.summary import adaptive_rows, summarize_adaptive
 from pipeline_lib.evaluate.heff import run_heff, sweep_losses
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
 from pipeline_lib.spec.config import ModelConfig
@@ -226,6 +226,12 @@ def test_run_heff_writes_the_adaptive_section(tiny_run, tmp_path: Path):
     assert section["points"][-1]["loss"] == pytest.approx(result["losses"]["1"], rel=1e-6)
     assert section["points"][-1]["mean_loops"] == 1.0
     assert section["tokens"] == result["tokens"]
+    for fill in ("latest", "skip"):  # what a cached decoder spends (test_exit_replay.py)
+        never, *_, every = (p["spent"][fill] for p in section["points"])
+        assert (never["loss"], never["mean_loops"]) == (result["losses"]["4"], 4.0)
+        assert every["mean_loops"] == 1.0
+    # prelude, 4 loops of the core, coda: (keys, values) × d_model × fp32
+    assert section["kv_bytes_per_token"] == (1 + 4 + 1) * 2 * 32 * 4
     assert "adaptive_by_criterion" not in run_heff(snap, data_dir, [1, 2],
                                                    tmp_path / "plain.json", max_tokens=300,
                                                    batch_rows=4)
@@ -248,6 +254,16 @@ def test_summary_table_and_plot(tiny_run, tmp_path: Path):
     assert [(r["step"], r["criterion"], r["max_loops"], r["threshold"]) for r in rows] == [
         (7, "entropy", 3, 0.0), (7, "entropy", 3, 0.5)]
     assert rows[0]["loss"] == rows[0]["fixed_loss"] and rows[0]["mean_loops"] == 3.0
+    section = json.loads(with_section.read_text())["adaptive_by_criterion"]["entropy"]
+    for row, point in zip(rows, section["points"], strict=True):
+        for fill in ("latest", "skip"):
+            spent = point["spent"][fill]
+            assert (row[f"spent_{fill}_loops"], row[f"spent_{fill}_loss"],
+                    row[f"spent_{fill}_stderr"]) == (spent["mean_loops"], spent["loss"],
+                                                     spent["stderr"])
+    old = {"step": 1, "adaptive_by_criterion": {"entropy": {**section, "points": [
+        {k: v for k, v in p.items() if k != "spent"} for p in section["points"]]}}}
+    assert adaptive_rows([old])[0]["spent_latest_loops"] is None  # written before the replay
     assert (tmp_path / "p.png").stat().st_size > 1000
     empty = summarize_adaptive([without], tmp_path / "e.parquet", tmp_path / "e.png")
     assert empty == [] and pq.read_table(tmp_path / "e.parquet").num_rows == 0

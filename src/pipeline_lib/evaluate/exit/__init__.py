@@ -12,7 +12,8 @@ from one pass over the loops per batch (:mod:`..sweep_pass`).
 Semantics of this one-pass evaluation: every position's state keeps being computed up to H
 (later tokens attend to it), and each token's prediction is read out at its own exit loop;
 the "loops used" of a token is its exit loop. So the numbers say how much depth each token
-needs, not how much compute a cached decoder would save. The threshold that never exits
+needs; what a cached decoder would spend (its own exits, under each ``kv_fill``) is the
+sweep's replay of that decoder (:mod:`.replay`, :mod:`.replay_loops`). The threshold that never exits
 (0; 1 for gate) reproduces the fixed H-loop result exactly: the adaptive
 loss is the fixed loss at H (per-token losses computed as the H_eff sweep computes them)
 plus the change of every token that exits early. Every loss carries a per-document
@@ -21,7 +22,8 @@ bootstrap standard error and a paired interval against the fixed loss at H.
 The family, one concept: :mod:`.spec` (what an exit is, its text form and config keys:
 torch-free), :mod:`.criteria` (the scores, and every position read out at its exit for
 scoring and generation: ``adaptive_logits``), :mod:`.readout` and :mod:`.runs` (the sweep's
-shared readouts and one criterion's exits over a batch), :mod:`.results` (the sweep JSON
-section), :mod:`.summary` and :mod:`.plot` (the table and figure over every snapshot). The
+shared readouts and one criterion's exits over a batch), :mod:`.cached` (the criteria as
+cached decoding's exit rule), :mod:`.replay` and :mod:`.replay_loops` (that decoder
+replayed over the sweep's rows), :mod:`.results` (the sweep JSON section), :mod:`.summary` and :mod:`.plot` (the table and figure over every snapshot). The
 learned gate's exit distribution is :mod:`pipeline_lib.model.exit_gate`'s.
 """

@@ -1,10 +1,12 @@
 """The adaptive-exit criteria as an exit rule of cached decoding (:mod:`pipeline_lib.model.
 kv_adaptive`): the same scores and thresholds as :func:`.criteria.adaptive_logits`, for the
-rows of one decoding pass (one token each) that are still looping."""
+rows of one decoding pass (one token each) that are still looping. One threshold for every
+row, or one per row (:meth:`CriterionExit.per_row`: the sweep's replay decodes every
+threshold in one batch, :mod:`.replay`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,11 +38,29 @@ class CriterionExit:
         check_model_criterion(model, spec.criterion, key)
         self.model, self.criterion, self.max_loops = model, spec.criterion, spec.max_loops
         self.threshold = exit_threshold(spec.criterion, spec.threshold)
+        self.row_thresholds: Tensor | None = None  # per_row: [rows] compared values
+        self.live: Tensor | float = self.threshold  # of the rows still looping in a pass
         self.tracker: ExitTracker | None = None
         self.prev: Tensor | None = None
 
+    def per_row(self, thresholds: Sequence[float], key: str = "threshold") -> None:
+        """From now on row b of every pass exits under ``thresholds[b]`` (the user's units)."""
+        for x in thresholds:
+            check_exit_threshold(self.criterion, x, key)
+        self.row_thresholds = torch.tensor([exit_threshold(self.criterion, x)
+                                            for x in thresholds], dtype=torch.float32)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep the per-row thresholds of ``rows`` only (as :meth:`KVCache.select`)."""
+        if self.row_thresholds is not None:
+            self.row_thresholds = self.row_thresholds[rows.to(self.row_thresholds.device)]
+
     def start(self, state: Tensor, readout: Callable[[], Tensor]) -> None:
         self.prev = None
+        if self.row_thresholds is not None:
+            self.row_thresholds = self.row_thresholds.to(state.device)
+            assert len(self.row_thresholds) == state.shape[0], "one threshold per row"
+        self.live = self.threshold if self.row_thresholds is None else self.row_thresholds
         if self.criterion == "kl" and self.max_loops > 1:  # p_0: the initial state's readout
             self.prev = torch.log_softmax(readout().float(), dim=-1)
         self.tracker = None
@@ -55,9 +75,11 @@ class CriterionExit:
         else:
             score = self.tracker.score(state, hidden, logp.argmax(-1))
         self.prev = logp
-        return score < self.threshold
+        return score < self.live
 
     def keep(self, still: Tensor) -> None:
+        if isinstance(self.live, Tensor):
+            self.live = self.live[still]
         if self.prev is not None:
             self.prev = self.prev[still]
         if self.tracker is not None:

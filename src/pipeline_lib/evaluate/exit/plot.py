@@ -9,6 +9,12 @@ each its own loss scale (training moves the whole curve more than depth or exit 
 it, so a shared scale would flatten every panel), and no threshold labels. The legend sits
 outside the axes.
 
+A criterion's filled markers are what each token needs (the one-pass exits); where the
+sweep has them, hollow markers of the same colour and shape are what a cached decoder
+spends under each ``kv_fill`` (the replay, :mod:`.replay`): its mean loops computed and the
+loss of its predictions, ``latest`` on a dashed line, ``skip`` on a dotted one. A point
+whose hollow twin sits on it costs the decoder what the token needs.
+
 Labels avoid each other and the points: each tries offsets around its point, nearest first,
 and takes the first whose box is free (a thin leader line when it had to move away).
 Thresholds of one criterion that land on the same point share a label; points where no
@@ -26,6 +32,7 @@ STYLE = {"kl": ("#0072B2", "s"), "entropy": ("#E69F00", "^"), "latent_diff": ("#
          "cosine": ("#CC79A7", "v"), "argmax_stable": ("#D55E00", "P"),
          "gate": ("#56B4E9", "*")}  # Okabe–Ito colours (colour-blind safe), one marker each
 _OTHER = ("#666666", "o")
+SPENT_LINES = {"latest": "--", "skip": ":"}  # a cached decoder's points: hollow, these lines
 PER_ROW = 3  # small panels per row
 _NEAR, _FAR = 4, 11  # label offsets from the point (points)
 _LABEL_BOX = {"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none",
@@ -80,16 +87,48 @@ def _draw_all(fig: Any, main: Any, small: Sequence[Any], shown: Sequence[dict]) 
     main.set_xscale("log", base=2)
     main.set_xticks(hs, [str(h) for h in hs])
     main.minorticks_off()
-    main.set_xlabel("loops per token (fixed: H_eff; adaptive: mean exit loop)")
+    main.set_xlabel("loops per token (fixed: H_eff; adaptive: mean exit loop, needed or spent)")
     main.set_ylabel("validation loss (nats/token)")
-    main.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
-                fontsize="small")
+    handles, labels = main.get_legend_handles_labels()
+    spent = _spent_legend(last, handles, labels)
+    main.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                borderaxespad=0.0, fontsize="small")
     main.text(1.01, 0.0, "beside each point: its threshold\nunlabelled: no token exits early\n"
-              "(the never-exit threshold, 0 or\ngate's 1, is the fixed loss at max)",
+              "(the never-exit threshold, 0 or\ngate's 1, is the fixed loss at max)" + (
+                  "\nfilled: loops each token needs\n(one pass, every loop computed)\n"
+                  "hollow: what a cached decoder\nspends (its own exits and loss)" if spent else ""),
               transform=main.transAxes, fontsize="x-small", va="bottom", ha="left")
     fig.canvas.draw()  # constrained layout places the axes once; labels go in after it
     fig.set_layout_engine("none")
     _label_thresholds(main, sections(last), fig.canvas.get_renderer())
+
+
+def _spent_legend(doc: dict[str, Any], handles: list, labels: list) -> bool:
+    """One grey legend entry per ``kv_fill`` drawn (the colour names the criterion); whether
+    there is any."""
+    from matplotlib.lines import Line2D  # as in plot_adaptive: matplotlib only when drawing
+
+    drawn = {fill for section in sections(doc) for p in section["points"]
+             for fill in p.get("spent", {})}
+    for fill, style in SPENT_LINES.items():
+        if fill in drawn:
+            handles.append(Line2D([], [], color="#666666", marker="o", markerfacecolor="white",
+                                  linestyle=style))
+            labels.append(f"spent by a cached decoder, kv_fill {fill}")
+    return bool(drawn)
+
+
+def _spent_points(ax: Any, section: dict[str, Any], size: float) -> None:
+    """Hollow markers (mean loops computed, loss) of a cached decoder, per ``kv_fill``."""
+    colour, marker = STYLE.get(section["criterion"], _OTHER)
+    for fill, style in SPENT_LINES.items():
+        spent = sorted((p["spent"][fill] for p in section["points"] if fill in p.get("spent", {})),
+                       key=lambda s: s["mean_loops"])
+        if spent:
+            ax.plot([s["mean_loops"] for s in spent], [s["loss"] for s in spent], color=colour,
+                    marker=marker, markersize=size, markerfacecolor="white", linestyle=style,
+                    linewidth=0.9, alpha=0.9,
+                    label=f"_{section['criterion']} spent, kv_fill {fill}")  # _: no legend
 
 
 def _panel(ax: Any, doc: dict[str, Any], name: str, small: bool = False) -> None:
@@ -108,6 +147,7 @@ def _panel(ax: Any, doc: dict[str, Any], name: str, small: bool = False) -> None
         ax.plot([p["mean_loops"] for p in points], [p["loss"] for p in points], color=colour,
                 marker=marker, markersize=size, linewidth=1.0 if small else 1.4, alpha=0.9,
                 label=f"{section['criterion']} (≤ {section['max_loops']} loops)")
+        _spent_points(ax, section, size)
     ax.margins(y=0.12)
     ax.autoscale_view()
     ax.set_autoscaley_on(False)  # the band below keeps the points' scale

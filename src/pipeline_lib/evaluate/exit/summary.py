@@ -3,7 +3,9 @@
 ``eval/heff_adaptive.parquet`` (:data:`COLUMNS`): one row per (snapshot step, criterion,
 threshold), with the loss, its per-document bootstrap standard error, the mean loops used
 and the paired difference to the fixed loss at ``max_loops`` (``diff_vs_fixed`` and its 95%
-interval). ``eval/heff_adaptive.png`` (:mod:`.plot`): loss against (mean) loops
+interval), and what a cached decoder spends under each ``kv_fill`` (``spent_latest_loops``,
+``spent_latest_loss``, ``spent_latest_stderr``, the same for ``skip``; empty for sweeps
+written before the replay, :mod:`.replay`). ``eval/heff_adaptive.png`` (:mod:`.plot`): loss against (mean) loops
 used, every criterion's points and the fixed-H_eff points on the same axes; the last
 snapshot in the large panel, earlier ones in small panels below.
 
@@ -19,16 +21,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ...spec.rules import KV_FILLS
 from ..heff_summary import read_sweeps, write_parquet
 from .plot import plot_adaptive, sections
 
 log = logging.getLogger(__name__)
+_SPENT = {f"spent_{fill}_{what}": (fill, key) for fill in KV_FILLS
+          for what, key in (("loops", "mean_loops"), ("loss", "loss"), ("stderr", "stderr"))}
 COLUMNS = ("step", "criterion", "max_loops", "threshold", "loss", "stderr", "mean_loops",
-           "tokens", "fixed_loss", "diff_vs_fixed", "diff_lo", "diff_hi")
+           "tokens", "fixed_loss", "diff_vs_fixed", "diff_lo", "diff_hi", *_SPENT)
 _TYPES = {"step": "int64", "criterion": "string", "max_loops": "int64", "threshold": "float64",
           "loss": "float64", "stderr": "float64", "mean_loops": "float64", "tokens": "int64",
           "fixed_loss": "float64", "diff_vs_fixed": "float64", "diff_lo": "float64",
-          "diff_hi": "float64"}
+          "diff_hi": "float64", **dict.fromkeys(_SPENT, "float64")}
 
 
 def adaptive_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,7 +54,9 @@ def _section_rows(doc: dict[str, Any], section: dict[str, Any], rows: list) -> N
                      "stderr": point.get("stderr"), "mean_loops": float(point["mean_loops"]),
                      "tokens": int(point["tokens"]), "fixed_loss": section.get("fixed_loss"),
                      "diff_vs_fixed": diff.get("diff"), "diff_lo": diff.get("lo"),
-                     "diff_hi": diff.get("hi")})
+                     "diff_hi": diff.get("hi"),
+                     **{col: point.get("spent", {}).get(fill, {}).get(key)
+                        for col, (fill, key) in _SPENT.items()}})
 
 
 def write_adaptive_table(rows: Sequence[dict[str, Any]], out: Path) -> None:

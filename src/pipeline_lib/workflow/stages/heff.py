@@ -21,7 +21,10 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
                out: Path) -> dict[str, Any]:
     """H_eff sweep of one snapshot (``eval.*`` settings) as child run ``eval_heff/step_…``,
     on ``experiment.device`` in ``experiment.precision``; the final snapshot's sweep also
-    goes to the parent run (``heff/final_loss`` at step = H_eff, see :mod:`.final_results`)."""
+    goes to the parent run (``heff/final_loss`` at step = H_eff, see :mod:`.final_results`).
+    Adaptive points log the loss and mean loops each token needs (``heff/adaptive_loss_tX``,
+    ``…_loops_tX``) and what a cached decoder spends under each kv_fill
+    (``heff/adaptive_spent_loss_latest_tX``, ``…_spent_loops_skip_tX``, …)."""
     h_effs = parse_h_eff(cfg.eval.h_eff, "eval.h_eff")
     check_stage_outputs(cfg, run_dir, [(out, HEFF_JSON)],
                         [("--snapshot", snapshot), ("--data", data_dir)])
@@ -43,8 +46,12 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
         for i, section in enumerate(result.get("adaptive_by_criterion", {}).values()):
             name = "adaptive" if i == 0 else f"adaptive_{section['criterion']}"  # first: as before
             for point in section["points"]:
-                metrics[f"heff/{name}_loss_t{point['threshold']:g}"] = point["loss"]
-                metrics[f"heff/{name}_loops_t{point['threshold']:g}"] = point["mean_loops"]
+                t = f"t{point['threshold']:g}"
+                metrics[f"heff/{name}_loss_{t}"] = point["loss"]
+                metrics[f"heff/{name}_loops_{t}"] = point["mean_loops"]
+                for fill, spent in point.get("spent", {}).items():  # a cached decoder's
+                    metrics[f"heff/{name}_spent_loss_{fill}_{t}"] = spent["loss"]
+                    metrics[f"heff/{name}_spent_loops_{fill}_{t}"] = spent["mean_loops"]
         stage.log_metrics(step or 0, metrics)
         stage.log_artifact(out, "eval/heff")
         if is_final(Path(snapshot)):
