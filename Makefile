@@ -76,10 +76,10 @@ device-wheels: $(STAMP)
 # tests stay on one worker (its fixtures are built once), slow files first (tests/conftest.py).
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks workflow/scripts
