@@ -122,3 +122,47 @@ def test_continuous_compute_starts_from_the_previous_final_state(make_config) ->
         cont, fresh = model.decode_step(cache, token), model.decode_step(plain, token)
     assert not torch.allclose(cont, fresh)
     assert plain.last_state is None and cache.last_state.shape == (1, model.cfg.d_model)
+
+
+class _FullReadout:
+    """``rule`` scored as before readouts were computed on demand: the whole readout (coda,
+    norm, head) of every looping row after every loop."""
+
+    reads = "logits"
+
+    def __init__(self, rule: CriterionExit) -> None:
+        self.rule, self.max_loops = rule, rule.max_loops
+
+    def start(self, state, readout):
+        self.rule.start(state, readout)
+
+    def exited(self, state, hidden, logits):
+        return self.rule.exited(state, hidden, logits)
+
+    def keep(self, still):
+        self.rule.keep(still)
+
+
+@pytest.mark.parametrize(("criterion", "reads"), [("latent_diff", "state"), ("cosine", "state"),
+                                                  ("gate", "hidden")])
+@pytest.mark.parametrize("fill", ["latest", "skip"])
+def test_a_readout_computed_only_where_the_criterion_reads_it_changes_nothing(
+        make_config, criterion: str, reads: str, fill: str) -> None:
+    """State criteria read nothing out before a row exits, the gate no head: the same
+    tokens, logits and loops as the whole readout after every loop, prompt included."""
+    model = _model(make_config, exit_gate=criterion == "gate", coda_layers=2)
+    for threshold in (0.01, 0.02, 0.32, 0.35, 0.4, 0.6, 0.8):
+        rule = CriterionExit(model, ExitSpec((threshold,), criterion, H))
+        assert rule.reads == reads
+        lean = _run(model, 99, rule=rule, kv_fill=fill)
+        calls = [n for call in lean[2] for n in call]
+        if min(calls) < H == max(calls):
+            break
+    else:
+        pytest.fail(f"no threshold of {criterion} mixes early exits with full depth")
+    full = _run(model, 99, rule=_FullReadout(CriterionExit(model, ExitSpec((threshold,),
+                                                                           criterion, H))),
+                kv_fill=fill)
+    assert lean[0] == full[0] and lean[2] == full[2]
+    for a, b in zip(lean[1], full[1], strict=True):
+        assert (a - b).abs().max() <= 1e-5

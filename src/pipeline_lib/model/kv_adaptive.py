@@ -14,12 +14,19 @@ is ``kv_fill``:
 - ``skip``: the column is masked at loops past e: a later token attends to fewer positions at
   deep loops (one mask per loop per decoding pass, no copy).
 
-The coda runs at every loop of a looping row (the criteria read its readout); its slots end
-up holding each token's keys and values at its exit loop. The prompt is prefilled at full
-depth (every position computes every loop in one parallel pass, the coda at every loop until
-each row's last prompt token has exited, then once more at the end): only its last token's
-readout, the first new token's, stops at its exit. With a threshold that never exits, both
-passes compute exactly what fixed-depth cached decoding at ``max_loops`` computes.
+A loop's readout (coda, final norm, head) is computed only as far as the rule reads it
+(``ExitRule.reads``): ``logits`` (kl, entropy, argmax_stable) the whole readout of every
+looping row after every loop; ``hidden`` (the learned gate) the coda and norm, the head only
+for the rows that exit; ``state`` (latent_diff, cosine) nothing until a row exits, then its
+readout alone. The coda's slots end up holding each token's keys and values at its exit
+loop either way (a looping row's coda writes are overwritten until its exit, and no other
+row of a decoding pass reads them), so the three give the same numbers; ``state`` saves
+every coda and head call before the exit. The prompt is prefilled at full depth (every
+position computes every loop in one parallel pass; the whole prompt is read out at the loops
+where the rule reads a readout or a row's last prompt token exits, and once more at the end,
+the head only on each row's last token): only its last token's readout, the first new
+token's, stops at its exit. With a threshold that never exits, both passes compute exactly
+what fixed-depth cached decoding at ``max_loops`` computes.
 """
 
 from __future__ import annotations
@@ -38,12 +45,14 @@ class ExitRule(Protocol):
     """When a row stops looping; one pass at a time, over the rows still looping."""
 
     max_loops: int
+    reads: str  # what exited() reads after a loop: "state", "hidden" or "logits"
 
     def start(self, state: Tensor, readout: Callable[[], Tensor]) -> None:
         """A pass begins: the initial state rows [a, D]; ``readout()`` → their logits."""
 
-    def exited(self, state: Tensor, hidden: Tensor, logits: Tensor) -> Tensor:
-        """After one more loop: bool [a], True where the row stops here."""
+    def exited(self, state: Tensor, hidden: Tensor | None, logits: Tensor | None) -> Tensor:
+        """After one more loop: bool [a], True where the row stops here (``hidden`` and
+        ``logits`` given as far as ``reads`` asks)."""
 
     def keep(self, still: Tensor) -> None:
         """Only the rows ``still`` [a] (bool) keep looping."""
@@ -56,11 +65,40 @@ def _rows_context(ctx: Any, rows: Tensor) -> Any:
                      answer_mask=None, e=ctx.e[rows])
 
 
-def _readout(model: Any, cache: KVCache, state: Tensor, ctx: Any, rows: Tensor | None
-             ) -> tuple[Tensor, Tensor]:
+def _hidden(model: Any, cache: KVCache, state: Tensor, ctx: Any, rows: Tensor | None
+            ) -> Tensor:
+    """norm(coda(state)) of the cache rows ``rows`` (None: all), the coda's slots written."""
     cache.enter("coda", rows=rows)
-    hidden = model.readout_hidden(state, ctx)
-    return hidden, F.linear(hidden, model.head_weight)
+    return model.readout_hidden(state, ctx)
+
+
+def _head(model: Any, hidden: Tensor) -> Tensor:
+    return F.linear(hidden, model.head_weight)
+
+
+def _loop_readout(model: Any, cache: KVCache, rule: ExitRule, state: Tensor, sub: Any,
+                  part: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """(hidden, logits) of the looping rows after a loop, as far as ``rule.reads`` asks."""
+    if rule.reads == "state":
+        return None, None
+    hidden = _hidden(model, cache, state, sub, part)
+    return hidden, (_head(model, hidden) if rule.reads == "logits" else None)
+
+
+def _exit_logits(model: Any, cache: KVCache, state: Tensor, ctx: Any, rows: Tensor,
+                 stop: Tensor, sub: Any, part: Tensor | None,
+                 read: tuple[Tensor | None, Tensor | None]) -> Tensor:
+    """Logits of the looping rows that ``stop`` [a] (rows: their cache rows [a]), from this
+    loop's ``read`` where it has them, else read out now (those rows alone)."""
+    hidden, logits = read
+    if logits is not None:
+        return logits[stop]
+    if hidden is not None:
+        return _head(model, hidden[stop])
+    if bool(stop.all()):
+        return _head(model, _hidden(model, cache, state, sub, part))
+    return _head(model, _hidden(model, cache, state[stop], _rows_context(ctx, rows[stop]),
+                                rows[stop]))
 
 
 @torch.inference_mode()
@@ -73,28 +111,31 @@ def kv_adaptive_step(model: Any, cache: KVCache, tokens: Tensor, rule: ExitRule
     rows = torch.arange(B, device=state.device)
     loops = torch.full((B,), H, dtype=torch.long, device=state.device)
     final = torch.empty_like(state)
+    out: Tensor | None = None
     sub, part = ctx, None  # part: the rows still looping (None: all of them)
-    rule.start(state, lambda: _readout(model, cache, state, ctx, None)[1])
+    rule.start(state, lambda: _head(model, _hidden(model, cache, state, ctx, None)))
     for t in range(H):
         cache.enter("loop", t, rows=part)
         state = model.forward_loops(sub, t, t + 1, state)
-        hidden, logits = _readout(model, cache, state, sub, part)
-        if t == 0:
+        last = t == H - 1
+        read = (None, None) if last else _loop_readout(model, cache, rule, state, sub, part)
+        stop = torch.ones_like(rows, dtype=torch.bool) if last else rule.exited(state, *read)
+        if not bool(stop.any()):
+            continue
+        logits = _exit_logits(model, cache, state, ctx, rows, stop, sub, part, read)
+        if out is None:
             out = logits.new_empty((B, logits.shape[-1]))
-        stop = torch.ones_like(rows, dtype=torch.bool) if t == H - 1 else \
-            rule.exited(state, hidden, logits)
-        out[rows[stop]], final[rows[stop]], loops[rows[stop]] = logits[stop], state[stop], t + 1
-        if t == H - 1:
-            break
-        if bool(stop.any()):
+        out[rows[stop]], final[rows[stop]], loops[rows[stop]] = logits, state[stop], t + 1
+        if not last:
             cache.exit_rows(rows[stop], t + 1)
-            if bool(stop.all()):
-                break
-            still = ~stop
-            rows, state, part = rows[still], state[still], rows[still]
-            rule.keep(still)
-            sub = _rows_context(ctx, part)
+        if last or bool(stop.all()):
+            break
+        still = ~stop
+        rows, state, part = rows[still], state[still], rows[still]
+        rule.keep(still)
+        sub = _rows_context(ctx, part)
     cache.end_pass(final)
+    assert out is not None
     return out, loops
 
 
@@ -113,22 +154,35 @@ def kv_adaptive_prefill(model: Any, batch: Mapping[str, Tensor] | Tensor, rule: 
     looping = torch.ones(B, dtype=torch.bool, device=lengths.device)
     out = final = None
     rule.start(state[at, lengths - 1],
-               lambda: _readout(model, cache, state, ctx, None)[1][at, lengths - 1])
+               lambda: _head(model, _hidden(model, cache, state, ctx, None)[at, lengths - 1]))
     for t in range(H):
         cache.enter("loop", t)
         state = model.forward_loops(ctx, t, t + 1, state)
-        if t < H - 1 and not bool(looping.any()):
+        last = t == H - 1
+        if not last and not bool(looping.any()):
             continue  # every row's last token has exited: no readout until the end
-        hidden, logits = _readout(model, cache, state, ctx, None)
-        last_h, last_logits, last_s = (x[at, lengths - 1] for x in (hidden, logits, state))
-        if out is None:
-            out, final = torch.empty_like(last_logits), torch.empty_like(last_s)
-        if t == H - 1:
-            out[looping], final[looping] = last_logits[looping], last_s[looping]
-            break
+        last_s = state[at, lengths - 1]
         stop = torch.zeros_like(looping)
-        stop[looping] = rule.exited(last_s[looping], last_h[looping], last_logits[looping])
-        out[stop], final[stop], loops[stop] = last_logits[stop], last_s[stop], t + 1
+        hidden = None
+        if last:
+            stop = looping.clone()
+        elif rule.reads == "state":
+            stop[looping] = rule.exited(last_s[looping], None, None)
+        else:
+            hidden = _hidden(model, cache, state, ctx, None)[at, lengths - 1]
+            logits = _head(model, hidden) if rule.reads == "logits" else None
+            stop[looping] = rule.exited(last_s[looping], hidden[looping],
+                                        None if logits is None else logits[looping])
+        if hidden is None and (last or bool(stop.any())):  # the whole prompt at this loop
+            hidden = _hidden(model, cache, state, ctx, None)[at, lengths - 1]
+        if bool(stop.any()):
+            exit_logits = _head(model, hidden[stop])
+            if out is None:
+                out = exit_logits.new_empty((B, exit_logits.shape[-1]))
+                final = torch.empty_like(last_s)
+            out[stop], final[stop], loops[stop] = exit_logits, last_s[stop], t + 1
+        if last:
+            break
         rule.keep(~stop[looping])
         looping &= ~stop
     cache.end_pass(final)

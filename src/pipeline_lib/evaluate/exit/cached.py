@@ -16,6 +16,7 @@ from ...errors import ConfigError
 from ...spec.rules import check_exit_threshold
 from .criteria import (
     LOGIT_CRITERIA,
+    STATE_CRITERIA,
     ExitTracker,
     check_model_criterion,
     exit_scores,
@@ -68,7 +69,19 @@ class CriterionExit:
             self.tracker = ExitTracker(self.model, self.criterion)
             self.tracker.start(state)
 
-    def exited(self, state: Tensor, hidden: Tensor, logits: Tensor) -> Tensor:
+    @property
+    def reads(self) -> str:
+        """What a loop's score needs (:class:`~pipeline_lib.model.kv_adaptive.ExitRule`):
+        the loop state alone, the readout's hidden state (the gate) or its logits."""
+        if self.criterion in STATE_CRITERIA:
+            return "state"
+        return "hidden" if self.criterion == "gate" else "logits"
+
+    def exited(self, state: Tensor, hidden: Tensor | None, logits: Tensor | None) -> Tensor:
+        if self.reads != "logits":
+            assert self.tracker is not None
+            return self.tracker.score(state, hidden, None) < self.live
+        assert logits is not None, "kl, entropy and argmax_stable read the logits"
         logp = torch.log_softmax(logits.float(), dim=-1)
         if self.tracker is None:
             score = exit_scores(logp, self.prev, self.criterion)

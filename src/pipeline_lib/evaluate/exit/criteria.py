@@ -39,6 +39,7 @@ from ...spec.rules import check_exit_threshold
 from .spec import CRITERIA, ExitSpec
 
 LOGIT_CRITERIA = ("kl", "entropy")  # scored from the next-token distributions
+STATE_CRITERIA = ("latent_diff", "cosine")  # scored from successive loop states
 
 
 def relative_step(now: Tensor, before: Tensor) -> Tensor:
@@ -108,14 +109,14 @@ class ExitTracker:
 
     def start(self, state_rows: Tensor) -> None:
         """The initial loop state rows [a, D] (the states' criteria compare with it)."""
-        if self.criterion in ("latent_diff", "cosine"):
+        if self.criterion in STATE_CRITERIA:
             self.prev = state_rows.float()
 
     def score(self, state_rows: Tensor, hidden_rows: Tensor, top: Tensor | None) -> Tensor:
         """Score [a] after one more loop: its state rows [a, D], readout hidden rows [a, D]
         and (argmax_stable) the top token of each row [a]."""
         c = self.criterion
-        if c in ("latent_diff", "cosine"):
+        if c in STATE_CRITERIA:
             s, prev = state_rows.float(), self.prev
             assert prev is not None, "start() first"
             self.prev = s
