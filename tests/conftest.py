@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from support.scheduling import SHARED_FIXTURE_UNITS, WHOLE_PIPELINE_DIRS
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -16,17 +17,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-# Where the slow files are whole Snakemake pipelines (minutes each): these start first.
-WHOLE_PIPELINE_DIRS = ("tests/workflow/", "tests/reliability/")
-
-# Files that share one session fixture built by a whole pipeline run (``tiny_pipeline``, in
-# tests/workflow/conftest.py): one work unit, so that one worker builds it once.
-SHARED_FIXTURE_UNITS = {
-    "tests/workflow/test_tiny_pipeline.py": "tiny_pipeline",
-    "tests/workflow/test_stage_doors.py": "tiny_pipeline",
-    "tests/workflow/test_trajectories_rule.py": "tiny_pipeline",
-}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,12 +1,15 @@
 """The test files that share a pipeline-built session fixture are one xdist work unit
-(tests/conftest.py), so a new user of the fixture cannot silently make a second worker
+(tests/support/scheduling.py, read by tests/conftest.py), so a new user of the fixture cannot silently make a second worker
 build it again."""
 
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
-from conftest import PROJECT_ROOT, SHARED_FIXTURE_UNITS
+from support.scheduling import SHARED_FIXTURE_UNITS
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _users(fixture: str) -> set[str]:
@@ -25,5 +28,5 @@ def test_every_user_of_a_shared_session_fixture_is_in_its_work_unit():
     for fixture in set(SHARED_FIXTURE_UNITS.values()):
         listed = {path for path, unit in SHARED_FIXTURE_UNITS.items() if unit == fixture}
         assert _users(fixture) == listed, (
-            f"files using the {fixture} fixture and tests/conftest.py's SHARED_FIXTURE_UNITS "
+            f"files using the {fixture} fixture and tests/support/scheduling.py's SHARED_FIXTURE_UNITS "
             "differ: list each user there (one worker builds the fixture once)")
