@@ -74,7 +74,8 @@ device-wheels: $(STAMP)
 
 # Two pytest-xdist workers (one per core): the tests run on one torch thread each; a file's
 # tests stay on one worker (its fixtures are built once), slow files first (tests/conftest.py).
-TEST_WORKERS ?= 2
+# One worker more than the cores: the suite waits on subprocesses and SLURM (2 workers used 1.57).
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
