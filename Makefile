@@ -72,9 +72,9 @@ device-wheels: $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --platform manylinux_2_28_x86_64 -d .whl omegaconf==2.4.0
 
-# Two pytest-xdist workers (one per core): the tests run on one torch thread each; a file's
-# tests stay on one worker (its fixtures are built once), slow files first (tests/conftest.py).
-# One worker more than the cores: the suite waits on subprocesses and SLURM (2 workers used 1.57).
+# pytest-xdist workers, one more than the cores (the suite waits on subprocesses and SLURM: two
+# kept 1.57 cores busy); one torch thread each; a file's tests stay on one worker (its fixtures
+# are built once), slow files first (tests/conftest.py, tests/support/scheduling.py).
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
