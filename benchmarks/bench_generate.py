@@ -27,7 +27,8 @@ compared for equal tokens (sharing and early exits change them).
 
 ``--snapshot DIR`` (e.g. the demo's ``results/loop4/snapshots/final``) measures a trained
 model instead: H_eff defaults to its training loops (MAX), prompts are the built-in
-reasoning problems of its ``bench`` settings (``--task``, ``--examples`` per level), and
+reasoning problems of its ``bench`` settings (``--task``, by default the first built-in task
+of its ``bench.tasks``: the problems it was trained on; ``--examples`` per level), and
 before the timing every setting answers them greedily (:mod:`pipeline_lib.bench.answer_check`:
 exact match, paired on the same examples against fixed depth at MAX with ``per_loop``:
 accuracy [95% Wilson interval], difference [95% paired-bootstrap interval]). With
@@ -58,6 +59,7 @@ from pipeline_lib.bench.answer_check import (
     answer_accuracy,
     answer_examples,
     pick_threshold,
+    snapshot_task,
 )
 from pipeline_lib.data.tokenizer import eos_id
 from pipeline_lib.diagnostics.timing import alternated
@@ -219,6 +221,7 @@ def run_snapshot(args: argparse.Namespace) -> dict[str, Any]:
 
     loaded = load_for_eval(Path(args.snapshot), tokenizer_option="--tokenizer {}")
     args.h_eff = args.h_eff or loaded.config.model.loops
+    args.task = args.task or snapshot_task(loaded.config.bench)
     examples = answer_examples(loaded.config.bench, args.task, args.examples)
     ids = encode_prompts(loaded.tokenizer, [e["prompt"] for e in examples], loaded.seq_len,
                          eos_id(loaded.tokenizer))
@@ -278,8 +281,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-fill", default="latest", choices=["latest", "skip"],
                         help="kv_fill of --adaptive (default latest)")
     parser.add_argument("--snapshot", default=None, help="a trained snapshot directory")
-    parser.add_argument("--task", default="loopline_addition",
-                        help="--snapshot: the built-in task whose prompts are answered")
+    parser.add_argument("--task", default=None,
+                        help="--snapshot: the built-in task whose prompts are answered (default: "
+                             "the first built-in task of the snapshot's bench.tasks)")
     parser.add_argument("--examples", type=int, default=20, help="--snapshot: per level")
     parser.add_argument("--thresholds", nargs="+", default=[], metavar="T",
                         help="--snapshot: pick the adaptive threshold to time among these")

@@ -12,6 +12,7 @@ from pipeline_lib.bench.answer_check import (
     answer_accuracy,
     answer_examples,
     pick_threshold,
+    snapshot_task,
 )
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.generation import CacheOptions, parse_depth
@@ -62,6 +63,17 @@ def test_examples_come_from_the_bench_sets_and_bad_names_are_config_errors():
         answer_examples(bench, "addition", 2)
     with pytest.raises(ConfigError, match="--examples 0 must be at least 1"):
         answer_examples(bench, "loopline_addition", 0)
+
+
+def test_the_default_task_is_the_snapshots_own_built_in_task():
+    """The demo trains on khop problems and benchmarks loopline_khop: answering addition
+    problems instead scored 0 at every setting, an uninformative accuracy comparison."""
+    assert snapshot_task(BenchConfig()) == "loopline_khop"  # the default config's
+    assert snapshot_task(BenchConfig(tasks=["hellaswag", "loopline_parity"])) == \
+        "loopline_parity"
+    with pytest.raises(ConfigError, match=r"bench.tasks \['hellaswag'\] name no built-in task; "
+                                          r"pass --task"):
+        snapshot_task(BenchConfig(tasks=["hellaswag"]))
 
 
 def test_bench_generate_runs_on_a_snapshot_and_reports_the_target_ratios(snapshot_dir, capsys):

@@ -30,6 +30,16 @@ from .lm_requests import cut_at_stops
 from .tasks import BUILTIN_TASKS, GENERATION_STOPS, task_examples
 
 
+def snapshot_task(bench: BenchConfig) -> str:
+    """The first built-in task of the snapshot's ``bench.tasks``: the problems its training
+    data was drawn from (the default config trains and benchmarks ``loopline_khop``)."""
+    for task in bench.tasks:
+        if task in BUILTIN_TASKS:
+            return task
+    raise ConfigError(f"--task: the snapshot's bench.tasks {list(bench.tasks)} name no built-in "
+                      f"task; pass --task with one of {sorted(BUILTIN_TASKS)}")
+
+
 def answer_examples(bench: BenchConfig, task: str, per_level: int) -> list[dict[str, Any]]:
     """``per_level`` examples of built-in ``task`` per level of ``bench`` (levels
     interleaved, as the bench stage writes them)."""
