@@ -28,7 +28,7 @@ compared for equal tokens (sharing and early exits change them).
 ``--snapshot DIR`` (e.g. the demo's ``results/loop4/snapshots/final``) measures a trained
 model instead: H_eff defaults to its training loops (MAX), prompts are the built-in
 reasoning problems of its ``bench`` settings (``--task``, by default the first built-in task
-of its ``bench.tasks``: the problems it was trained on; ``--examples`` per level), and
+of its ``bench.tasks``, ``loopline_khop`` for the demo; ``--examples`` per level), and
 before the timing every setting answers them greedily (:mod:`pipeline_lib.bench.answer_check`:
 exact match, paired on the same examples against fixed depth at MAX with ``per_loop``:
 accuracy [95% Wilson interval], difference [95% paired-bootstrap interval]). With

@@ -27,17 +27,17 @@ from ..evaluate.generation import CacheOptions, Depth, generate_texts
 from ..evaluate.stats import paired_bootstrap, score_interval
 from ..spec.config import BenchConfig
 from .lm_requests import cut_at_stops
-from .tasks import BUILTIN_TASKS, GENERATION_STOPS, task_examples
+from .tasks import BUILTIN_TASKS, GENERATION_STOPS, is_builtin, task_examples
 
 
 def snapshot_task(bench: BenchConfig) -> str:
-    """The first built-in task of the snapshot's ``bench.tasks``: the problems its training
-    data was drawn from (the default config trains and benchmarks ``loopline_khop``)."""
-    for task in bench.tasks:
-        if task in BUILTIN_TASKS:
-            return task
-    raise ConfigError(f"--task: the snapshot's bench.tasks {list(bench.tasks)} name no built-in "
-                      f"task; pass --task with one of {sorted(BUILTIN_TASKS)}")
+    """The first built-in task the snapshot is benchmarked on (``bench.tasks``): the demo
+    trains on k-hop problems and benchmarks ``loopline_khop``."""
+    task = next(filter(is_builtin, bench.tasks), None)
+    if task is None:
+        raise ConfigError(f"--task: the snapshot's bench.tasks {list(bench.tasks)} name no "
+                          f"built-in task; pass --task with one of {sorted(BUILTIN_TASKS)}")
+    return task
 
 
 def answer_examples(bench: BenchConfig, task: str, per_level: int) -> list[dict[str, Any]]:
