@@ -21,9 +21,13 @@ exit, its later loops not computed; ``--kv-fill``), MAX defaulting to ``--h-eff`
 and, with ``--adaptive``, adaptive. Every setting is timed in the same alternated rounds;
 per setting a row reports its time, tokens/s, ``vs_cached`` (fixed-depth per-loop cached
 time / its time = its tokens/s / fixed cached tokens/s at MAX), the loops computed per token
-(and over MAX) and the cache's bytes, all slots and the core blocks' (``kv_bytes``,
-``kv_bytes_core``, the largest cache of the run). Uncached and the other settings are not
-compared for equal tokens (sharing and early exits change them).
+(and over MAX), the loops per decoding pass (``pass_loops``: a batch decodes in step, so a
+pass runs until its deepest row exits) with ``block_bound`` (fixed depth's attention-block
+calls per pass over the adaptive pass's: what early exit can gain at most while a call costs
+the same for one row or sixteen, a small model's case) and the cache's bytes, all slots and
+the core blocks' (``kv_bytes``, ``kv_bytes_core``, the largest cache of the run). Uncached
+and the other settings are not compared for equal tokens (sharing and early exits change
+them).
 
 ``--snapshot DIR`` (e.g. the demo's ``results/loop4/snapshots/final``) measures a trained
 model instead: H_eff defaults to its training loops (MAX), prompts are the built-in
@@ -37,9 +41,9 @@ pick_threshold` picks: the fewest loops computed per token whose accuracy lies i
 interval of fixed depth at MAX (``--adaptive`` names one directly). The timing decodes
 ``--new-tokens`` after each prompt without stopping at EOS (every setting the same tokens).
 The ``targets`` block puts side by side what the issue's targets compare: per batch size
-tokens/s of adaptive vs fixed cached at MAX and loops computed per token / MAX, and per
-``kv_share`` its bytes / ``per_loop``'s (total and core; ``last`` at H loops: core 1/H) with
-its accuracy change. The last line is JSON.
+tokens/s of adaptive vs fixed cached at MAX, loops computed per token / MAX, loops per
+pass / MAX and the block bound, and per ``kv_share`` its bytes / ``per_loop``'s (total and
+core; ``last`` at H loops: core 1/H) with its accuracy change. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -92,19 +96,34 @@ def settings(model: LoopedLM, args: argparse.Namespace) -> dict[str, dict]:
 
 
 def decode(model: LoopedLM, prompts: list, args: argparse.Namespace, context: int,
-           options: dict) -> tuple[list, float, int, int]:
-    """(tokens, loops computed per token, kv bytes, core kv bytes) of cached decoding."""
+           options: dict) -> tuple[list, float, int, int, float]:
+    """(tokens, loops computed per token, kv bytes, core kv bytes, loops per decoding pass)
+    of cached decoding; a pass runs until its deepest row exits, so its loops are the most
+    any row of the batch computed."""
     nxt = CachedNextIds(model, args.h_eff, reserve=args.new_tokens, **options)
     loops: list[int] = []
+    passes: list[int] = []
 
     def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
+        steps = nxt.steps
         out = nxt(active, rows)
         loops.extend(nxt.loops)
+        if nxt.steps > steps:  # a decoding pass (the prompt's prefill runs MAX loops anyway)
+            passes.append(max(nxt.loops))
         return out
 
     done = greedy_decode(next_ids, prompts, [args.new_tokens] * len(prompts), eos_id=None,
                          context_len=context)
-    return done, sum(loops) / max(len(loops), 1), nxt.kv_bytes, nxt.kv_bytes_core
+    return (done, sum(loops) / max(len(loops), 1), nxt.kv_bytes, nxt.kv_bytes_core,
+            sum(passes) / max(len(passes), 1))
+
+
+def block_bound(cfg: Any, h_eff: int, pass_loops: float) -> float:
+    """Attention blocks a fixed-depth pass runs over those of a pass of ``pass_loops`` loops:
+    the most batch-synchronous early exit can gain when a step's cost is its block calls
+    (a small model at any batch, where a call costs the same for 1 row or 16)."""
+    fixed = cfg.prelude_layers + h_eff * cfg.core_layers + cfg.coda_layers
+    return fixed / (cfg.prelude_layers + pass_loops * cfg.core_layers + cfg.coda_layers)
 
 
 def measure(model: LoopedLM, prompts: list[list[int]], args: argparse.Namespace,
@@ -129,14 +148,16 @@ def measure(model: LoopedLM, prompts: list[list[int]], args: argparse.Namespace,
            "uncached_s": round(plain, 4), "speedup": round(plain / cached, 2),
            "cached_tokens_per_s": round(batch * args.new_tokens / cached, 1)}
     if extra:
-        _, _, full_bytes, full_core = decode(model, prompts, args, context, {})
+        _, _, full_bytes, full_core, _ = decode(model, prompts, args, context, {})
         row.update(cached_kv_bytes=full_bytes, cached_kv_bytes_core=full_core, settings={})
         for name in extra:
-            _, loops, kv_bytes, kv_core = timings.last[name]
+            _, loops, kv_bytes, kv_core, pass_loops = timings.last[name]
             row["settings"][name] = {
                 "s": round(median[name], 4), "vs_cached": round(cached / median[name], 2),
                 "tokens_per_s": round(batch * args.new_tokens / median[name], 1),
                 "mean_loops": round(loops, 3), "loops_over_max": round(loops / args.h_eff, 3),
+                "pass_loops": round(pass_loops, 3),
+                "block_bound": round(block_bound(model.cfg, args.h_eff, pass_loops), 3),
                 "kv_bytes": kv_bytes, "kv_bytes_core": kv_core,
                 "kv_bytes_vs_cached": round(kv_bytes / full_bytes, 4),
                 "kv_bytes_core_vs_cached": round(kv_core / full_core, 4)}
@@ -149,7 +170,8 @@ def print_row(row: dict[str, Any], args: argparse.Namespace, prompt: str) -> Non
           f"uncached {row['uncached_s']} s → speedup {row['speedup']}×", flush=True)
     for name, cell in row.get("settings", {}).items():
         print(f"  {name}: {cell['s']} s, {cell['vs_cached']}× cached tokens/s, "
-              f"{cell['mean_loops']} loops/token ({cell['loops_over_max']} of MAX), KV "
+              f"{cell['mean_loops']} loops/token ({cell['loops_over_max']} of MAX), "
+              f"{cell['pass_loops']} loops/pass (bound {cell['block_bound']}×), KV "
               f"{cell['kv_bytes_vs_cached']}× cached ({cell['kv_bytes_core_vs_cached']}× in "
               "the core blocks)", flush=True)
 
@@ -253,7 +275,9 @@ def targets(rows: list[dict[str, Any]], accuracy: dict[str, Any], args: argparse
         if cell is not None:
             out[f"batch {row['batch']}"] = {
                 "tokens_per_s_vs_fixed_cached": cell["vs_cached"],  # target ≥ 1.3 at 16
-                "loops_computed_over_max": cell["loops_over_max"]}  # target ≤ 0.6
+                "loops_computed_over_max": cell["loops_over_max"],  # target ≤ 0.6
+                "pass_loops_over_max": round(cell["pass_loops"] / args.h_eff, 3),
+                "block_bound": cell["block_bound"]}
     for share in args.kv_share:
         a = accuracy[f"kv_share={share}"]
         out[f"kv_share={share}"] = {

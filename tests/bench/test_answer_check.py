@@ -100,4 +100,8 @@ def test_bench_generate_runs_on_a_snapshot_and_reports_the_target_ratios(snapsho
     assert targets["kv_share=last"]["kv_bytes_core_ratio"] == 0.5  # 1/H at H = 2
     assert set(targets) >= {"batch 1", "batch 2"}
     assert targets["batch 2"]["loops_computed_over_max"] == 0.5
+    # every row exits after its first loop: each decoding pass runs one loop of two, and a
+    # fixed pass's 1 + 2 + 1 blocks (one prelude, one core, one coda block) become 1 + 1 + 1
+    assert targets["batch 2"]["pass_loops_over_max"] == 0.5
+    assert targets["batch 2"]["block_bound"] == 1.333
     assert "adaptive+kv_share=last" in result["rows"][1]["settings"]
