@@ -358,6 +358,46 @@ def test_adaptive_generation_decodes_through_the_cache_as_generate_does(random_m
     assert 1 < sum(loops) / len(loops) < 5  # the exits vary
 
 
+@pytest.mark.parametrize("share, fill", [("last", "latest"), ("per_loop", "skip"),
+                                         ("every:2", "skip")])
+def test_generation_keeps_its_cache_as_kv_share_and_kv_fill_say(random_model, tokenizer,
+                                                                 share, fill):
+    """``kv_share``/``kv_fill`` reach generative requests' cache: the texts and loops of
+    ``CachedNextIds`` with the same options, its core bytes (``last``: 1/5 of ``per_loop``'s
+    at 5 loops), and texts that differ from the defaults' (so an ignored option fails)."""
+    prompts = ["a=7;b=a;print(b)=", "0", "x=12;y=3;"]
+    reqs = [task_request("generate_until", (p, {"until": [], "max_gen_toks": 10}), "gen")
+            for p in prompts]
+    default = make_lm(random_model, tokenizer, h_eff="adaptive:0.05:5", batch_size=3)
+    lm = make_lm(random_model, tokenizer, h_eff="adaptive:0.05:5", batch_size=3,
+                 kv_share=share, kv_fill=fill)
+    got, plain = lm.generate_until(reqs, disable_tqdm=True), default.generate_until(
+        reqs, disable_tqdm=True)
+    eos = lm.eot_token_id
+    nxt = CachedNextIds(random_model, 5, pad_id=eos, exit_rule=CriterionExit(
+        random_model, ExitSpec((0.05,), "kl", 5)), kv_share=share, kv_fill=fill)
+    with torch.inference_mode():
+        done = greedy_decode(nxt, [lm.tok_encode(p) for p in prompts], [10] * 3, eos_id=eos,
+                             context_len=SEQ_LEN)
+    assert got == [lm.tok_decode(new) for new, _ in done]
+    assert got != plain
+    core = lm.loops_used.cache_bytes("gen")["kv_bytes_core"]
+    full = default.loops_used.cache_bytes("gen")["kv_bytes_core"]
+    assert core * {"last": 5, "per_loop": 1, "every:2": 5 / 3}[share] == pytest.approx(full)
+
+
+@pytest.mark.parametrize("args, words", [
+    ("kv_share=every:0", "kv_share='every:0' is not one of per_loop, last or every:K"),
+    ("kv_share=first", "kv_share='first'"),
+    ("kv_fill=zero", "kv_fill='zero' is not one of ['latest', 'skip']"),
+])
+def test_bad_cache_model_args_give_one_line_errors(snapshot_dir, args, words):
+    with pytest.raises(ConfigError) as info:
+        LooplineLM.create_from_arg_string(f"snapshot={snapshot_dir},h_eff=2,{args}")
+    message = str(info.value)
+    assert words in message and "\n" not in message and message.startswith("loopline model_args")
+
+
 def test_adaptive_mean_loops_per_task_through_simple_evaluate(trained_model, tokenizer,
                                                                small_bench, tmp_path):
     import lm_eval

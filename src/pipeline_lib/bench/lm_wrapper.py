@@ -29,7 +29,9 @@ with each task's largest KV cache of its generative requests) and averaged per t
   (lm-eval's ``get_rolling_token_windows`` layout, context length 1).
 - ``generate_until``: greedy with a KV cache (:mod:`pipeline_lib.model.kv_cache`), stops
   at EOS, at the first stop string (``until``; the returned text ends before it) or after
-  ``max_gen_toks`` tokens.
+  ``max_gen_toks`` tokens. ``kv_share=per_loop|last|every:K`` and ``kv_fill=latest|skip``
+  choose how the cache is kept, as ``generate --kv-share/--kv-fill`` do (defaults
+  ``per_loop``, ``latest``; ``kv_fill`` under ``h_eff=adaptive:…`` only).
 
 Batches are right-padded: the model is causal, so padding after a row's last real token
 never changes the logits at that token or before it (no attention mask needed).
@@ -64,6 +66,7 @@ from .model_args import (
     as_bool,
     as_int,
     batch_size_arg,
+    cache_arg,
     criterion_arg,
     h_eff_arg,
     model_device,
@@ -100,6 +103,8 @@ class LooplineLM(TemplateLM):
         max_batch_size: int | None = None,
         adaptive_criterion: str = "kl",
         precision: str | None = "auto",
+        kv_share: str = "per_loop",
+        kv_fill: str = "latest",
         *,
         model: torch.nn.Module | None = None,
         seq_len: int | None = None,
@@ -110,6 +115,7 @@ class LooplineLM(TemplateLM):
             raise ConfigError(f"unknown loopline model_args key(s) {sorted(unknown)}; "
                               f"known keys: {', '.join(MODEL_ARGS)}")
         self._default_criterion = criterion_arg(adaptive_criterion)
+        self._cache = cache_arg(kv_share, kv_fill)
         if h_eff is not None:
             h_eff_arg(h_eff, self._default_criterion)  # fail before loading
         self._device = model_device(device)
@@ -359,8 +365,8 @@ class LooplineLM(TemplateLM):
     def _generate_batch(self, prompts: list[list[int]], settings: list[tuple[list[str], int]],
                         keys: list[DocKey] | None = None) -> list[str]:
         """Greedy continuations of ``prompts``; each row stops on its own, decoded with the
-        KV cache at a fixed h_eff or with adaptive exit (each token's later loops not
-        computed, ``kv_fill`` latest: :mod:`pipeline_lib.model.kv_adaptive`). Every generated
+        KV cache (``kv_share``, ``kv_fill``) at a fixed h_eff or with adaptive exit (each
+        token's later loops not computed: :mod:`pipeline_lib.model.kv_adaptive`). Every generated
         token (the final EOS included) counts its loops computed for its (task, doc_id), and
         the batch's cache bytes count for every task in it."""
         keys = keys or [(None, None)] * len(prompts)
@@ -368,7 +374,8 @@ class LooplineLM(TemplateLM):
         budgets = [max_gen for _, max_gen in settings]
         rule = None if self._exit is None else CriterionExit(self.model, self._exit, "h_eff")
         cached = CachedNextIds(self.model, self._h_eff, pad_id=self._eos, device=self._device,
-                               reserve=max(budgets, default=0), exit_rule=rule)
+                               reserve=max(budgets, default=0), exit_rule=rule,
+                               **self._cache.options())
 
         def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
             out = cached(active, rows)

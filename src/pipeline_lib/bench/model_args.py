@@ -17,13 +17,15 @@ from ..data.tokenizer import load_tokenizer
 from ..device import DEVICE_CHOICES, resolve_device
 from ..errors import ConfigError, DeviceError
 from ..evaluate.exit.spec import CRITERIA, ExitSpec
+from ..evaluate.generation import CacheOptions
+from ..model.kv_cache import KV_SHARES, share_every
 from ..precision import Precision
-from ..spec.rules import check_test_loops
+from ..spec.rules import KV_FILLS, check_test_loops
 
 log = logging.getLogger(__name__)
 
 MODEL_ARGS = ("snapshot", "h_eff", "batch_size", "device", "use_ema", "tokenizer", "max_gen_toks",
-              "max_batch_size", "adaptive_criterion", "precision")
+              "max_batch_size", "adaptive_criterion", "precision", "kv_share", "kv_fill")
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -73,6 +75,24 @@ def criterion_arg(value: Any) -> str:
         raise ConfigError(f"loopline model_args adaptive_criterion={value!r} is not one of "
                           f"{list(CRITERIA)}; pick one")
     return value
+
+
+def cache_arg(kv_share: Any, kv_fill: Any) -> CacheOptions:
+    """``kv_share=per_loop|last|every:K`` and ``kv_fill=latest|skip``: how generative
+    requests keep their KV cache (:mod:`pipeline_lib.model.kv_cache`; ``kv_fill`` matters
+    under ``h_eff=adaptive:…`` only). Scored requests compute whole windows, no cache."""
+    share = "per_loop" if kv_share in (None, "") else str(kv_share).strip().lower()
+    fill = "latest" if kv_fill in (None, "") else str(kv_fill).strip().lower()
+    try:
+        share_every(share, 1)
+    except ConfigError:
+        raise ConfigError(f"loopline model_args kv_share={kv_share!r} is not one of "
+                          f"{KV_SHARES}; pass e.g. kv_share=last or kv_share=every:2") from None
+    if fill not in KV_FILLS:
+        raise ConfigError(f"loopline model_args kv_fill={kv_fill!r} is not one of "
+                          f"{list(KV_FILLS)}; pass kv_fill=latest (a stopped position's last "
+                          "loop) or kv_fill=skip (masked past it)")
+    return CacheOptions(share, fill)
 
 
 def model_device(device: Any) -> torch.device:
