@@ -215,6 +215,11 @@ def test_use_ema_reads_the_ema_weights(trained_model, tokenizer, tmp_path):
     ("snapshot={snap},h_eff=two", ConfigError, "h_eff='two'"),
     ("snapshot={snap},h_eff=2,temperature=1", ConfigError, "temperature"),
     ("snapshot={snap},use_ema=true", CheckpointError, "'ema'"),
+    ("snapshot={snap},kv_share=every:0", ConfigError,
+     "loopline model_args kv_share='every:0' is not one of per_loop, last or every:K"),
+    ("snapshot={snap},kv_share=first", ConfigError, "loopline model_args kv_share='first'"),
+    ("snapshot={snap},kv_fill=zero", ConfigError,
+     "loopline model_args kv_fill='zero' is not one of ['latest', 'skip']"),
 ])
 def test_bad_model_args_give_one_line_errors(snapshot_dir, args, error, words):
     with pytest.raises(error) as info:
@@ -384,18 +389,6 @@ def test_generation_keeps_its_cache_as_kv_share_and_kv_fill_say(random_model, to
     core = lm.loops_used.cache_bytes("gen")["kv_bytes_core"]
     full = default.loops_used.cache_bytes("gen")["kv_bytes_core"]
     assert core * {"last": 5, "per_loop": 1, "every:2": 5 / 3}[share] == pytest.approx(full)
-
-
-@pytest.mark.parametrize("args, words", [
-    ("kv_share=every:0", "kv_share='every:0' is not one of per_loop, last or every:K"),
-    ("kv_share=first", "kv_share='first'"),
-    ("kv_fill=zero", "kv_fill='zero' is not one of ['latest', 'skip']"),
-])
-def test_bad_cache_model_args_give_one_line_errors(snapshot_dir, args, words):
-    with pytest.raises(ConfigError) as info:
-        LooplineLM.create_from_arg_string(f"snapshot={snapshot_dir},h_eff=2,{args}")
-    message = str(info.value)
-    assert words in message and "\n" not in message and message.startswith("loopline model_args")
 
 
 def test_adaptive_mean_loops_per_task_through_simple_evaluate(trained_model, tokenizer,
