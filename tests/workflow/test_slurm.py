@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(2400)]
 ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 TINY = ROOT / "config" / "experiments" / "tiny.yaml"
+FAULT_SITE = Path(__file__).resolve().parents[1] / "support" / "fault_site"
 RUN = "loops2"
 SEGMENT, STEPS = 8, 32
 PREFIX = f"lltest{os.getpid()}"
@@ -56,7 +57,7 @@ data:
 train:
   total_steps: {steps}
   steps_per_segment: {segment}
-  micro_batch_rows: 1  # eight passes per step: a segment lasts long enough to be signalled
+  micro_batch_rows: 1  # eight passes per step
   eval_interval: {segment}{train_extra}
   eval_rows: 16
 snapshots: {{keep_last: 2}}
@@ -90,11 +91,20 @@ def _command(workdir: Path, *extra: str, slurm: bool = True, prefix: str = PREFI
     return cmd + list(extra)
 
 
-def _start(workdir: Path, *extra: str) -> subprocess.Popen:
+def _start(workdir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = open(workdir / f"snakemake.{time.monotonic_ns()}.log", "w")  # noqa: SIM115
     return subprocess.Popen(_command(workdir, *extra), stdout=log, stderr=subprocess.STDOUT,
-                            env=_env(workdir), cwd=workdir, start_new_session=True,
+                            env=env or _env(workdir), cwd=workdir, start_new_session=True,
                             preexec_fn=_as_from_a_terminal)
+
+
+def _slow_steps_env(workdir: Path, pause_s: float) -> dict[str, str]:
+    """``_env`` with every segment pausing ``pause_s`` before each step after the run's first
+    (support/fault_site): a signal sent once a segment's first step is logged always finds
+    it training, however fast this machine's steps are (the numbers are unchanged)."""
+    return {**_env(workdir), "PYTHONPATH": os.pathsep.join(
+        p for p in (str(FAULT_SITE), os.environ.get("PYTHONPATH", "")) if p),
+        "LOOPLINE_FAULT_INJECT": f"pause_step=2:{STEPS},pause_s={pause_s}"}
 
 
 def _as_from_a_terminal() -> None:
@@ -192,8 +202,9 @@ def cluster_run(slurm, local: Path, tmp_path_factory: pytest.TempPathFactory) ->
     _wait("track_init", (workdir / "results" / RUN / "tracking.json").exists, proc)
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=300)
-    # 2. a run whose segments are signalled one way each
-    proc = _start(workdir)
+    # 2. a run whose segments are signalled one way each (its steps 2.. pause 0.5 s: an
+    # 8-step segment took 0.3 s here, and one once finished before its SIGUSR1 arrived)
+    proc = _start(workdir, env=_slow_steps_env(workdir, 0.5))
     seen["usr1"] = _signal_segment(workdir, 1, ["scancel", "--signal=USR1"])
     seen["term"] = _signal_segment(workdir, 2, ["scancel", "--signal=TERM"])
     seen["requeue"] = _signal_segment(workdir, 3, ["scontrol", "requeue"], requeued=True)
@@ -317,7 +328,6 @@ TL_CONFIG = _config(TL_STEPS, TL_STEPS,
                     "\n  segment_runtime_minutes: 1\n  stop_margin_minutes: 0")
 TL_PREFIX = PREFIX + "tl"
 TL_TARGET = Path("results") / RUN / "snapshots" / f"step_{TL_STEPS:07d}"
-FAULT_SITE = Path(__file__).resolve().parents[1] / "support" / "fault_site"
 
 
 @pytest.fixture(scope="module")
