@@ -98,13 +98,13 @@ def _start(workdir: Path, *extra: str, env: dict[str, str] | None = None) -> sub
                             preexec_fn=_as_from_a_terminal)
 
 
-def _slow_steps_env(workdir: Path, pause_s: float) -> dict[str, str]:
-    """``_env`` with every segment pausing ``pause_s`` before each step after the run's first
-    (support/fault_site): a signal sent once a segment's first step is logged always finds
-    it training, however fast this machine's steps are (the numbers are unchanged)."""
+def _fault_env(workdir: Path, inject: str, **extra: str) -> dict[str, str]:
+    """``_env`` with support/fault_site on PYTHONPATH: each segment's trainer installs
+    ``LOOPLINE_FAULT_INJECT=inject`` (only the first one, with ``LOOPLINE_TEST_FAULT_ONCE``
+    in ``extra``)."""
     return {**_env(workdir), "PYTHONPATH": os.pathsep.join(
         p for p in (str(FAULT_SITE), os.environ.get("PYTHONPATH", "")) if p),
-        "LOOPLINE_FAULT_INJECT": f"pause_step=2:{STEPS},pause_s={pause_s}"}
+        "LOOPLINE_FAULT_INJECT": inject, **extra}
 
 
 def _as_from_a_terminal() -> None:
@@ -202,9 +202,10 @@ def cluster_run(slurm, local: Path, tmp_path_factory: pytest.TempPathFactory) ->
     _wait("track_init", (workdir / "results" / RUN / "tracking.json").exists, proc)
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=300)
-    # 2. a run whose segments are signalled one way each (its steps 2.. pause 0.5 s: an
+    # 2. a run whose segments are signalled one way each; its steps 2.. pause 0.5 s (same
+    # numbers), so a signal sent once a segment's first step is logged finds it training (an
     # 8-step segment took 0.3 s here, and one once finished before its SIGUSR1 arrived)
-    proc = _start(workdir, env=_slow_steps_env(workdir, 0.5))
+    proc = _start(workdir, env=_fault_env(workdir, f"pause_step=2:{STEPS},pause_s=0.5"))
     seen["usr1"] = _signal_segment(workdir, 1, ["scancel", "--signal=USR1"])
     seen["term"] = _signal_segment(workdir, 2, ["scancel", "--signal=TERM"])
     seen["requeue"] = _signal_segment(workdir, 3, ["scontrol", "requeue"], requeued=True)
@@ -338,10 +339,8 @@ def time_limit_run(slurm, tmp_path_factory: pytest.TempPathFactory) -> dict:
                           text=True, env=_env(local), cwd=local, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     workdir = _workdir(tmp, "wd", TL_CONFIG)
-    env = {**_env(workdir), "PYTHONPATH": os.pathsep.join(
-        p for p in (str(FAULT_SITE), os.environ.get("PYTHONPATH", "")) if p),
-        "LOOPLINE_FAULT_INJECT": f"pause_step=1:{TL_STEPS},pause_s=10",
-        "LOOPLINE_TEST_FAULT_ONCE": str(workdir / "slow_attempt_started")}
+    env = _fault_env(workdir, f"pause_step=1:{TL_STEPS},pause_s=10",
+                     LOOPLINE_TEST_FAULT_ONCE=str(workdir / "slow_attempt_started"))
     run = subprocess.run(_command(workdir, str(TL_TARGET), prefix=TL_PREFIX),
                          capture_output=True, text=True, env=env, cwd=workdir, timeout=900)
     return {"local": local, "workdir": workdir, "run": run}

@@ -81,8 +81,8 @@ def cache_arg(kv_share: Any, kv_fill: Any) -> CacheOptions:
     """``kv_share=per_loop|last|every:K`` and ``kv_fill=latest|skip``: how generative
     requests keep their KV cache (:mod:`pipeline_lib.model.kv_cache`; ``kv_fill`` matters
     under ``h_eff=adaptive:…`` only). Scored requests compute whole windows, no cache."""
-    share = "per_loop" if kv_share in (None, "") else str(kv_share).strip().lower()
-    fill = "latest" if kv_fill in (None, "") else str(kv_fill).strip().lower()
+    share = "per_loop" if kv_share in (None, "") else str(kv_share)
+    fill = "latest" if kv_fill in (None, "") else str(kv_fill)
     try:
         share_every(share, 1)
     except ConfigError:
