@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.model.loop_sampling import loop_target, sample_loop_count
-from pipeline_lib.spec.config import LoopSamplingConfig
+from pipeline_lib.model.loop_sampling import gradient_loops, loop_target, sample_loop_count
+from pipeline_lib.spec.config import BpttConfig, LoopSamplingConfig
 
 
 def _draws(cfg: LoopSamplingConfig, seed: int = 7, steps: int = 2000) -> np.ndarray:
@@ -110,3 +110,25 @@ def test_ramp_draw_is_a_pure_function_of_seed_and_step():
     first = _draws(cfg, seed=3, steps=200)
     resumed = np.array([sample_loop_count(cfg, 4, 3, s) for s in range(120, 200)])
     assert np.array_equal(first[120:], resumed)
+
+
+def test_gradient_loops_per_bptt_mode():
+    assert gradient_loops(BpttConfig(mode="full", k=2), 5, 7, 3) == 5
+    assert gradient_loops(BpttConfig(mode="unrolled", k=2), 5, 7, 3) == 5
+    assert gradient_loops(BpttConfig(mode="truncated", k=2), 5, 7, 3) == 2
+    assert gradient_loops(BpttConfig(mode="truncated", k=8), 5, 7, 3) == 5
+
+
+def test_progressive_gradient_loops_are_uniform_below_k_and_loops():
+    bptt = BpttConfig(mode="progressive", k=8)
+    draws = np.array([gradient_loops(bptt, 16, 7, s) for s in range(4000)])
+    assert draws.min() == 1 and draws.max() == 8
+    counts = np.bincount(draws, minlength=9)[1:]
+    assert counts.min() > 0.8 * 500 and counts.max() < 1.2 * 500  # 4000 / 8 each
+    short = {gradient_loops(bptt, 3, 7, s) for s in range(500)}
+    assert short == {1, 2, 3}  # never more than the loops run
+    assert [gradient_loops(bptt, 16, 7, s) for s in range(50)] == list(draws[:50])  # pure
+    assert [gradient_loops(bptt, 16, 8, s) for s in range(50)] != list(draws[:50])  # seeded
+    # its own stream: not the loop count's draw of the same (seed, step)
+    uniform = LoopSamplingConfig(mode="uniform", min_loops=1, max_loops=8)
+    assert [sample_loop_count(uniform, 4, 7, s) for s in range(50)] != list(draws[:50])

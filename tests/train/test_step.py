@@ -8,6 +8,7 @@ import pytest
 import torch
 from support.faults import FAULT_ENV, FaultPlan
 
+from pipeline_lib.model.loop_sampling import gradient_loops
 from pipeline_lib.model.looped import LoopedLM
 from pipeline_lib.spec.config import BpttConfig, ModelConfig, SpikeGuardConfig, TrainConfig
 from pipeline_lib.train.optim import build_optimizer
@@ -101,6 +102,27 @@ def test_truncated_with_k_at_least_loops_equals_full() -> None:
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
     c = _model()
     _runner(c, bptt=BpttConfig(mode="truncated", k=1)).run(1, [batch], 3, flat_row=0)
+    assert not torch.equal(a.core[0].attn.qkv.weight, c.core[0].attn.qkv.weight)
+
+
+def test_progressive_backpropagates_through_the_drawn_loops() -> None:
+    """Each step's gradient loops are drawn from (seed, step): the step equals truncated
+    backprop with that k, and another draw gives other weights."""
+    batch = _batch(3, 3)
+    bptt = BpttConfig(mode="progressive", k=4)
+    drawn = {s: gradient_loops(bptt, 5, 11, s) for s in range(1, 40)}
+    step = next(s for s, g in drawn.items() if g == 2)
+    other = next(s for s, g in drawn.items() if g == 4)
+    a, b, c = _model(), _model(), _model()
+    runner = _runner(a, bptt=bptt)
+    runner.seed = 11
+    result = runner.run(step, [batch], 5, flat_row=0)
+    assert result.grad_loops == 2
+    _runner(b, bptt=BpttConfig(mode="truncated", k=2)).run(step, [batch], 5, flat_row=0)
+    assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+    runner_c = _runner(c, bptt=bptt)
+    runner_c.seed = 11
+    assert runner_c.run(other, [batch], 5, flat_row=0).grad_loops == 4
     assert not torch.equal(a.core[0].attn.qkv.weight, c.core[0].attn.qkv.weight)
 
 

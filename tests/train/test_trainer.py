@@ -48,9 +48,9 @@ GATE = ["model.exit_gate=true", "train.objective=expected_exit", "train.exit_ent
 
 
 # a random initial state every forward pass (drawn from the checkpointed RNG streams) and
-# gated loops, over sampled loop counts
+# gated loops, over sampled loop counts with progressive backprop (gradient loops drawn too)
 NOISE = ["model.state_init=noise", "model.recurrence=gated", "train.loop_sampling.mode=uniform",
-         "train.loop_sampling.max_loops=4"]
+         "train.loop_sampling.max_loops=4", "train.bptt.mode=progressive", "train.bptt.k=2"]
 
 
 @pytest.mark.parametrize("variant", ["plain", "rich", "curricula", "muon", "gate", "noise"])
@@ -87,6 +87,9 @@ def test_three_segments_bit_identical_to_one(pack: Path, tmp_path: Path, variant
     if variant == "curricula":  # uniform in [1, round(1 + 4·min(1, s/4))]
         assert all(m["loops"] <= min(5, int(1 + s + 0.5)) for s, m in enumerate(m1, 1))
         assert m1[0]["loops"] <= 2
+    if variant == "noise":  # progressive: 1..min(k, loops) loops backpropagated, drawn
+        assert [m["grad_loops"] for m in m1] == [m["grad_loops"] for m in m3]
+        assert all(1 <= m["grad_loops"] <= min(2, m["loops"]) for m in m1)
     if variant == "rich":
         assert len({m["loops"] for m in m1}) > 1  # loop sampling drew different counts
         assert any(len(m["unroll_losses"]) > 1 for m in m1)

@@ -22,9 +22,10 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
-from ..spec.config import LoopSamplingConfig
+from ..spec.config import BpttConfig, LoopSamplingConfig
 
 _STREAM = 0x100F  # separates this stream from other uses of (seed, step)
+_GRAD_STREAM = 0x6AD  # the gradient loops' draw (progressive backprop), its own stream
 
 
 def _round_half_up(x: float) -> int:
@@ -75,6 +76,22 @@ def sample_loop_count(cfg: LoopSamplingConfig, default_loops: int, seed: int, st
             rate = rng.lognormal(mu, cfg.sigma)
             count = 1 + int(rng.poisson(rate))
     return min(max(count, cfg.min_loops), cfg.max_loops)
+
+
+def gradient_loops(bptt: BpttConfig, loops: int, seed: int, step: int) -> int:
+    """Of the ``loops`` run at optimizer step ``step``, how many (the last ones) carry
+    gradients (``train.bptt``): all of them under ``full`` and ``unrolled`` (each unroll
+    backpropagates through its own loops), ``min(k, loops)`` under ``truncated``, and under
+    ``progressive`` a count drawn uniformly from 1..min(k, loops) (Bansal et al. 2022, "End-to-end
+    algorithm synthesis with recurrent networks": n loops without gradient, then k with, so
+    that every loop learns one reusable step from whatever state the earlier ones left);
+    a pure function of (seed, step) like the loop count, so a resumed run draws the same."""
+    if bptt.mode == "truncated":
+        return min(bptt.k, loops)
+    if bptt.mode != "progressive":
+        return loops
+    rng = np.random.default_rng([int(seed), int(step), _GRAD_STREAM])
+    return int(rng.integers(1, min(bptt.k, loops) + 1))
 
 
 class LoopSampler:

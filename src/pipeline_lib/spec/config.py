@@ -303,10 +303,13 @@ class LoopSamplingConfig:
 class BpttConfig:
     """Backpropagation through loops."""
 
-    mode: str = _f("full", "full, truncated (last k loops carry gradients) or unrolled "
-                   "(every k loops: loss, backward, optimizer step, detach).",
-                   choices=["full", "truncated", "unrolled"])
-    k: int = _f(2, "Loops with gradients (truncated) or loops per unroll (unrolled).", minimum=1)
+    mode: str = _f("full", "full, truncated (last k loops carry gradients), progressive (the "
+                   "last g loops carry gradients, g drawn per step from 1..min(loops, k), seeded "
+                   "by (seed, step): with sampled loop counts, Bansal et al. 2022's progressive "
+                   "loss) or unrolled (every k loops: loss, backward, optimizer step, detach).",
+                   choices=["full", "truncated", "progressive", "unrolled"])
+    k: int = _f(2, "Loops with gradients (truncated), their most (progressive) or loops per "
+                "unroll (unrolled).", minimum=1)
 
 
 @dataclass

@@ -14,6 +14,8 @@ Backprop through loops (``train.bptt``):
 
 - ``full``: one pass, gradients through every loop;
 - ``truncated``: the first n − k loops run without autograd (``no_grad_loops``);
+- ``progressive``: the same with k drawn per step from 1..min(k, n), seeded by (seed, step)
+  (:func:`~pipeline_lib.model.loop_sampling.gradient_loops`);
 - ``unrolled`` (K = k loops per unroll): for each unroll, for each micro-batch, run its
   K loops from that micro-batch's detached state and read out (``last``: at the unroll's
   end; ``deep_supervision``: after each of its loops), backward; then clip, let the spike
@@ -45,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.distill import DistillTarget
+from ..model.loop_sampling import gradient_loops
 from ..precision import Precision
 from ..spec.config import TrainConfig
 from .diagnostics import ActivationProbe, gradient_metrics, model_scalars
@@ -67,6 +70,7 @@ class StepResult:
     loops: int
     skipped: bool
     reason: str | None = None
+    grad_loops: int | None = None  # progressive backprop: the loops that carried gradients
     unroll_losses: list[float] = field(default_factory=list)
     readout_losses: dict[int, float] = field(default_factory=dict)  # deep: loss after t loops
     distill_kl: float | None = None  # train.distill: mean KL to the teacher of the readouts
@@ -97,8 +101,10 @@ class StepRunner:
                  guard: SpikeGuard, *, ema: WeightsEMA | None = None,
                  hooks: StepHooks | None = None, device: torch.device,
                  forward: Any = None, group: RankGroup | None = None,
-                 amp: Precision | None = None, teacher: Teacher | None = None) -> None:
+                 amp: Precision | None = None, teacher: Teacher | None = None,
+                 seed: int = 0) -> None:
         self.model, self.optimizer, self.train, self.guard = model, optimizer, train, guard
+        self.seed = seed  # experiment.seed: progressive backprop draws its loops from it
         self.amp = amp  # autocast around forward passes (one device; FSDP has its policy)
         self.ema, self.hooks, self.device = ema, hooks or StepHooks(), device
         self.group = group  # several ranks: statistics are reduced before the guard judges
@@ -163,12 +169,14 @@ class StepRunner:
         batches = [{k: v.to(self.device, non_blocking=True) for k, v in mb.items()}
                    for mb in micro_batches]
         bounds = unroll_bounds(loops, t.bptt.mode, t.bptt.k)
-        no_grad = max(0, loops - t.bptt.k) if t.bptt.mode == "truncated" else 0
+        no_grad = loops - gradient_loops(t.bptt, loops, self.seed, step)
         states: list[Tensor | None] = [None] * accum
         targets = self._teacher_targets(batches)  # once per step, shared by the unrolls
         probe = ActivationProbe(self.model) if diagnose else None
         result = StepResult(loss=math.nan, aux_loss=0.0, grad_norm=math.nan, loops=loops,
                             skipped=False)
+        if t.bptt.mode == "progressive":
+            result.grad_loops = loops - no_grad
         weighted, weight, kls = 0.0, 0, []
         for start, end in bounds:
             counts = list(range(start + 1, end + 1)) if self.deep else [end]

@@ -139,7 +139,8 @@ class Trainer:
         runner = StepRunner(model, optimizer, cfg.train, guard, ema=ema, hooks=hooks,
                             device=device, forward=forward, group=group,
                             amp=precision if group is None else None,  # FSDP: its policy
-                            teacher=load_teacher(cfg, data, device, build_source))
+                            teacher=load_teacher(cfg, data, device, build_source),
+                            seed=cfg.experiment.seed)
         sampler = LoopSampler(cfg.train.loop_sampling, cfg.model.loops, cfg.experiment.seed)
         return cls(cfg=cfg, data=data, device=device, model=model, optimizer=optimizer,
                    schedule=LRSchedule.from_config(cfg.train, total), guard=guard, ema=ema,
@@ -311,6 +312,8 @@ class Trainer:
         }
         if result.reason:
             record["skip_reason"] = result.reason
+        if result.grad_loops is not None:  # progressive backprop: the loops with gradients
+            record["grad_loops"] = result.grad_loops
         if len(result.unroll_losses) > 1 or self.cfg.train.bptt.mode == "unrolled":
             record["unroll_losses"] = result.unroll_losses
         # deep supervision: the loss read out after each loop t (train/loss_h{t})
