@@ -9,7 +9,10 @@ copied into a figure folder under stable names and linked relative to the page's
 plus one drawn here per variant whose training log has them: the in-training validation loss
 against the step, one line per H_eff (``val/loss_h{H}`` of ``train/metrics.jsonl``).
 Optionally the same outputs give a short summary (:data:`SUMMARY`: stamp, losses by H_eff,
-the depth check's verdicts, a link to the page) for the front page.
+the depth check's verdicts, a link to the page) for the front page. When the comparison has
+a labelled task (``compare/labels_depth.json``), both sections OPEN with it: accuracy by
+level × H_eff of the looped, 1-loop and deep variants with n and intervals, its figure and
+the targets' verdicts (the page adds every level and the paired comparisons).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 
 from .compare import (
     DEPTH_CHECK_JSON,
+    LABELS_JSON,
+    LABELS_PLOT,
     RunResults,
     load_run_results,
     plot_val_loss_curves,
@@ -34,6 +39,8 @@ from .compare import (
     val_loss_curves,
 )
 from .compare.depth import depth_markdown, depth_summary
+from .compare.labels import top_trained_level
+from .compare.labels_markdown import labels_markdown
 from .compare.markdown import (
     accuracy_tables,
     findings,
@@ -61,7 +68,9 @@ def markers(section: str = "") -> tuple[str, str]:
     return f"<!-- results:{section}:begin -->", f"<!-- results:{section}:end -->"
 
 
-_CAPTIONS = {"loss_vs_heff": "validation loss vs H_eff, every variant",
+LABELS_FIGURE = f"compare_{LABELS_PLOT}"  # the labelled figure's name in the figure folder
+_CAPTIONS = {"labels_accuracy": "labelled task: accuracy vs H_eff by level, every variant",
+             "loss_vs_heff": "validation loss vs H_eff, every variant",
              "accuracy_vs_heff": "benchmark accuracy vs H_eff, every variant",
              "train_loss": "training loss, every variant"}
 
@@ -121,6 +130,25 @@ def load_results(results: Path) -> tuple[list[RunResults], dict[str, Any]]:
         p = run_dir_inputs(layout.run(name).run_dir)
         runs.append(load_run_results(name, p["heff"], p["bench"], p["metrics"], p["config"]))
     return runs, depth
+
+
+def load_labels(results: Path) -> dict[str, Any] | None:
+    """The labelled depth check ``compare/labels_depth.json``; None when the comparison has
+    no labelled task (the file is not there)."""
+    path = ResultsLayout(results).compare_dir / LABELS_JSON
+    return _read_json(path) if path.is_file() else None
+
+
+def _labels_lines(labels: Mapping[str, Any] | None, figure: str | None, *,
+                  front: bool) -> list[str]:
+    """The opening labelled section (none without ``labels``): on the front page the top
+    training level and the hardest one, without the paired comparisons."""
+    if labels is None:
+        return []
+    top = top_trained_level(labels)
+    levels = sorted({top, labels["hardest_level"]} - {None}) if front else None
+    return labels_markdown(labels, level=3, figure=figure, levels=levels,
+                           comparisons=not front) + [""]
 
 
 def _has_rows(table: Path) -> bool:
@@ -187,10 +215,13 @@ def plot_val_curve_figures(results: Path, runs: Sequence[str],
 
 def results_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any],
                      figures: Sequence[tuple[str, str]], stamp: str,
-                     demo_time: str | None = None, plan: str | None = None) -> str:
+                     demo_time: str | None = None, plan: str | None = None,
+                     labels: Mapping[str, Any] | None = None,
+                     labels_figure: str | None = None) -> str:
     """The generated section; ``figures``: (caption, link relative to the page); ``plan``:
-    a ``retrofit-plan`` table (``plan.md``) shown before the variants."""
-    lines = [GENERATED, stamp, ""]
+    a ``retrofit-plan`` table (``plan.md``) shown before the variants; ``labels``: the
+    labelled depth check, which opens the section with ``labels_figure`` (a link)."""
+    lines = [GENERATED, stamp, "", *_labels_lines(labels, labels_figure, front=False)]
     if demo_time:
         lines += [demo_time, ""]
     if plan:
@@ -229,10 +260,14 @@ def _prune_figures(docs: Path, kept: Sequence[Path]) -> None:
 
 
 def summary_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any], stamp: str,
-                     link: str, demo_time: str | None = None) -> str:
-    """The front page's short section: stamp, the demo's time, each variant's validation loss
-    at every H_eff, the depth check's verdicts, and ``link`` to the page with everything."""
-    lines = [GENERATED, stamp, ""]
+                     link: str, demo_time: str | None = None,
+                     labels: Mapping[str, Any] | None = None,
+                     labels_figure: str | None = None) -> str:
+    """The front page's short section: stamp, the labelled task when there is one (top
+    training and hardest level, ``labels_figure``, the targets), the demo's time, each
+    variant's validation loss at every H_eff, the depth check's verdicts, and ``link`` to the
+    page with everything."""
+    lines = [GENERATED, stamp, "", *_labels_lines(labels, labels_figure, front=True)]
     if demo_time:
         lines += [demo_time, ""]
     lines += ["Validation loss of each variant's final snapshot by test-time loops (H_eff), "
@@ -278,16 +313,20 @@ def write_results_doc(results: Path, doc: Path, docs: Path, section: str = "",
     copied = copy_figures(Path(results), names, docs) + plot_val_curve_figures(Path(results),
                                                                                names, docs)
     _prune_figures(docs, [p for _, p in copied])
-    links = [(caption, _relative(p, doc)) for caption, p in copied]
+    labels = load_labels(Path(results))
+    figure = next((p for _, p in copied if p.name == LABELS_FIGURE), None) if labels else None
+    links = [(caption, _relative(p, doc)) for caption, p in copied if p != figure]
     demo_time = demo_time_line(Path(results))
     plan_md = ResultsLayout(Path(results)).retrofit_plan_dir / "plan.md"
     plan = plan_md.read_text() if plan_md.is_file() else None
-    body = results_markdown(runs, depth, links, stamp, demo_time, plan)
+    body = results_markdown(runs, depth, links, stamp, demo_time, plan, labels,
+                            _relative(figure, doc) if figure else None)
     doc.write_text(replace_between_markers(text, body, doc, section))
     log.info("%s: results section regenerated from %s (%d figures in %s)", doc, results,
              len(copied), docs)
     if summary is not None and summary_text is not None:
-        short = summary_markdown(runs, depth, stamp, _relative(doc, Path(summary)), demo_time)
+        short = summary_markdown(runs, depth, stamp, _relative(doc, Path(summary)), demo_time,
+                                 labels, _relative(figure, Path(summary)) if figure else None)
         Path(summary).write_text(replace_between_markers(summary_text, short, Path(summary),
                                                          SUMMARY))
         log.info("%s: summary regenerated", summary)

@@ -94,6 +94,7 @@ def test_targets_and_inputs_come_from_the_run_layout():
     assert plan.bench_results(run) == [f"out/{run}/bench/step_0000050.json"]
     assert plan.compare_inputs()[f"{run}_bench"] == f"out/{run}/bench/step_0000050.json"
     assert plan.compare_inputs()[f"{run}_index"] == f"out/{run}/snapshots/index.json"
+    assert plan.compare_inputs()[f"{run}_sweep"] == f"out/{run}/eval/heff/step_0000050.json"
     assert plan.metrics_files()[run] == f"out/{run}/train/metrics.jsonl"
     assert plan.all_targets()[-1] == "out/compare/summary.md"
     assert f"out/{run}/bench/accuracy_vs_heff.png" in plan.all_targets()

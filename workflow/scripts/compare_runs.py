@@ -11,6 +11,7 @@ with script_logging(snakemake.log[0]):
     inputs = {
         run: {
             "heff": Path(snakemake.input[f"{run}_heff"]),
+            "sweep": Path(snakemake.input[f"{run}_sweep"]),
             "bench": Path(snakemake.input[f"{run}_bench"]),
             "metrics": Path(snakemake.params.metrics[run]),
         }

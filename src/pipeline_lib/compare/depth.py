@@ -1,7 +1,7 @@
 """Depth check: does a looped variant at its training loop count beat the shallow baselines?
 
 Variant kinds come from each run's config, never from its name: *looped* (``model.loops``
-> 1), *shallow* (one core block, one loop) and *deep* (``model.core_layers`` > 1, one loop:
+> 1, or loop counts sampled in training up to ``train.loop_sampling.max_loops`` > 1), *shallow* (one core block, one loop) and *deep* (``model.core_layers`` > 1, one loop:
 the iso-FLOP baseline of a looped variant). For every looped variant, every built-in task
 and every level inside its training range (level ≤ ``train_max_difficulty`` of its bench
 JSON), its accuracy at H_eff = training loops is compared with its own H_eff=1 and with
@@ -33,15 +33,18 @@ OWN, SHALLOW, DEEP = "own H_eff=1", "1 block × 1 loop", "deep"
 
 
 def variant_kind(run: RunResults) -> str | None:
-    """``looped``, ``shallow``, ``deep`` or None (no snapshot config)."""
+    """``looped``, ``shallow``, ``deep`` or None (no snapshot config). Sampled loop counts
+    (``train.loop_sampling.mode`` uniform or poisson_lognormal) make a variant looped
+    whatever ``model.loops`` says."""
     if run.train_loops is None or run.core_layers is None:
         return None
-    if run.train_loops > 1:
+    if max(run.train_loops, run.sampled_loops or 1) > 1:
         return "looped"
     return "shallow" if run.core_layers == 1 else "deep"
 
 
-def _verdict(lo: float, hi: float) -> str:
+def difference_verdict(lo: float, hi: float) -> str:
+    """``better``/``worse`` where the paired 95% interval [lo, hi] excludes zero."""
     if lo > 0:
         return "better"
     if hi < 0:
@@ -75,7 +78,7 @@ def compare_examples(a: RunResults, h_a: int, b: RunResults, h_b: int, task: str
             "other_ci_high": ci_b[1], **diff.to_json(),
             "p_mcnemar": mcnemar_exact(x, y) if is_binary(x) and is_binary(y) else None,
             "intervals_overlap": bool(ci_a[0] <= ci_b[1] and ci_b[0] <= ci_a[1]),
-            "verdict": _verdict(diff.lo, diff.hi)}
+            "verdict": difference_verdict(diff.lo, diff.hi)}
 
 
 def _baseline_h(run: RunResults, task: str) -> int:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .depth import depth_check, depth_markdown
+from .labels import LABELS_PLOT
+from .labels_markdown import labels_markdown
 from .runs import RunResults, Score
 from .spent import Spent
 
@@ -248,14 +250,19 @@ def findings(runs: Sequence[RunResults], level: int = 2) -> list[str]:
     return lines
 
 
-def summary_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any] | None = None) -> str:
+def summary_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any] | None = None,
+                     labels: Mapping[str, Any] | None = None) -> str:
     """Variants (size, FLOPs), loss and accuracy tables with uncertainties, the depth check
-    (``depth``: :func:`.depth.depth_check` of ``runs``, computed when not given), findings."""
+    (``depth``: :func:`.depth.depth_check` of ``runs``, computed when not given), findings;
+    opened by the labelled depth check (``labels``: :func:`.labels.labels_depth_check`) when
+    some variant has a labelled task."""
     depth = depth_check(runs) if depth is None else depth
     lines = ["# Variant comparison", "",
              "Final snapshot of each variant. Validation loss in nats/token (lower is better); "
              "accuracy is each task's main metric with a 95% interval (Wilson); FLOPs per token "
              "of a forward pass at the variant's training loop count (training ≈ 3×).", ""]
+    if labels is not None:
+        lines += labels_markdown(labels, figure=LABELS_PLOT) + [""]
     lines += variants_table(runs) + [""] + loss_table(runs) + accuracy_tables(runs)
     loops = loops_table(runs)
     lines += [""] + loops if loops else []

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .labels import top_trained_level
 from .markdown import depth_settings
 from .runs import RunResults, Score
 
@@ -48,6 +49,55 @@ def plot_val_loss_curves(curves: Mapping[int, Sequence[tuple[int, float]]], run:
     ax.set(xlabel="optimizer step", ylabel="validation loss (nats/token)",
            title=f"{run}: validation loss while training, by test-time loops")
     ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def labels_plot_levels(check: Mapping[str, Any]) -> list[int]:
+    """The levels that matter for the depth question: the top level of the training range
+    and every level beyond it."""
+    levels = sorted({r["level"] for r in check["table"] if r["level"] is not None})
+    top = top_trained_level(check)
+    return [lv for lv in levels if lv == top or lv > check["train_max_level"]]
+
+
+def plot_labels_accuracy(check: Mapping[str, Any], path: Path) -> Path:
+    """``path``: token accuracy vs H_eff (log 2), one panel per level of
+    :func:`labels_plot_levels`, one line per variant with its 95% band, a dotted vertical line
+    at each looped variant's train_max_loops (``check``: :func:`.labels.labels_depth_check`)."""
+    import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # as above: Agg is set first
+
+    levels = labels_plot_levels(check)
+    fig, axes = plt.subplots(1, len(levels), figsize=(4 * len(levels), 3.6), sharey=True,
+                             constrained_layout=True, squeeze=False)
+    loops = sorted({check["train"][r]["max_loops"] for r, k in check["kinds"].items()
+                    if k == "looped"})
+    for ax, level in zip(axes[0], levels, strict=True):
+        for i, run in enumerate(check["runs"]):
+            rows = sorted((r for r in check["table"] if r["variant"] == run
+                           and r["level"] == level), key=lambda r: r["h_eff"])
+            if not rows:
+                continue
+            hs = [r["h_eff"] for r in rows]
+            ax.plot(hs, [r["accuracy"] for r in rows], "o-", color=f"C{i}", markersize=3,
+                    label=f"{run} ({check['kinds'][run] or 'unknown'})")
+            if all(r["ci_low"] is not None for r in rows):
+                ax.fill_between(hs, [r["ci_low"] for r in rows], [r["ci_high"] for r in rows],
+                                color=f"C{i}", alpha=0.2, linewidth=0)
+        for t in loops:
+            ax.axvline(t, color="grey", linestyle=":", linewidth=1)
+        where = " (beyond training)" if level > check["train_max_level"] else " (top trained)"
+        hs = sorted({r["h_eff"] for r in check["table"] if r["level"] == level})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(hs, [str(h) for h in hs])
+        ax.minorticks_off()
+        ax.set(xlabel="H_eff", title=f"level {level}{where}")
+    axes[0][0].set_ylabel("token accuracy (95% band)")
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle("labelled task: accuracy vs test-time loops (dotted: train_max_loops)",
+                 fontsize="medium")
     return _save(fig, path)
 
 

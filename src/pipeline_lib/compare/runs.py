@@ -84,6 +84,9 @@ class RunResults:
     params: int | None = None
     flops_per_token: int | None = None  # forward, at the training loop count
     train_loops: int | None = None  # model.loops of the snapshot's config
+    # train.loop_sampling.max_loops when training drew its loop counts (mode uniform or
+    # poisson_lognormal), None for fixed loops: such a variant is looped even at model.loops 1
+    sampled_loops: int | None = None
     core_layers: int | None = None  # model.core_layers of the snapshot's config
     train_max_difficulty: int | None = None  # top training level (bench JSON)
     samples: dict[str, TaskSamples] = field(default_factory=dict)  # task/metric → examples
@@ -94,6 +97,7 @@ class RunResults:
     adaptive_criterion: str | None = None  # bench.adaptive_criterion of the bench JSON
     # task/metric → setting ("4" or adaptive:T:MAX) → wall time and KV bytes (.spent)
     spent: dict[str, dict[str, Spent]] = field(default_factory=dict)
+    labels: dict[str, Any] | None = None  # the final sweep's labels section (labelled tasks)
 
     @property
     def final_train_loss(self) -> float | None:
@@ -151,18 +155,22 @@ class _ModelShape:
     flops_per_token: int | None = None
     loops: int | None = None
     core_layers: int | None = None
+    sampled_loops: int | None = None
 
 
 def _model_shape(config_yaml: Path | None) -> _ModelShape:
-    """Parameters, forward FLOPs per token at the training loops, loops and core blocks."""
+    """Parameters, forward FLOPs per token at the training loops, loops, core blocks and the
+    most loops a sampled loop count could draw."""
     if config_yaml is None or not Path(config_yaml).is_file():
         log.warning("no snapshot config %s: the comparison lists no parameters, FLOPs or "
                     "variant kind", config_yaml)
         return _ModelShape()
 
     cfg = load_config(Path(config_yaml), base=None)
+    sampling = cfg.train.loop_sampling
     return _ModelShape(param_count(cfg.model), flops_per_token(cfg.model, cfg.data.seq_len),
-                       cfg.model.loops, cfg.model.core_layers)
+                       cfg.model.loops, cfg.model.core_layers,
+                       sampling.max_loops if sampling.mode != "fixed" else None)
 
 
 def _is_builtin(task: str, info: Mapping[str, Any]) -> bool:
@@ -227,10 +235,19 @@ def _adaptive_scores(bench: Mapping[str, Any]) -> dict[str, dict[str, dict[int |
     return out
 
 
+def _labels(sweep_json: Path | None) -> dict[str, Any] | None:
+    """The ``labels`` section of the final H_eff sweep (None: no sweep given, or unlabelled)."""
+    if sweep_json is None or not Path(sweep_json).is_file():
+        return None
+    return _read_json(sweep_json).get("labels")
+
+
 def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_jsonl: Path,
-                     config_yaml: Path | None = None) -> RunResults:
+                     config_yaml: Path | None = None,
+                     sweep_json: Path | None = None) -> RunResults:
     """Final-snapshot numbers of one variant. ``config_yaml`` defaults to the config of the
-    snapshot the bench JSON names."""
+    snapshot the bench JSON names; ``sweep_json``: the final snapshot's H_eff sweep, whose
+    ``labels`` section (labelled tasks) feeds :mod:`.labels`."""
     # pyarrow: CLI --help imports this module; only reading tables needs it
     import pyarrow.parquet as pq
 
@@ -260,15 +277,17 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
                       baseline=min(baselines) if baselines else min(val_loss),
                       params=shape.params, flops_per_token=shape.flops_per_token,
                       train_loops=shape.loops, core_layers=shape.core_layers,
+                      sampled_loops=shape.sampled_loops,
                       train_max_difficulty=bench.get("train_max_difficulty"), samples=samples,
                       initial_scores=initial_scores, adaptive=_adaptive_scores(bench),
                       adaptive_criterion=(bench.get("bench") or {}).get("adaptive_criterion"),
-                      spent=read_spent(bench))
+                      spent=read_spent(bench), labels=_labels(sweep_json))
 
 
 def run_dir_inputs(run_dir: Path) -> dict[str, Path]:
     """The inputs of :func:`load_run_results` inside a finished ``results/{run}`` directory:
-    H_eff table, final bench JSON, training log and the final snapshot's config."""
+    H_eff table, final bench JSON, training log, the final snapshot's config and its H_eff
+    sweep."""
     layout = RunLayout.at(run_dir)
     if not Path(run_dir).is_dir() or not layout.snapshots_dir.is_dir():
         what = ("is a file" if Path(run_dir).is_file() else "does not exist"
@@ -280,13 +299,15 @@ def run_dir_inputs(run_dir: Path) -> dict[str, Path]:
         raise DataError(f"{layout.index} is missing; finish training run {layout.run} first")
     final = int(_read_json(layout.index)["final_step"])
     return {"heff": layout.heff_table, "bench": layout.bench_result(final),
-            "metrics": layout.metrics, "config": layout.snapshot(final) / "config.yaml"}
+            "metrics": layout.metrics, "config": layout.snapshot(final) / "config.yaml",
+            "sweep": layout.heff_result(final)}
 
 
 def load_runs(inputs: Mapping[str, Mapping[str, Path]]) -> list[RunResults]:
     """:func:`load_run_results` of every run of ``inputs`` (see ``compare_runs``), in order."""
     return [load_run_results(name, Path(p["heff"]), Path(p["bench"]), Path(p["metrics"]),
-                             Path(p["config"]) if p.get("config") else None)
+                             Path(p["config"]) if p.get("config") else None,
+                             Path(p["sweep"]) if p.get("sweep") else None)
             for name, p in inputs.items()]
 
 

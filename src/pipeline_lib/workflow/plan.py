@@ -267,11 +267,13 @@ class WorkflowPlan:
         return [str(layout.bench_result(s)) for s in self.bench_steps(run)]
 
     def compare_inputs(self) -> dict[str, str]:
-        """Per run: its H_eff table, its final benchmark JSON and its snapshot index."""
+        """Per run: its H_eff table, its final snapshot's H_eff sweep (whose labels section
+        feeds the labelled depth check), its final benchmark JSON and its snapshot index."""
         inputs = {}
         for run, plan in self.runs.items():
             layout = self.layout.run(run)
             inputs[f"{run}_heff"] = str(layout.heff_table)
+            inputs[f"{run}_sweep"] = str(layout.heff_result(plan.final_step))
             inputs[f"{run}_bench"] = str(layout.bench_result(plan.final_step))
             inputs[f"{run}_index"] = str(layout.index)
         return inputs
