@@ -16,7 +16,7 @@ VARIANTS = {
     "moe": {"moe_experts": 4, "moe_top_k": 2},
     "linear_zeros_nocoda": {"injection": "linear", "state_init": "zeros", "coda_layers": 0},
     "step_emb_2core": {"step_embedding": True, "core_layers": 2, "state_init": "embedding",
-                       "tie_embeddings": False},
+                       "tie_embeddings": False, "learned_positions": 64},
     # grouped-query attention (the cache holds the 2 kv heads) and Llama 3 RoPE scaling
     "gqa_llama3_rope": {"n_heads": 4, "n_kv_heads": 2, "rope_scaling": "llama3",
                         "rope_scaling_factor": 8.0, "rope_original_max_position": 1000},

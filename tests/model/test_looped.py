@@ -14,7 +14,8 @@ VARIANTS = {
     "no_prelude_no_coda": {"prelude_layers": 0, "coda_layers": 0},
     "deep_coda_untied": {"prelude_layers": 2, "coda_layers": 2, "tie_embeddings": False},
     "moe": {"moe_experts": 4, "moe_top_k": 2, "core_layers": 2},
-    "linear_step_emb": {"injection": "linear", "step_embedding": True, "state_init": "embedding"},
+    "linear_step_emb": {"injection": "linear", "step_embedding": True, "state_init": "embedding",
+                        "learned_positions": 64},
     "learned_lambda": {"learn_injection_scale": True, "injection_scale": 0.5},
     "gqa_llama3_rope": {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "rope_scaling": "llama3",
                         "rope_scaling_factor": 8.0, "rope_original_max_position": 16},
@@ -251,3 +252,20 @@ def test_grouped_query_model_equals_multi_head_model_with_repeated_kv_heads(kv_h
         torch.testing.assert_close(gqa.logits_at(batch, 3), mha.logits_at(batch, 3),
                                    atol=1e-5, rtol=0)
     assert sum(p.numel() for p in gqa.parameters()) < sum(p.numel() for p in mha.parameters())
+
+
+def test_learned_positions_enter_every_loop_and_refuse_positions_past_the_table(make_config):
+    """The table is added to the token embedding (so e, re-injected at every loop, carries
+    it): the same tokens at other positions read out differently; a document restarting its
+    positions reads its first tokens as position 0; a position past the table is one line."""
+    torch.manual_seed(0)
+    model = LoopedLM(make_config(learned_positions=8, prelude_layers=0)).eval()
+    ids = torch.randint(0, 40, (1, 8))
+    with torch.no_grad():
+        whole = model.logits_at(ids, 2)
+        torch.nn.init.zeros_(model.pos_emb.weight)
+        without = model.logits_at(ids, 2)
+    assert not torch.allclose(whole, without)
+    assert model.embed(ids).e.shape == (1, 8, model.cfg.d_model)
+    with pytest.raises(ValueError, match="position 8 is past model.learned_positions = 8"):
+        model.logits_at(torch.randint(0, 40, (1, 9)), 1)

@@ -22,7 +22,7 @@ CONFIGS = [
     {"prelude_layers": 0, "coda_layers": 0, "tie_embeddings": False},
     {"moe_experts": 4, "moe_top_k": 2, "core_layers": 2},
     {"moe_experts": 3, "moe_top_k": 1, "moe_ffn_hidden": 24, "ffn_hidden": 40},
-    {"injection": "linear", "step_embedding": True, "loops": 5},
+    {"injection": "linear", "step_embedding": True, "loops": 5, "learned_positions": 12},
     {"learn_injection_scale": True, "coda_layers": 3, "d_model": 24, "n_heads": 3},
     {"moe_experts": 3, "moe_top_k": 3, "d_model": 64, "n_heads": 4},  # 176 / 3 = 58 → 64
     {"d_model": 48, "n_heads": 6, "n_kv_heads": 2, "tie_embeddings": False},  # grouped-query

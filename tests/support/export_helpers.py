@@ -19,7 +19,8 @@ SEQ_LEN = 24
 WORKER = Path(__file__).with_name("hf_export_worker.py")
 
 # Dense: tied head, additive injection with a learned λ. MoE: untied head, linear injection,
-# step embedding, state initialised from the prelude output, non-zero balancing biases.
+# step embedding, learned absolute positions, state initialised from the prelude output,
+# non-zero balancing biases.
 # GQA: 4 query heads over 2 kv heads, Llama 3 RoPE scaling whose three regimes (kept,
 # interpolated, divided) all occur at head width 8 over a 64-token "original" context, and
 # gated loops (their gates moved well away from 0) from a noise state (zeros in eval mode).
@@ -29,7 +30,7 @@ MODEL_CONFIGS = {
                          exit_gate=True),  # the learned exit gate (test_hf_export_gate.py)
     "moe": ModelConfig(vocab_size=258, d_model=32, n_heads=2, loops=3, moe_experts=4,
                        moe_top_k=2, injection="linear", step_embedding=True,
-                       state_init="embedding", tie_embeddings=False),
+                       state_init="embedding", tie_embeddings=False, learned_positions=64),
     "gqa": ModelConfig(vocab_size=258, d_model=32, n_heads=4, n_kv_heads=2, loops=2,
                        rope_scaling="llama3", rope_scaling_factor=4.0,
                        rope_original_max_position=64, recurrence="gated", state_init="noise"),

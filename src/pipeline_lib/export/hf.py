@@ -76,6 +76,7 @@ def hf_config(cfg: Any, eos: int, pad: int, provenance: dict[str, Any],
         "moe_intermediate_size": resolved_moe_hidden(m) if m.moe_experts else 0,
         "injection": m.injection, "injection_scale": m.injection_scale,
         "step_embedding_rows": step_embedding_rows(m), "state_init": m.state_init,
+        "learned_positions": m.learned_positions,
         "loop_gate_rows": loop_gate_rows(m), "state_noise_std": m.init_std,
         # exit_threshold: the default of forward/generate, fixed depth until a user sets it
         "exit_gate": m.exit_gate, "exit_threshold": None,

@@ -126,6 +126,7 @@ class LooplineConfig(PretrainedConfig):
                  moe_experts: int = 0, moe_top_k: int = 2, moe_intermediate_size: int = 0,
                  injection: str = "add", injection_scale: float = 1.0,
                  step_embedding_rows: int = 0, state_init: str = "zeros",
+                 learned_positions: int = 0,
                  loop_gate_rows: int = 0, state_noise_std: float = 0.02,
                  tie_embeddings: bool = True, rope_theta: float = 10000.0,
                  rms_norm_eps: float = 1e-6, max_position_embeddings: int = 256,
@@ -152,6 +153,7 @@ class LooplineConfig(PretrainedConfig):
         self.moe_experts, self.moe_top_k = moe_experts, moe_top_k
         self.injection, self.injection_scale = injection, injection_scale
         self.step_embedding_rows, self.state_init = step_embedding_rows, state_init
+        self.learned_positions = learned_positions  # rows of the absolute position table
         self.loop_gate_rows, self.state_noise_std = loop_gate_rows, state_noise_std
         self.tie_embeddings, self.rope_theta = tie_embeddings, rope_theta
         self.rms_norm_eps, self.max_position_embeddings = rms_norm_eps, max_position_embeddings
@@ -213,6 +215,8 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
                                 nn.Parameter(torch.tensor(float(config.injection_scale))))
         rows = config.step_embedding_rows
         self.step_emb = nn.Embedding(rows, d) if rows else None
+        positions = getattr(config, "learned_positions", 0)  # older exports have none
+        self.pos_emb = nn.Embedding(positions, d) if positions else None
         gates = getattr(config, "loop_gate_rows", 0)
         self.loop_gate = nn.Parameter(torch.zeros(gates)) if gates else None
         self.exit_gate = nn.Linear(d, 1) if getattr(config, "exit_gate", False) else None
@@ -314,6 +318,8 @@ class LooplineForCausalLM(LooplinePreTrainedModel, GenerationMixin):
             cache.add_columns(*input_ids.shape, input_ids.device)
         rope = rope_tables(positions, self.config)
         e = self.tok_emb(input_ids)  # [B, L, D]
+        if self.pos_emb is not None:  # absolute positions, re-injected with e at every loop
+            e = e + self.pos_emb(positions)
         for block in self.prelude:
             e = block(e, rope, mask, cache)
         state = self._initial_state(e)

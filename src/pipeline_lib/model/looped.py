@@ -53,6 +53,7 @@ class LoopContext:
     mask: DocumentMask | KVCache  # document-causal attention mask (or a decoding KV cache)
     targets: Tensor | None  # [B, L] next-token ids, IGNORE_INDEX = ignored
     answer_mask: Tensor | None  # [B, L] bool, answer tokens (and the EOS after them)
+    positions: Tensor | None = None  # [B, L] position of each token in its document
     e: Tensor | None = None  # [B, L, D] prelude output, injected at every loop
 
 
@@ -88,6 +89,8 @@ class LoopedLM(nn.Module):
             self.register_buffer("injection_scale", scale, persistent=False)
         rows = step_embedding_rows(cfg)
         self.step_emb = nn.Embedding(rows, d) if rows else None
+        # absolute positions, added to the token embedding: re-injected with e at every loop
+        self.pos_emb = nn.Embedding(cfg.learned_positions, d) if cfg.learned_positions else None
         gates = loop_gate_rows(cfg)  # g_t of gated recurrence (see .recurrence)
         self.loop_gate = nn.Parameter(torch.zeros(gates)) if gates else None
         # one exit logit per token and loop, shared by every loop (see .exit_gate)
@@ -117,6 +120,8 @@ class LoopedLM(nn.Module):
             self.injection_proj.weight.copy_(torch.cat([eye, cfg.injection_scale * eye], dim=1))
         if self.step_emb is not None:
             nn.init.normal_(self.step_emb.weight, std=std)
+        if self.pos_emb is not None:
+            nn.init.normal_(self.pos_emb.weight, std=std)
         if self.loop_gate is not None:  # loops after the first start as no-ops
             nn.init.zeros_(self.loop_gate)
         if self.exit_gate is not None:  # λ ≈ 0.5 at every loop at the start
@@ -145,6 +150,10 @@ class LoopedLM(nn.Module):
         pos = batch.get("position_ids")
         if pos is None:
             pos = torch.arange(L, device=ids.device).expand(B, L)
+        if self.pos_emb is not None and pos.numel() and int(pos.max()) >= self.pos_emb.num_embeddings:
+            raise ValueError(f"position {int(pos.max())} is past model.learned_positions = "
+                             f"{self.pos_emb.num_embeddings} (the learned position table); "
+                             "use shorter inputs or a model trained with a larger table")
         if mask is None:
             doc = batch.get("doc_ids")
             if doc is None:
@@ -157,6 +166,7 @@ class LoopedLM(nn.Module):
             mask=mask,
             targets=batch.get("targets"),
             answer_mask=batch.get("answer_mask"),
+            positions=pos,
         )
 
     def embed(self, batch: Batch | Tensor, ctx: LoopContext | None = None) -> LoopContext:
@@ -168,7 +178,10 @@ class LoopedLM(nn.Module):
         ctx = self.context(batch) if ctx is None else ctx
         ids = batch if isinstance(batch, Tensor) else batch["input_ids"]
         self._drop_aux_terms()
-        ctx.e = self._piece("loop", self._blocks, self.prelude, self.tok_emb(ids), ctx)
+        x = self.tok_emb(ids)
+        if self.pos_emb is not None:  # a decoding step's ids are [B], its positions [B, 1]
+            x = x + self.pos_emb(ctx.positions.reshape(ids.shape))
+        ctx.e = self._piece("loop", self._blocks, self.prelude, x, ctx)
         return ctx
 
     def init_state(self, ctx: LoopContext) -> Tensor:

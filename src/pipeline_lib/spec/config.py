@@ -245,6 +245,11 @@ class ModelConfig:
     injection_scale: float = _f(1.0, "λ of additive injection (initial value when learnable).")
     learn_injection_scale: bool = _f(False, "Make λ a learnable scalar with its own parameter group.")
     step_embedding: bool = _f(False, "Add a learned per-loop step embedding to the state.")
+    learned_positions: int = _f(
+        0, "Rows of a learned absolute position embedding added to the token embedding (so the "
+        "input injected at every loop carries each token's position), on top of RoPE; 0 = "
+        "none. Set it to data.seq_len; a position past it is an error. Looped models on "
+        "algorithmic tasks need it to extrapolate in depth (docs/model.md).", minimum=0)
     state_init: str = _f("zeros", "Initial loop state: zeros, the prelude output (embedding) or "
                          "noise (training: truncated normal, std init_std, cut at ±3 std; "
                          "outside training its mean, zeros).",

@@ -138,6 +138,7 @@ def param_count(cfg: ModelConfig) -> int:
     elif cfg.learn_injection_scale:
         total += 1  # λ
     total += step_embedding_rows(cfg) * d
+    total += cfg.learned_positions * d  # absolute position embedding
     total += loop_gate_rows(cfg)  # g_t of gated recurrence
     if cfg.exit_gate:
         total += d + 1  # the shared exit gate Linear(d, 1): weight and bias

@@ -5,7 +5,7 @@ gradient, no optimizer state and no parameter group (:func:`.optim.classify_para
 skips it); it keeps its value, the snapshot still stores it and the EMA copies it. The
 parts (:data:`~pipeline_lib.spec.rules.FREEZE_PARTS`) name the model's attributes:
 
-- ``embeddings``: ``tok_emb`` and ``step_emb`` (and a head tied to ``tok_emb``);
+- ``embeddings``: ``tok_emb``, ``step_emb`` and ``pos_emb`` (and a head tied to ``tok_emb``);
 - ``prelude``, ``core``, ``coda``: every block of that stack (attention, FFN, norms,
   MoE router and experts); a frozen MoE layer's routing bias (a buffer, aux-loss-free
   balancing) is held fixed too, so the part computes what it computed before;
@@ -28,7 +28,7 @@ from torch import nn
 from ..model.moe import MoEFFN
 
 PART_ATTRIBUTES = {
-    "embeddings": ("tok_emb", "step_emb"),
+    "embeddings": ("tok_emb", "step_emb", "pos_emb"),
     "prelude": ("prelude",),
     "core": ("core",),
     "coda": ("coda",),
