@@ -45,9 +45,10 @@ def train_pattern_model(tokenizer, steps: int = 120):
     return model.eval()
 
 
-def write_tiny_snapshot(out: Path, model, tokenizer, step: int, with_tokenizer: bool = True
-                        ) -> Path:
-    """A real snapshot (MANIFEST, safetensors, resolved config, tokenizer.json) of ``model``."""
+def write_tiny_snapshot(out: Path, model, tokenizer, step: int, with_tokenizer: bool = True,
+                        total_steps: int | None = None) -> Path:
+    """A real snapshot (MANIFEST, safetensors, resolved config, tokenizer.json) of ``model``;
+    with ``total_steps`` (= ``step``: the run's final snapshot) in its trainer state."""
     from pipeline_lib.checkpoint.snapshot import write_snapshot
 
     cfg = Config()
@@ -59,7 +60,8 @@ def write_tiny_snapshot(out: Path, model, tokenizer, step: int, with_tokenizer: 
     cfg_file = out.parent / f"{out.name}.config.yaml"
     save_config(cfg, cfg_file)
     return write_snapshot(
-        out, model_state=model.state_dict(), optimizer_state={}, trainer_state={"step": step},
+        out, model_state=model.state_dict(), optimizer_state={},
+        trainer_state={"step": step, **({"total_steps": total_steps} if total_steps else {})},
         rng_state={}, config_yaml=cfg_file.read_text(),
         extra_files={"tokenizer.json": tokenizer.to_str()} if with_tokenizer else None)
 

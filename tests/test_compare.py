@@ -368,3 +368,22 @@ def test_a_bench_json_without_loops_computed_still_compares(tmp_path: Path):
     compare_runs(inputs, tmp_path / "compare")
     md = (tmp_path / "compare" / "summary.md").read_text()
     assert "| loop4 | loopline_khop/acc | adaptive:0.01:4 | 2.00 | – | 0.750" in md
+
+
+def test_runs_without_downstream_benchmarks_compare_on_loss(tmp_path: Path):
+    """bench.tasks: [] (no include_path): the bench JSON has no tasks; loss still compares."""
+    inputs = {"loop1": _variant(tmp_path, "loop1", 1, 1, 0.0, 0),
+              "loop4": _variant(tmp_path, "loop4", 1, 4, 0.2, 20)}
+    for files in inputs.values():
+        bench = json.loads(files["bench"].read_text())
+        files["bench"].write_text(json.dumps({**bench, "tasks": {}}))
+    rows = compare_runs(inputs, tmp_path / "compare")
+    assert not [r for r in rows if r["metric"].startswith(("loopline_", "bench/"))]
+    val = {(r["run"], r["h_eff"]): r["value"] for r in rows if r["metric"] == "val/loss"}
+    assert val[("loop4", 4)] == pytest.approx(val[("loop4", 1)] - 0.2)
+    md = (tmp_path / "compare" / "summary.md").read_text()
+    assert "loopline_khop" not in md and "deeper is better at H_eff=4" in md
+    assert json.loads((tmp_path / "compare" / "depth_check.json").read_text())[
+        "comparisons"] == []
+    for name in ("loss_vs_heff.png", "accuracy_vs_heff.png", "train_loss.png"):
+        assert (tmp_path / "compare" / name).stat().st_size > 0

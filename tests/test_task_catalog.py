@@ -83,6 +83,7 @@ def test_selection_runs_every_user_task_unless_bench_tasks_names_some(user_dir: 
     only_user = BenchConfig(tasks=[], include_path=str(user_dir))
     assert check_bench_tasks(only_user) == ["my_echo", "my_pointer"]
     assert check_bench_tasks(BenchConfig()) == BUILTINS
+    assert check_bench_tasks(BenchConfig(tasks=[])) == []  # no downstream benchmarks
 
 
 def _one_line_error(bench: BenchConfig, pattern: str) -> str:

@@ -242,7 +242,8 @@ def selected_tasks(bench: BenchConfig, user: UserTasks | None) -> list[str]:
 
 
 def check_bench_tasks(bench: BenchConfig, key: str = "bench") -> list[str]:
-    """Validate ``bench.tasks`` and ``bench.include_path``; the task names a job will run.
+    """Validate ``bench.tasks`` and ``bench.include_path``; the task names a job will run,
+    none when both are empty (no downstream benchmarks: the bench job writes an empty report).
 
     ConfigError (one line, naming ``{key}.tasks`` or ``{key}.include_path``) for an unknown
     name, a missing or empty include_path, or a user data file that does not exist.
@@ -255,9 +256,6 @@ def check_bench_tasks(bench: BenchConfig, key: str = "bench") -> list[str]:
                           f"{user.tasks[reserved[0]]}; the {BUILTIN_TASK_PREFIX} prefix is reserved "
                           "for built-in tasks: rename its task:")
     tasks = selected_tasks(bench, user)
-    if not tasks:
-        raise ConfigError(f"{key}.tasks is empty and {key}.include_path is not set; list "
-                          f"built-in tasks {list(BUILTIN_TASK_NAMES)} or lm-eval task names")
     local = set(BUILTIN_TASK_NAMES) | (user.names if user else set())
     unknown = [t for t in tasks if t not in local]
     if unknown:

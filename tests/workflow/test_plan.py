@@ -281,6 +281,17 @@ def test_bench_tasks_are_checked_and_user_task_files_are_bench_inputs(tmp_path):
         WorkflowPlan(cfg)
 
 
+def test_no_downstream_benchmarks_keep_the_bench_rules():
+    """bench.tasks: [] without include_path: no error, and the same bench jobs (they write
+    reports without tasks)."""
+    plan = _plan("bench.tasks=[]", "experiment.results_dir=out")
+    run = plan.run_names[0]
+    assert plan.bench_task_files(run) == []
+    assert plan.bench_results(run) == _plan("experiment.results_dir=out").bench_results(run)
+    assert {f"out/{run}/bench/summary.parquet", f"out/{run}/bench/accuracy_vs_heff.png"} <= \
+        set(plan.all_targets())
+
+
 def test_train_signature_ignores_keys_that_leave_the_weights_alone():
     """Activation checkpointing (bit-identical) and extra validation readouts never retrain a
     run; keys added later count only away from their default (a finished run made before

@@ -2,7 +2,8 @@
 
 Each cell holds the score and its 95% interval, each row its number of examples; with
 several snapshot steps a second row of panels shows whole-task accuracy against step, one
-line per H_eff. Tasks without levels get one bar panel. Drawn by
+line per H_eff. Tasks without levels get one bar panel; reports without tasks (no
+benchmarks configured) a figure that says so. Drawn by
 :func:`pipeline_lib.bench.scoring.summarize_bench` from the bench JSONs (fixed H_eff only:
 adaptive-exit scores are in the table, ``adaptive``/``mean_loops`` columns).
 """
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..errors import DataError
+NO_TASKS_NOTE = "no downstream benchmarks configured (bench.tasks is empty)"
 
 
 def _heatmap_grid(info: Mapping[str, Any]) -> tuple[list[int], list[int], list[list[float]]]:
@@ -104,15 +105,29 @@ def _plot_trend(ax: Any, task: str, reports: list[Mapping[str, Any]], first_col:
     ax.legend(fontsize=7)
 
 
-def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
-    """The summary figure: accuracy heatmap (difficulty × H_eff) per levelled task."""
+def _save(fig: Figure, out_png: Path) -> Figure:
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    return fig
+
+
+def _no_tasks_figure() -> Figure:
+    """The figure of reports without tasks: one line saying why it is empty."""
+    fig = Figure(figsize=(6.0, 1.6))
+    fig.text(0.5, 0.5, NO_TASKS_NOTE, ha="center", va="center", fontsize=11)
+    return fig
+
+
+def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> Figure:
+    """The summary figure: accuracy heatmap (difficulty × H_eff) per levelled task; a
+    figure that says so (:data:`NO_TASKS_NOTE`) when the latest report has no task."""
     latest = reports[-1]
+    if not latest["tasks"]:
+        return _save(_no_tasks_figure(), out_png)
     tasks = [t for t, info in latest["tasks"].items() if info.get("metric") and
              any(s.get("levels") for s in info["h_eff"].values())]
     others = [t for t in latest["tasks"] if t not in tasks]
     panels = tasks + (["other tasks"] if others else [])
-    if not panels:
-        raise DataError("benchmark results hold no task scores to plot; check bench.tasks")
     with_trend = len(reports) > 1
     rows_max = max([len(_heatmap_grid(latest["tasks"][t])[0]) for t in tasks] or [0])
     cols_max = max([len(latest["tasks"][t]["h_eff"]) for t in tasks] or [0])
@@ -139,5 +154,4 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> None:
     if train_max is not None:  # on its own line: one line would not fit a single panel
         caption += f"\ndashed line: top of the training range (level {train_max})"
     fig.suptitle(caption, fontsize=9)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
+    return _save(fig, out_png)

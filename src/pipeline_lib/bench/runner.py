@@ -10,7 +10,9 @@ Every setting records what it spent: each task's largest KV cache of its generat
 ``loopline_*`` tasks are written first (YAML + JSONL) and scored per difficulty level from
 lm-eval's per-sample logs; the user's tasks (``bench.include_path``, mirrored with absolute
 data paths by :mod:`.user_tasks`) and installed lm-eval tasks are scored overall, and per
-level too when their documents carry ``bench.level_field``.
+level too when their documents carry ``bench.level_field``. A config with no benchmarks
+(``bench.tasks: []``, no ``bench.include_path``) gets the same JSON with ``"tasks": {}``,
+written from the snapshot's config and trainer state alone, in seconds.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from lm_eval.tasks import TaskManager
 
 from ..errors import ConfigError
 from ..evaluate.exit.spec import ExitSpec
+from ..evaluate.loading import snapshot_record
 from ..fsio import output_file_problem, write_text_atomic
 from ..spec.config import BenchConfig
 from ..task_catalog import check_bench_tasks
@@ -166,6 +169,58 @@ def adaptive_settings(bench: BenchConfig, h_effs: Sequence[int]) -> list[str]:
             for point in spec.with_max_loops(max(h_effs)).points()]
 
 
+def _report_head(snapshot_dir: Path, bench: BenchConfig, h_effs: Sequence[int],
+                 step: int | None, cfg: Any) -> dict[str, Any]:
+    """The bench JSON's description of what was benchmarked: the snapshot, its step and
+    training, the H_eff list and the bench settings."""
+    return {
+        "step": step,
+        "snapshot": str(Path(snapshot_dir).resolve()),
+        "h_eff": list(h_effs),
+        "train_loops": cfg.model.loops if cfg is not None else None,
+        "train_max_difficulty": _train_max_difficulty(cfg),
+        "bench": {"seed": bench.seed, "examples_per_level": bench.examples_per_level,
+                  "min_difficulty": bench.min_difficulty, "max_difficulty": bench.max_difficulty,
+                  "limit": bench.limit, "max_gen_toks": bench.max_gen_toks,
+                  "include_path": bench.include_path, "level_field": bench.level_field,
+                  # the keys' names before bench.adaptive (the JSON keeps its format)
+                  "adaptive_thresholds": list(bench.adaptive.thresholds),
+                  "adaptive_criterion": bench.adaptive.criteria[0],
+                  "adaptive_max_loops": bench.adaptive.max_loops},
+        "lm_eval_version": getattr(lm_eval, "__version__", None),
+    }
+
+
+def _score_snapshot(snapshot_dir: Path, bench: BenchConfig, tasks: Sequence[str],
+                    tasks_dir: Path, h_effs: Sequence[int], adaptive: Sequence[str], *,
+                    device: str, precision: str) -> dict[str, Any]:
+    """Every task scored on the loaded snapshot: the bench JSON but for ``adaptive``."""
+    user = (prepare_user_tasks(bench.include_path, tasks_dir / USER_TASKS_DIR)
+            if bench.include_path else None)
+    manager = task_manager_for(tasks, tasks_dir, user.names if user else ())
+    lm = LooplineLM(snapshot=str(snapshot_dir), h_eff=h_effs[0], batch_size=bench.batch_size,
+                    max_gen_toks=bench.max_gen_toks, device=device, precision=precision,
+                    adaptive_criterion=bench.adaptive.criteria[0])
+    started = time.perf_counter()
+    setting_seconds: dict[str, float] = {}
+    scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field, adaptive,
+                         setting_seconds)
+    return {**_report_head(snapshot_dir, bench, h_effs, lm.step, lm.config),
+            "seconds": round(time.perf_counter() - started, 3),
+            "setting_seconds": setting_seconds, "tasks": scores}
+
+
+def _empty_report(snapshot_dir: Path, bench: BenchConfig, h_effs: Sequence[int]
+                  ) -> dict[str, Any]:
+    """The bench JSON of a config without benchmarks: the same description, no task, and
+    neither the model nor lm-eval's evaluator loaded."""
+    log.info("bench: no downstream benchmarks configured (bench.tasks is empty and "
+             "bench.include_path is not set); writing a report without tasks")
+    step, cfg = snapshot_record(Path(snapshot_dir))
+    return {**_report_head(snapshot_dir, bench, h_effs, step, cfg), "seconds": 0.0,
+            "setting_seconds": {}, "tasks": {}}
+
+
 def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_json: Path | None,
                    h_effs: Sequence[int] | None = None, *, device: str = "cpu",
                    precision: str = "fp32") -> dict[str, Any]:
@@ -173,45 +228,19 @@ def run_benchmarks(snapshot_dir: Path, bench: BenchConfig, tasks_dir: Path, out_
 
     ``h_effs`` defaults to ``bench.h_eff``. ``tasks_dir`` receives the built-in task files.
     The model runs on ``device`` in ``precision`` (``experiment.device``/``.precision``).
+    With no task configured (``bench.tasks`` empty, no ``bench.include_path``) the JSON has
+    ``"tasks": {}`` and the model is not loaded.
     """
     h_effs = [int(h) for h in (h_effs if h_effs is not None else bench.h_eff)]
     if not h_effs or min(h_effs) < 1:
         raise ConfigError(f"bench H_eff list {h_effs} must be non-empty with every value >= 1")
     tasks = check_bench_tasks(bench)
     _check_outputs(Path(tasks_dir), out_json)
-    write_builtin_tasks(bench, Path(tasks_dir))
-    user = (prepare_user_tasks(bench.include_path, Path(tasks_dir) / USER_TASKS_DIR)
-            if bench.include_path else None)
-    manager = task_manager_for(tasks, Path(tasks_dir), user.names if user else ())
+    write_builtin_tasks(bench, Path(tasks_dir))  # without built-in tasks: the folder alone
     adaptive = adaptive_settings(bench, h_effs)
-    first = bench.adaptive.criteria[0]  # the criterion the settings leave unnamed
-    lm = LooplineLM(snapshot=str(snapshot_dir), h_eff=h_effs[0], batch_size=bench.batch_size,
-                    max_gen_toks=bench.max_gen_toks, device=device, precision=precision,
-                    adaptive_criterion=first)
-    started = time.perf_counter()
-    setting_seconds: dict[str, float] = {}
-    scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field, adaptive,
-                         setting_seconds)
-
-    report = {
-        "step": lm.step,
-        "snapshot": str(Path(snapshot_dir).resolve()),
-        "h_eff": h_effs,
-        "train_loops": lm.config.model.loops if lm.config is not None else None,
-        "train_max_difficulty": _train_max_difficulty(lm.config),
-        "bench": {"seed": bench.seed, "examples_per_level": bench.examples_per_level,
-                  "min_difficulty": bench.min_difficulty, "max_difficulty": bench.max_difficulty,
-                  "limit": bench.limit, "max_gen_toks": bench.max_gen_toks,
-                  "include_path": bench.include_path, "level_field": bench.level_field,
-                  # the keys' names before bench.adaptive (the JSON keeps its format)
-                  "adaptive_thresholds": list(bench.adaptive.thresholds),
-                  "adaptive_criterion": first,
-                  "adaptive_max_loops": bench.adaptive.max_loops},
-        "lm_eval_version": getattr(lm_eval, "__version__", None),
-        "seconds": round(time.perf_counter() - started, 3),
-        "setting_seconds": setting_seconds,
-        "tasks": scores,
-    }
+    report = (_score_snapshot(Path(snapshot_dir), bench, tasks, Path(tasks_dir), h_effs,
+                              adaptive, device=device, precision=precision)
+              if tasks else _empty_report(Path(snapshot_dir), bench, h_effs))
     if adaptive:
         report["adaptive"] = adaptive
     if out_json is not None:

@@ -302,7 +302,8 @@ def summarize_bench(jsons: list[Path], out_parquet: Path, out_png: Path) -> list
     """Long table of every benchmark JSON → parquet, and the heatmap figure → PNG.
 
     Returns the table rows. The heatmaps show the latest step; with several steps a second
-    row of panels shows whole-task accuracy against step, one line per H_eff.
+    row of panels shows whole-task accuracy against step, one line per H_eff. Reports
+    without tasks (no benchmarks configured) give no rows and a figure that says so.
     """
     if not jsons:
         raise DataError("summarize-bench got no benchmark JSON files; pass at least one")

@@ -11,7 +11,7 @@ explicit ``tokenizer=PATH`` (lm-eval ``--model_args``) overrides it.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.compat import snapshot_config
+from ..checkpoint.contents import CONFIG_FILE, TRAINER_STATE, read_json
 from ..checkpoint.manifest import MANIFEST_NAME, describe_non_snapshot, verify_snapshot
 from ..checkpoint.snapshot import load_model_state
 from ..data.tokenizer_identity import check_same_tokenizer, identify, snapshot_identity
@@ -92,6 +93,25 @@ def untrained_gate(path: Path, cfg: Any, step: Any) -> str | None:
     return None
 
 
+def snapshot_record(path: Path, hash_files: Sequence[str] = ()) -> tuple[int | None, Any]:
+    """(step, resolved config) of the snapshot at ``path``, its config.yaml,
+    trainer_state.json and ``hash_files`` verified against the manifest; its weights are
+    neither read nor hashed (a bench with no tasks reports these alone)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"snapshot {path} does not exist or is not a directory; pass "
+                              "snapshot=DIR of a finished training segment")
+    if not (path / MANIFEST_NAME).is_file():  # an export, a pack, a run directory, …
+        raise CheckpointError(describe_non_snapshot(path, "--snapshot"))
+    verify_snapshot(path, hash_files=[CONFIG_FILE, TRAINER_STATE, *hash_files])
+    cfg = snapshot_config(path)
+    if cfg.model.vocab_size < 1:
+        raise CheckpointError(f"snapshot {path}/config.yaml has model.vocab_size = "
+                              f"{cfg.model.vocab_size}; it must hold the resolved config")
+    step = read_json(path / TRAINER_STATE).get("step")
+    return (int(step) if step is not None else None), cfg
+
+
 def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
                   with_tokenizer: bool = True,
                   tokenizer_option: str = "tokenizer={} in --model_args",
@@ -103,17 +123,7 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
     ``tokenizer_option`` names the caller's way to pass one (see :func:`snapshot_tokenizer`).
     """
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"snapshot {path} does not exist or is not a directory; pass "
-                              "snapshot=DIR of a finished training segment")
-    if not (path / MANIFEST_NAME).is_file():  # an export, a pack, a run directory, …
-        raise CheckpointError(describe_non_snapshot(path, "--snapshot"))
-    hashed = ["config.yaml", "trainer_state.json"] + ([TOKENIZER_FILE] if with_tokenizer else [])
-    verify_snapshot(path, hash_files=hashed)
-    cfg = snapshot_config(path)
-    if cfg.model.vocab_size < 1:
-        raise CheckpointError(f"snapshot {path}/config.yaml has model.vocab_size = "
-                              f"{cfg.model.vocab_size}; it must hold the resolved config")
+    step, cfg = snapshot_record(path, [TOKENIZER_FILE] if with_tokenizer else [])
     state = load_model_state(path, which="ema" if use_ema else "model")
     with torch.device(device):  # built where it runs: no CPU copy of every weight first
         model = LoopedLM(cfg.model)
@@ -123,13 +133,11 @@ def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
                               f"{sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}); "
                               "the snapshot is from another model version")
     model.eval()
-    trainer_state = json.loads((path / "trainer_state.json").read_text())
-    step = trainer_state.get("step")
     model.untrained_exit_gate = untrained_gate(path, cfg, step)  # read by the gate criterion
     tok = snapshot_tokenizer(path, cfg, tokenizer, tokenizer_option) if with_tokenizer else None
     if tok is not None and tok.get_vocab_size() > cfg.model.vocab_size:
         raise CheckpointError(f"tokenizer of snapshot {path} has {tok.get_vocab_size()} tokens "
                               f"but the model only {cfg.model.vocab_size}; pass the tokenizer "
                               "the snapshot was trained with (tokenizer=PATH)")
-    return LoadedModel(path=path, step=int(step) if step is not None else None, config=cfg,
-                       model=model, tokenizer=tok, seq_len=cfg.data.seq_len)
+    return LoadedModel(path=path, step=step, config=cfg, model=model, tokenizer=tok,
+                       seq_len=cfg.data.seq_len)

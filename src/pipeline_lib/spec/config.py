@@ -494,7 +494,8 @@ class BenchConfig:
 
     tasks: list[str] = _f(["loopline_khop", "loopline_addition", "loopline_parity"],
                           "Task names: built-in loopline_* tasks, tasks of bench.include_path "
-                          "or any installed lm-eval task.")
+                          "or any installed lm-eval task; empty (with no include_path) = no "
+                          "downstream benchmarks.")
     h_eff: list[int] = _f([1, 4, 8], "Loop counts at which every task is scored.", min_items=1,
                           items={"minimum": 1, "maximum": MAX_TEST_LOOPS})
     snapshots: str = _f("final", "Benchmark the final snapshot only, or every kept one.",

@@ -30,7 +30,8 @@ def bench_stage(cfg: Config, run_dir: Path, snapshot: Path, out: Path,
     ``loops_hist_…/{loops}``; per setting ``kv_bytes[_core]…`` and ``bench/seconds…``, see
     :func:`pipeline_lib.bench.scoring.bench_metrics`) at the snapshot's step; the final
     snapshot's fixed-H_eff scores also go to the parent run (``bench/{task}/{metric}`` at
-    step = H_eff, with their intervals)."""
+    step = H_eff, with their intervals). With no benchmarks configured the report has no
+    task and the child run no metric."""
     check_stage_outputs(cfg, run_dir, [(out, BENCH_JSON)], [("--snapshot", snapshot)])
     check_tasks_dir(Path(tasks_dir))
     verify_snapshot(Path(snapshot), hash_files=())  # before the task files are written
