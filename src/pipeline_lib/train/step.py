@@ -87,6 +87,11 @@ def unroll_bounds(loops: int, bptt: str, k: int) -> list[tuple[int, int]]:
     return [(a, min(a + k, loops)) for a in range(0, loops, k)]
 
 
+def _drawn(mode: str, grad_loops: int) -> int | None:
+    """The gradient loops a step records: progressive backprop's draw, else none."""
+    return grad_loops if mode == "progressive" else None
+
+
 def guard_key(start: int, end: int) -> str:
     """The spike guard's baseline key of a loss read out over loops start+1 … end: each
     sampled loop count (and each unroll of it) is judged against losses of the same
@@ -174,9 +179,7 @@ class StepRunner:
         targets = self._teacher_targets(batches)  # once per step, shared by the unrolls
         probe = ActivationProbe(self.model) if diagnose else None
         result = StepResult(loss=math.nan, aux_loss=0.0, grad_norm=math.nan, loops=loops,
-                            skipped=False)
-        if t.bptt.mode == "progressive":
-            result.grad_loops = loops - no_grad
+                            skipped=False, grad_loops=_drawn(t.bptt.mode, loops - no_grad))
         weighted, weight, kls = 0.0, 0, []
         for start, end in bounds:
             counts = list(range(start + 1, end + 1)) if self.deep else [end]
