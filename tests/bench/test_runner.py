@@ -108,3 +108,13 @@ def test_naming_one_user_task_runs_only_that_one(snapshot_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"bench\.tasks names unknown task\(s\) \['my_pointr'\]"):
         run_benchmarks(snapshot_dir, BenchConfig(tasks=["my_pointr"], include_path=str(user)),
                        tmp_path / "tasks", None)
+
+
+def test_the_trained_difficulty_range_leaves_heldout_sources_out():
+    from pipeline_lib.bench.runner import _train_max_difficulty
+    from pipeline_lib.spec.config import Config, DataConfig, SourceConfig
+
+    sources = [SourceConfig(type="reasoning", max_difficulty=3),
+               SourceConfig(type="reasoning", min_difficulty=5, max_difficulty=8, heldout=True)]
+    assert _train_max_difficulty(Config(data=DataConfig(sources=sources))) == 3
+    assert _train_max_difficulty(Config(data=DataConfig(sources=sources[1:]))) is None

@@ -150,3 +150,33 @@ def test_answer_span_version_is_in_the_id_of_packs_with_answers_only():
     assert data_fingerprint(qa)["answer_spans"] == 2
     assert "answer_spans" not in data_fingerprint(DataConfig(sources=[SourceConfig(
         type="stdlib")]))
+
+
+def test_heldout_and_labelled_sources_are_fingerprinted(tmp_path):
+    from pipeline_lib.spec.data_id import LABELLED_GENERATOR_VERSION
+
+    base = DataConfig(sources=[SourceConfig(type="reasoning")])
+    assert "heldout" not in source_fingerprint(base.sources[0])  # old packs keep their id
+    held = replace(base, sources=[SourceConfig(type="reasoning", heldout=True)])
+    assert source_fingerprint(held.sources[0])["heldout"] is True
+    assert data_id(held) != data_id(base)
+
+    tasks = SourceConfig(type="labelled", tasks=["chain_root"], min_difficulty=2,
+                         max_difficulty=9, seed=4, num_docs=50)
+    fp = source_fingerprint(tasks)
+    assert fp == {"type": "labelled", "weight": 1.0, "max_docs": 0,
+                  "generator_version": LABELLED_GENERATOR_VERSION, "num_docs": 50,
+                  "tasks": ["chain_root"], "min_difficulty": 2, "max_difficulty": 9, "seed": 4}
+    ids = {data_id(DataConfig(sources=[s])) for s in
+           [tasks, replace(tasks, seed=5), replace(tasks, max_difficulty=8),
+            replace(tasks, tasks=["prefix_parity"]), replace(tasks, heldout=True)]}
+    assert len(ids) == 5
+
+    path = write_text_files(tmp_path / "l", ["{}"]).replace("*.txt", "doc_000.txt")
+    records = SourceConfig(type="labelled", path=path, tasks=["khop"])
+    fp = source_fingerprint(records)
+    assert [Path(f[0]).name for f in fp["files"]] == ["doc_000.txt"]
+    assert "tasks" not in fp and "text_field" not in fp  # a path: its files, no generator
+    first = data_id(DataConfig(sources=[records]))
+    os.utime(path, ns=(1, 1_000_000_000))
+    assert data_id(DataConfig(sources=[records])) != first

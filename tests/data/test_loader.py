@@ -51,6 +51,23 @@ def test_assemble_rows_exact_layout():
     assert d["doc_index"].tolist() == [[1, 1, -1, -1, -1]]  # padding: -1
 
 
+def test_assemble_rows_of_a_labelled_pack_scores_each_token_at_its_own_position():
+    tokens = np.arange(100, dtype=np.uint16)
+    labels = np.full(100, IGNORE_INDEX, dtype=np.int32)
+    labels[[10, 12, 51, 52, 20]] = [1, 2, 3, 4, 5]  # tokens 13, 54 and 27: each doc's EOS
+    split = PackedSplit(np.array([10, 50, 20]), np.array([4, 5, 8]), np.array([0, 2, 3]))
+    b = assemble_rows(tokens, split, np.array([0, 1]), 10, PAD, None,
+                      doc_start=np.array([10, 20, 50]), labels=labels)
+    assert b["input_ids"].tolist() == [[10, 11, 12, 13, 50, 51, 52, 53, 54],
+                                       list(range(20, 28)) + [PAD]]
+    assert b["targets"].tolist() == [[1, -100, 2, -100, -100, 3, 4, -100, -100],
+                                     [5] + [-100] * 8]
+    assert b["answer_mask"].tolist() == [[t != -100 for t in row] for row in b["targets"]]
+    assert b["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4], [*range(8), 0]]
+    assert b["doc_ids"].tolist() == [[0] * 4 + [1] * 5, [0] * 8 + [1]]
+    assert b["doc_index"].tolist() == [[0] * 4 + [2] * 5, [1] * 8 + [-1]]
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     out = tmp_path_factory.mktemp("loader") / "pack"
@@ -258,3 +275,15 @@ def test_a_pack_without_levels_reads_as_unknown(tmp_path):
     old.verify()
     assert old.doc_levels.tolist() == [-1] * meta["num_docs"]
     assert "doc_index" in old.rows(0, np.arange(2))
+
+
+def test_train_levels_of_a_pack_that_predates_them_come_from_epoch_0(tmp_path):
+    out = tmp_path / "pack"
+    pack_corpus(DataConfig(sources=[SourceConfig(type="reasoning", num_docs=40, seed=2)],
+                           seq_len=16, val_fraction=0.1), out)
+    assert PackedData(out).train_levels == [1, 2, 3, 4] and not PackedData(out).labelled
+    meta = json.loads((out / "metadata.json").read_text())
+    for key in ("train_levels", "labelled", "label_dtype", "heldout_docs", "metadata_sha256"):
+        del meta[key]
+    (out / "metadata.json").write_text(json.dumps(meta))
+    assert PackedData(out).train_levels == [1, 2, 3, 4]

@@ -293,6 +293,49 @@ def test_bad_curriculum_and_answer_settings_are_one_line(data: dict, train: dict
     assert "\n" not in str(info.value)
 
 
+_TASKS = {"type": "labelled", "tasks": ["prefix_parity", "chain_root"]}
+
+
+@pytest.mark.parametrize(
+    ("data", "pattern"),
+    [
+        ({"sources": [{"type": "reasoning", "tasks": ["khop", "chain_root"]}]},
+         r"data\.sources\[0\]\.tasks lists 'chain_root', which is not a reasoning task; a "
+         r"reasoning source draws from \['khop', 'addition', 'parity'\]"),
+        ({"sources": [{"type": "labelled"}]},  # the default tasks are reasoning's
+         r"data\.sources\[0\]\.tasks lists 'khop', which is not a labelled task; a labelled "
+         r"source draws from \['prefix_parity', 'chain_root'\]: list only those"),
+        ({"sources": [_TASKS, _STDLIB]},
+         r"data\.sources\[0\] is labelled but data\.sources\[1\] \(stdlib\) is not: a pack "
+         r"is labelled or not"),
+        ({"sources": [_TASKS], "tokenizer": {"type": "bpe"}},
+         r"data\.tokenizer\.type = bpe trains its vocabulary on the corpus text"),
+        ({"val_fraction": 0},
+         r"config key data\.val_fraction = 0\.0 must be greater than 0 unless a source is "
+         r"heldout"),
+    ],
+)
+def test_bad_labelled_and_heldout_settings_are_one_line(data: dict, pattern: str):
+    with pytest.raises(ConfigError, match=pattern) as info:
+        config_from_dict({"data": data})
+    assert "\n" not in str(info.value)
+
+
+def test_labelled_sources_and_a_heldout_test_set_load(tmp_path: Path):
+    cfg = config_from_dict({"data": {"val_fraction": 0, "sources": [
+        {"type": "labelled", "path": "train/*.jsonl", "tasks": ["khop"]},  # a path: no tasks
+        {"type": "labelled", "path": "test.jsonl", "heldout": True}]}})
+    assert [s.heldout for s in cfg.data.sources] == [False, True]
+    assert cfg.data.val_fraction == 0
+    # The default objective (answer_deep_supervision) scores the labelled tokens, and the
+    # curriculum orders them by level: neither is switched off for labelled data.
+    path = tmp_path / "labelled.yaml"
+    path.write_text(yaml.safe_dump({"data": {"sources": [_TASKS]}}))
+    built_in, default = load_config(path), load_config()
+    assert built_in.train.objective == default.train.objective == "answer_deep_supervision"
+    assert built_in.data.curriculum_fraction == default.data.curriculum_fraction > 0
+
+
 def test_answer_objectives_and_curricula_accept_sources_that_have_them():
     qa = {**_JSONL, "prompt_field": "q", "answer_field": "a", "level_field": "k"}
     for objective in ("answer_last", "answer_deep_supervision"):

@@ -51,10 +51,12 @@ BOOTSTRAP_ITERS = 1000  # only non-mean metrics of passed-through tasks bootstra
 
 
 def _train_max_difficulty(cfg: Any) -> int | None:
-    """Top of the difficulty range the snapshot's reasoning training data covered."""
+    """Top of the difficulty range the snapshot's reasoning training data covered (a heldout
+    source's documents were never trained on)."""
     if cfg is None:
         return None
-    levels = [s.max_difficulty for s in cfg.data.sources if s.type == "reasoning"]
+    levels = [s.max_difficulty for s in cfg.data.sources
+              if s.type == "reasoning" and not s.heldout]
     return max(levels) if levels else None
 
 

@@ -19,6 +19,13 @@ the int64
 ``doc_index`` (the global document, i.e. the row of ``docs.npy``, of each input token;
 -1 in the padding), which with :attr:`PackedData.doc_levels` breaks losses down by document
 and level. The model reads only the keys it knows.
+
+A labelled pack (layout ``document_labelled``, :attr:`PackedData.labelled`) has the same keys,
+but ``targets[b, i]`` is the label of input token i from ``labels.bin`` (sequence labelling:
+the readout at position i is scored against label i, not the next token), -100 where the
+token has none, at BOS and EOS and in the padding; ``answer_mask`` is ``targets != -100``, so
+``answer_*`` objectives score the labelled tokens. A labelled document never shares a
+token with another one, so no label crosses a document.
 """
 
 from __future__ import annotations
@@ -35,8 +42,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
-from ..spec.data_id import ANSWER_SPAN_VERSION, FORMAT_VERSION, LAYOUT
-from ..spec.names import IGNORE_INDEX, MANIFEST_NAME, PACK_METADATA, PACK_TOKENS
+from ..spec.data_id import ANSWER_SPAN_VERSION, FORMAT_VERSION, LAYOUT, LAYOUT_LABELLED
+from ..spec.names import IGNORE_INDEX, MANIFEST_NAME, PACK_LABELS, PACK_METADATA, PACK_TOKENS
 from .verify import check_metadata, verify_pack
 
 log = logging.getLogger(__name__)
@@ -80,15 +87,34 @@ class PackedSplit:
     row_ptr: np.ndarray  # int64 [rows + 1]
 
 
+def _scatter(shape: tuple[int, int], fill: int, r: np.ndarray, c: np.ndarray,
+             values: np.ndarray) -> np.ndarray:
+    """An int64 array of ``shape`` holding ``fill``, and ``values`` at rows ``r``, columns ``c``."""
+    out = np.full(shape, fill, dtype=np.int64)
+    out[r, c] = values
+    return out
+
+
+def _own_labels(labels: np.ndarray, r: np.ndarray, c: np.ndarray,
+                shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """``targets`` and ``answer_mask`` of labelled rows: each input token's own label (its
+    value in ``labels``, placed at ``r``, ``c`` like the tokens), not the next token."""
+    label = _scatter(shape, IGNORE_INDEX, r, c, labels)
+    assert (label[:, -1] == IGNORE_INDEX).all(), "a label past the last input column"
+    return {"targets": label[:, :-1], "answer_mask": label[:, :-1] != IGNORE_INDEX}
+
+
 def assemble_rows(tokens: np.ndarray, split: PackedSplit, rows: np.ndarray, row_len: int,
                   pad_id: int, answers: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-                  doc_start: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                  doc_start: np.ndarray | None = None, labels: np.ndarray | None = None
+                  ) -> dict[str, np.ndarray]:
     """Build the batch arrays (numpy, [len(rows), row_len - 1]) of the given rows of a split.
 
     ``answers`` = (doc_start, answer_start, answer_end), absolute token offsets per document,
     or None when the pack has no answer spans. ``doc_start`` (int64 [docs], the first column
     of docs.npy; default: that of ``answers``) gives ``doc_index``; without either the batch
-    has no ``doc_index``.
+    has no ``doc_index``. ``labels`` (a labelled pack's, aligned with ``tokens``): see
+    :func:`_own_labels`.
     """
     rows = np.asarray(rows, dtype=np.int64)
     n = len(rows)
@@ -111,8 +137,7 @@ def assemble_rows(tokens: np.ndarray, split: PackedSplit, rows: np.ndarray, row_
     r, c = piece_row[tok_piece], piece_off[tok_piece] + tok_in_piece
 
     columns = np.arange(row_len)[None, :]
-    ids = np.full((n, row_len), pad_id, dtype=np.int64)
-    ids[r, c] = tokens[absolute]
+    ids = _scatter((n, row_len), pad_id, r, c, tokens[absolute])
     doc = np.broadcast_to(count[:, None], (n, row_len)).copy()  # padding: one past the last piece
     doc[r, c] = piece_in_row[tok_piece]
     pos = columns - used[:, None]  # padding restarts at 0 too
@@ -134,10 +159,10 @@ def assemble_rows(tokens: np.ndarray, split: PackedSplit, rows: np.ndarray, row_
         "doc_ids": doc[:, :-1],
         "answer_mask": answer[:, 1:] & same_doc,
     }
+    if labels is not None:  # sequence labelling
+        out |= _own_labels(labels[absolute], r, c, (n, row_len))
     if d is not None:
-        index = np.full((n, row_len), -1, dtype=np.int64)
-        index[r, c] = d[tok_piece]
-        out["doc_index"] = index[:, :-1]
+        out["doc_index"] = _scatter((n, row_len), -1, r, c, d[tok_piece])[:, :-1]
     return out
 
 
@@ -188,9 +213,11 @@ class PackedData:
             raise DataError(f"{meta_path} is not a JSON object; the pack is damaged: re-pack it")
         check_metadata(self.data_dir, self.metadata)
         fmt, layout = self.metadata.get("format"), self.metadata.get("layout")
-        if fmt != FORMAT_VERSION or layout != LAYOUT:
+        if fmt != FORMAT_VERSION or layout not in (LAYOUT, LAYOUT_LABELLED):
             raise DataError(f"{self.data_dir} has format {fmt!r}/{layout!r}, this code reads "
-                            f"{FORMAT_VERSION}/{LAYOUT}; re-run the pack")
+                            f"{FORMAT_VERSION}/{LAYOUT} or {LAYOUT_LABELLED}; re-run the pack")
+        # Sequence labelling: targets are labels.bin's, aligned with the inputs.
+        self.labelled: bool = layout == LAYOUT_LABELLED
         m = self.metadata
         self.seq_len: int = m["seq_len"]
         self.row_len: int = m["row_len"]
@@ -200,16 +227,11 @@ class PackedData:
         self.vocab_size: int = m["vocab_size"]
         self.eos_id: int = m["eos_id"]
         self.pad_id: int = m["pad_id"]
-        tokens_path = self._path(PACK_TOKENS)
-        dtype = np.dtype(m["token_dtype"])
-        expected = m["total_tokens"] * dtype.itemsize
-        if tokens_path.stat().st_size != expected:
-            raise DataError(f"{tokens_path} has {tokens_path.stat().st_size} bytes, metadata "
-                            f"says {expected}; the pack is damaged, re-run it")
         # Every file against metadata.json before anything is read (cheap after the first
         # time: see pipeline_lib.data.verify).
+        self.tokens = self._token_file(PACK_TOKENS, m["token_dtype"])
+        self._labels = self._token_file(PACK_LABELS, m["label_dtype"]) if self.labelled else None
         self.verified = verify_pack(self.data_dir, self.metadata)
-        self.tokens = np.memmap(tokens_path, dtype=dtype, mode="r")
         docs = np.load(self._path("docs.npy"))
         self._doc_start = np.ascontiguousarray(docs[:, 0])
         levels_path = self.data_dir / "levels.npy"
@@ -228,6 +250,26 @@ class PackedData:
         self._splits: dict[str, PackedSplit] = {}
         self._warned_epochs: set[int] = set()
 
+    def _token_file(self, rel: str, dtype: str) -> np.memmap:
+        """A file of one value per token (``tokens.bin``, ``labels.bin``), memory-mapped
+        after its size is checked against metadata.json."""
+        path, dtype = self._path(rel), np.dtype(dtype)
+        expected = self.metadata["total_tokens"] * dtype.itemsize
+        if path.stat().st_size != expected:
+            raise DataError(f"{path} has {path.stat().st_size} bytes, metadata says "
+                            f"{expected}; the pack is damaged, re-run it")
+        return np.memmap(path, dtype=dtype, mode="r")
+
+    @property
+    def train_levels(self) -> list[int]:
+        """The distinct levels (>= 0) of the training documents, ascending (levels beyond
+        them were never trained on); computed from epoch 0 for a pack that predates it."""
+        if "train_levels" in self.metadata:
+            return list(self.metadata["train_levels"])
+        starts = np.asarray(self.split("train/epoch_0").piece_start)
+        levels = self.doc_levels[np.searchsorted(self._doc_start, starts, side="right") - 1]
+        return sorted(set(levels.tolist()) - {-1})
+
     def _check_answer_spans(self) -> None:
         """Refuse answer spans of an older version: they would silently train another mask."""
         version = self.metadata.get("answer_span_version", 1)
@@ -238,8 +280,9 @@ class PackedData:
 
     @property
     def has_answer_spans(self) -> bool:
-        """Whether any document carries an answer span (what answer_* objectives score)."""
-        return self._answers is not None
+        """Whether any document carries an answer span, or the pack labels (what answer_*
+        objectives score)."""
+        return self._answers is not None or self.labelled
 
     def _path(self, rel: str) -> Path:
         path = self.data_dir / rel
@@ -277,7 +320,7 @@ class PackedData:
         """Batch arrays (numpy) of ``rows`` of logical training ``epoch``."""
         split = self.split(f"train/epoch_{self._packed_epoch(epoch)}")
         return assemble_rows(self.tokens, split, rows, self.row_len, self.pad_id, self._answers,
-                             self._doc_start)
+                             self._doc_start, self._labels)
 
     def _check_cursor(self, cursor: DataCursor) -> None:
         if cursor.epoch < 0 or not 0 <= cursor.row < self.rows_per_epoch:
@@ -333,7 +376,8 @@ class PackedData:
     def val_batch(self, rows: np.ndarray) -> Batch:
         """Validation rows ``rows`` (indices into val/, any order) as one CPU batch."""
         return _to_torch(assemble_rows(self.tokens, self.split("val"), rows, self.row_len,
-                                       self.pad_id, self._answers, self._doc_start))
+                                       self.pad_id, self._answers, self._doc_start,
+                                       self._labels))
 
     def eval_batches(self, num_rows: int, batch_rows: int, device: torch.device, *,
                      answer_only: bool = False) -> Iterator[Batch]:

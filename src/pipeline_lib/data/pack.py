@@ -3,6 +3,7 @@
 Layout of the output directory (see DESIGN.md, "Data formats")::
 
     tokenizer.json  metadata.json  tokens.bin  docs.npy  answer_spans.npy  levels.npy
+    labels.bin (labelled packs only)
     train/epoch_{e}/{doc_start,doc_len,row_ptr}.npy    val/{doc_start,doc_len,row_ptr}.npy
 
 ``levels.npy`` holds each document's level (int64, -1 = unknown). With
@@ -10,6 +11,14 @@ Layout of the output directory (see DESIGN.md, "Data formats")::
 (each row holds documents of one level) and epoch 0's rows are ordered so that the largest
 level allowed rises over that fraction of the epoch (:func:`.packing.curriculum_order`);
 later epochs keep a seeded random row order.
+
+A labelled pack (``labelled`` sources, :mod:`.labelled`; layout ``document_labelled``, so that
+a reader of causal-LM packs refuses it) also writes ``labels.bin``: int32, one per token of
+``tokens.bin``, the label of that token (scored at that token, not shifted) or -100
+(``IGNORE_INDEX``) where it has none. In every pack, each document of a ``heldout`` source
+goes to ``val/`` and ``data.val_fraction`` splits the others (:mod:`.doc_split`);
+``metadata.json`` records ``labelled``, ``label_dtype`` (null when not), ``heldout_docs`` and
+``train_levels`` (the distinct levels >= 0 of the training documents).
 
 ``tokenizer.json`` is loopline's byte or BPE tokenizer, or a pretrained one
 (``data.tokenizer.type: file``, :mod:`.tokenizer_source`) with its vocabulary unchanged;
@@ -45,15 +54,26 @@ from ..spec.data_id import (
     ANSWER_SPAN_VERSION,
     FORMAT_VERSION,
     LAYOUT,
+    LAYOUT_LABELLED,
     data_id,
     fingerprint_hash,
     glob_source,
     source_fingerprint,
 )
-from ..spec.names import PACK_METADATA, PACK_TOKENS
+from ..spec.names import PACK_LABELS, PACK_METADATA, PACK_TOKENS
+from ..spec.rules import check_labelled_sources
+from .doc_split import repeat_by_weight, validation_split
+from .labelled import LabelRules
+from .labelled_tasks import check_task_levels
 from .packing import PackedRows, fill_ratio, pack_documents, pack_documents_by_level
 from .sources import MAX_NAMED_FILES, SourceStats, check_source
-from .token_stream import TokenizedCorpus, all_documents, tokenize_corpus
+from .token_stream import (
+    LABEL_DTYPE,
+    TokenizedCorpus,
+    all_documents,
+    tokenize_corpus,
+    tokenize_labelled,
+)
 from .tokenizer import TokenEncoder, build_tokenizer, eos_id, pad_id
 from .tokenizer_files import check_tokenizer_source, source_vocab_size
 from .tokenizer_source import TokenizerInfo, tokenizer_from_source
@@ -62,8 +82,8 @@ from .verify import SELF_HASH_KEY, metadata_digest
 log = logging.getLogger(__name__)
 
 _DTYPE_MAX_IDS = {"uint16": 1 << 16, "uint32": 1 << 32}
-# Stream ids of the seeded generators (default_rng([seed, stream, …])).
-_SPLIT, _WEIGHTS, _EPOCH, _VAL = 1, 2, 3, 4
+# Stream ids of the seeded generators (default_rng([seed, stream, …])); 1 and 2: doc_split's.
+_EPOCH, _VAL = 3, 4
 
 
 def _check_config(data: DataConfig) -> None:
@@ -72,6 +92,10 @@ def _check_config(data: DataConfig) -> None:
                           "least one input and one target, raise it")
     if data.tokenizer.type == "file":
         check_tokenizer_source(data.tokenizer.path)
+    check_labelled_sources(data.sources, data.tokenizer)
+    for index, src in enumerate(data.sources):
+        if src.type == "labelled" and not src.path:
+            check_task_levels(index, src)
     if data.token_dtype != "auto":
         limit = _DTYPE_MAX_IDS[data.token_dtype]
         if data.tokenizer.type == "bpe" and data.tokenizer.vocab_size > limit:
@@ -91,31 +115,6 @@ def _token_dtype(data: DataConfig, vocab_size: int) -> np.dtype:
         raise ConfigError(f"the tokenizer has {vocab_size} ids, more than data.token_dtype = "
                           f"{name} can hold; set data.token_dtype to auto or uint32")
     return np.dtype(name)
-
-
-def _split(data: DataConfig, num_docs: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train_idx, val_idx): a seeded choice of whole documents held out for validation."""
-    num_val = int(round(data.val_fraction * num_docs))
-    if data.val_fraction > 0 and num_docs >= 2:
-        num_val = min(max(num_val, 1), num_docs - 1)
-    elif data.val_fraction > 0:  # training and the H_eff sweep would fail on it later
-        raise DataError(f"the corpus has {num_docs} document, so data.val_fraction = "
-                        f"{data.val_fraction} holds out nothing for validation; add documents "
-                        "(at least 2: one to train on, one to validate)")
-    rng = np.random.default_rng([data.seed, _SPLIT])
-    is_val = np.zeros(num_docs, dtype=bool)
-    is_val[rng.choice(num_docs, num_val, replace=False)] = True
-    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
-
-
-def _repeat_by_weight(data: DataConfig, train_idx: np.ndarray,
-                      doc_source: np.ndarray) -> np.ndarray:
-    """Training documents with repeats: floor(weight) copies, one more with p = frac(weight)."""
-    weights = np.array([s.weight for s in data.sources], dtype=np.float64)[doc_source[train_idx]]
-    rng = np.random.default_rng([data.seed, _WEIGHTS])
-    whole = np.floor(weights)
-    reps = whole.astype(np.int64) + (rng.random(len(train_idx)) < weights - whole)
-    return np.repeat(train_idx, reps)
 
 
 def _save(tmp: Path, rel: str, array: np.ndarray, hashes: dict[str, str]) -> None:
@@ -138,6 +137,7 @@ def _source_report(data: DataConfig, stats: list[SourceStats], tok: TokenizedCor
         found = glob_source(src)
         out.append({
             "index": i, "type": src.type, "path": src.path, "weight": src.weight,
+            "heldout": src.heldout,
             "num_files": len(found.files),
             # what the glob did not read: symlinks that loop, paths of a file already read
             "symlink_loops": found.loops[:MAX_NAMED_FILES],
@@ -176,14 +176,24 @@ def _build_tokenizer(data: DataConfig) -> tuple[Any, TokenizerInfo | None]:
                                                 disable=None)), None
 
 
-def _write_documents(data: DataConfig, tmp: Path, tokenizer: Any, eos: int, bos: int | None,
+def _write_documents(data: DataConfig, tmp: Path, tokenizer: Any, tok_meta: dict[str, Any],
                      dtype: np.dtype, hashes: dict[str, str]
                      ) -> tuple[TokenizedCorpus, list[SourceStats], np.ndarray]:
-    """``tokens.bin``, ``docs.npy``, ``answer_spans.npy`` and ``levels.npy`` (hashes recorded):
-    the tokenized corpus, each source's statistics and each document's first token."""
-    enc = TokenEncoder(tokenizer, byte_level=data.tokenizer.type == "byte")
+    """``tokens.bin``, ``docs.npy``, ``answer_spans.npy``, ``levels.npy`` and, in a labelled
+    pack, ``labels.bin`` (hashes recorded): the tokenized corpus, each source's statistics
+    and each document's first token."""
+    eos, bos = tok_meta["eos_id"], tok_meta["bos_id"]
+    byte_level = data.tokenizer.type == "byte"
     stats = [SourceStats() for _ in data.sources]
-    tok = tokenize_corpus(data, enc, eos, bos, dtype, tmp / PACK_TOKENS, stats)
+    if _is_labelled(data):
+        rules = LabelRules(byte_level, tok_meta["vocab_size"], data.seq_len + 1,
+                           1 + (bos is not None))
+        tok = tokenize_labelled(data, rules, eos, bos, dtype, tmp / PACK_TOKENS,
+                                tmp / PACK_LABELS, stats)
+        hashes[PACK_LABELS] = tok.labels_sha256
+    else:
+        enc = TokenEncoder(tokenizer, byte_level=byte_level)
+        tok = tokenize_corpus(data, enc, eos, bos, dtype, tmp / PACK_TOKENS, stats)
     doc_start = np.cumsum(tok.doc_len) - tok.doc_len
     hashes[PACK_TOKENS] = tok.tokens_sha256
     _save(tmp, "docs.npy", np.stack([doc_start, tok.doc_len], axis=1), hashes)
@@ -231,17 +241,22 @@ def _save_tokenizer(data: DataConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _is_labelled(data: DataConfig) -> bool:
+    """Whether ``data`` packs labelled records (its sources are all labelled, or none is)."""
+    return any(src.type == "labelled" for src in data.sources)
+
+
 def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
     row_len = data.seq_len + 1
     tokenizer, tok_meta = _save_tokenizer(data, tmp)
     dtype = _token_dtype(data, tok_meta["vocab_size"])
     hashes: dict[str, str] = {}
-    tok, stats, doc_start = _write_documents(data, tmp, tokenizer, tok_meta["eos_id"],
-                                             tok_meta["bos_id"], dtype, hashes)
+    tok, stats, doc_start = _write_documents(data, tmp, tokenizer, tok_meta, dtype, hashes)
     num_docs = len(tok.doc_len)
+    heldout = np.array([s.heldout for s in data.sources], dtype=bool)[tok.doc_source]
 
-    train_idx, val_idx = _split(data, num_docs)
-    train_docs = _repeat_by_weight(data, train_idx, tok.doc_source)
+    train_idx, val_idx = validation_split(data, heldout)
+    train_docs = repeat_by_weight(data, train_idx, tok.doc_source)
     if train_docs.size == 0:
         raise DataError("no training documents are left after the validation split and source "
                         "weights; lower data.val_fraction or raise data.sources[*].weight")
@@ -253,7 +268,9 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
     sources = _source_report(data, stats, tok)
     meta: dict[str, Any] = {
         "format": FORMAT_VERSION,
-        "layout": LAYOUT,
+        "layout": LAYOUT_LABELLED if _is_labelled(data) else LAYOUT,
+        "labelled": _is_labelled(data),
+        "label_dtype": LABEL_DTYPE.name if _is_labelled(data) else None,
         "data_id": data_id(data),
         **tok_meta,
         "token_dtype": dtype.name,
@@ -274,6 +291,8 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
         "answer_docs": int((tok.answer_spans[:, 1] > 0).sum()),
         "answer_span_version": ANSWER_SPAN_VERSION,  # 2: spans end with the EOS
         "level_docs": int((tok.doc_level >= 0).sum()),
+        "train_levels": sorted(set(tok.doc_level[train_idx].tolist()) - {-1}),
+        "heldout_docs": int(heldout.sum()),
         "curriculum": curriculum,
         "seed": data.seed,
         "val_fraction": data.val_fraction,
@@ -289,12 +308,13 @@ def _write_pack(data: DataConfig, tmp: Path) -> dict[str, Any]:
 
 
 def is_pack_dir(path: Path) -> bool:
-    """Whether ``path`` holds a data pack this module wrote (its metadata.json's layout)."""
+    """Whether ``path`` holds a data pack this module wrote (its metadata.json's layout,
+    causal-LM or labelled)."""
     try:
         meta = json.loads((Path(path) / PACK_METADATA).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(meta, dict) and meta.get("layout") == LAYOUT
+    return isinstance(meta, dict) and meta.get("layout") in (LAYOUT, LAYOUT_LABELLED)
 
 
 def _write_error(out_dir: Path, exc: OSError) -> str:
@@ -319,7 +339,8 @@ def pack_corpus(data: DataConfig, out_dir: Path) -> dict[str, Any]:
     for index, src in enumerate(data.sources):
         check_source(index, src, warn=True)
     check_output_dir(out_dir, "data pack output", owned=is_pack_dir,
-                     kind=f"a data pack (no metadata.json with layout {LAYOUT!r})")
+                     kind=f"a data pack (no metadata.json with layout {LAYOUT!r} or "
+                     f"{LAYOUT_LABELLED!r})")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)

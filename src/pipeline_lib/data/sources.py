@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DataError
 from ..spec.config import SourceConfig
-from ..spec.data_id import FILE_SOURCE_TYPES, SourceGlob, glob_source, stdlib_dir
+from ..spec.data_id import SourceGlob, glob_source, is_file_source, stdlib_dir
 from .reasoning import iter_reasoning_problems
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def check_source(index: int, src: SourceConfig, *, warn: bool = False) -> list[P
     """Fail early, before any output exists: files present, parquet readable with its columns,
     the first record of every jsonl file holding the prompt/answer/level keys. ``warn``: also
     warn about symlink loops and files matched twice (once per pack, not per pass)."""
-    if src.type not in FILE_SOURCE_TYPES:
+    if not is_file_source(src):
         return []
     found = glob_source(src)
     files = found.files
@@ -366,7 +366,9 @@ def _stdlib_documents(src: SourceConfig, stats: SourceStats) -> Iterator[RawDocu
 
 
 def iter_documents(index: int, src: SourceConfig, stats: SourceStats) -> Iterator[RawDocument]:
-    """Stream the documents of ``data.sources[index]`` with text (not blank), ≤ ``max_docs``."""
+    """Stream the documents of ``data.sources[index]`` with text (not blank), ≤ ``max_docs``
+    (a labelled source's are :func:`.labelled.iter_labelled_documents`)."""
+    assert src.type != "labelled", "labelled sources give tokens and labels, not text"
     if src.type == "reasoning":
         for problem in iter_reasoning_problems(src):
             stats.num_docs += 1

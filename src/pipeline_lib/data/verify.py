@@ -2,8 +2,8 @@
 
 Every file the pack writes is covered: ``metadata.json`` carries its own sha256
 (``metadata_sha256``, over its other keys) and the sha256 of ``tokenizer.json`` and of
-every array (``tokens.bin``, ``docs.npy``, ``answer_spans.npy``, ``levels.npy``, each
-split's ``doc_start``/``doc_len``/``row_ptr``). A mismatch is a one-line
+every array (``tokens.bin``, ``docs.npy``, ``answer_spans.npy``, ``levels.npy``, a labelled
+pack's ``labels.bin``, each split's ``doc_start``/``doc_len``/``row_ptr``). A mismatch is a one-line
 :class:`~pipeline_lib.errors.DataError` naming the file and the fix (re-pack).
 
 Hashing a large pack on every training segment would cost minutes per job, so a file is

@@ -39,6 +39,7 @@ from .config_files import merge_config_dicts as merge_config_dicts  # the merge 
 from .config_files import merge_config_files as merge_config_files
 from .fields import check_field_constraints
 from .fields import config_field as _f
+from .names import LABELLED_TASKS, REASONING_TASKS
 from .rules import (
     EXIT_CRITERIA,
     FREEZE_PARTS,
@@ -47,9 +48,11 @@ from .rules import (
     check_adaptive_exit,
     check_distill,
     check_exit_objective,
+    check_labelled_sources,
     check_optimizer_and_freeze,
     check_source_fields,
     check_tokenizer,
+    check_val_fraction,
     sources_have_answers,
     sources_have_levels,
 )
@@ -99,15 +102,19 @@ class TrackingConfig:
 
 @dataclass
 class SourceConfig:
-    """One corpus source. ``path`` is a glob for parquet/jsonl/text; built-ins need none."""
+    """One corpus source. ``path``: a glob (parquet, jsonl, text, labelled); built-ins need none."""
 
     type: str = _f(
         "stdlib",
         "Source kind: parquet, jsonl, text (one document per file), stdlib (Python's standard "
-        "library sources) or reasoning (seeded procedural multi-step problems).",
-        choices=["parquet", "jsonl", "text", "stdlib", "reasoning"],
+        "library sources), reasoning (seeded procedural multi-step problems) or labelled "
+        "(sequence labelling: a label per input token, scored at that token; records from the "
+        "JSONL files of path, or the built-in tasks without one). A pack is labelled or not: "
+        "labelled sources do not mix with others.",
+        choices=["parquet", "jsonl", "text", "stdlib", "reasoning", "labelled"],
     )
-    path: str = _f("", "Glob of input files (parquet, jsonl, text); empty for built-ins.")
+    path: str = _f("", "Glob of input files (parquet, jsonl, text, labelled JSONL); empty for "
+                   "built-ins (labelled: the built-in tasks).")
     text_field: str = _f("text", "Column (parquet) or key (jsonl) holding the document text.")
     prompt_field: str = _f(
         "", "jsonl/parquet: column or key of the prompt; with answer_field the document is "
@@ -124,15 +131,23 @@ class SourceConfig:
         exclusive_minimum=0,
     )
     max_docs: int = _f(0, "Read at most this many documents from the source (0 = all).", minimum=0)
-    num_docs: int = _f(2000, "reasoning: number of documents to generate.", minimum=1)
+    heldout: bool = _f(False, "Every document of this source goes to the held-out (validation) "
+                       "split: scored by validation and the H_eff sweep, never trained on (test "
+                       "sets, levels beyond the training range).")
+    num_docs: int = _f(2000, "reasoning, built-in labelled tasks: number of documents to "
+                       "generate.", minimum=1)
     tasks: list[str] = _f(
-        ["khop", "addition", "parity"],
-        "reasoning: generators to draw from (khop, addition, parity).",
-        items={"choices": ["khop", "addition", "parity"]},
+        list(REASONING_TASKS),
+        "Generators to draw from: reasoning: khop, addition, parity; labelled without a path: "
+        "prefix_parity, chain_root.",
+        items={"choices": [*REASONING_TASKS, *LABELLED_TASKS]},
     )
-    min_difficulty: int = _f(1, "reasoning: smallest difficulty k (hops, digits, bits).", minimum=1)
-    max_difficulty: int = _f(4, "reasoning: largest difficulty k used in training data.", minimum=1)
-    seed: int = _f(0, "reasoning: generator seed (benchmarks use disjoint seeds).", minimum=0)
+    min_difficulty: int = _f(1, "reasoning, built-in labelled tasks: smallest difficulty k "
+                             "(hops, digits, bits; labelled: the level).", minimum=1)
+    max_difficulty: int = _f(4, "reasoning, built-in labelled tasks: largest difficulty k used "
+                             "(drawn uniformly per document).", minimum=1)
+    seed: int = _f(0, "reasoning, built-in labelled tasks: generator seed (benchmarks use "
+                   "disjoint seeds).", minimum=0)
 
 
 @dataclass
@@ -172,8 +187,9 @@ class DataConfig:
     seq_len: int = _f(128, "Tokens per training row (inputs); rows hold seq_len + 1 tokens.", minimum=2)
     epochs: int = _f(2, "Epoch permutations packed; the data stream cycles past the last one.", minimum=1)
     val_fraction: float = _f(0.02, "Fraction of whole documents held out for validation "
-                             "(> 0: training and the H_eff sweep read validation rows).",
-                             exclusive_minimum=0, maximum=0.5)
+                             "(> 0: training and the H_eff sweep read validation rows), of "
+                             "those not in a heldout source; 0 only with a heldout source.",
+                             minimum=0, maximum=0.5)
     seed: int = _f(0, "Seed of the validation split and the per-epoch row order.", minimum=0)
     curriculum_fraction: float = _f(
         0.0, "Difficulty curriculum: over this fraction of epoch 0's rows the largest document "
@@ -786,6 +802,8 @@ def validate_config(cfg: Config) -> None:
     if not d.sources:
         raise ConfigError("data.sources is empty; list at least one corpus source")
     check_tokenizer(d.tokenizer)
+    check_labelled_sources(d.sources, d.tokenizer)
+    check_val_fraction(d)
     if d.curriculum_fraction > 0 and not sources_have_levels(d.sources):
         raise ConfigError(f"data.curriculum_fraction = {d.curriculum_fraction} orders documents "
                           "by level, but no source has levels; add a reasoning source or set "

@@ -25,8 +25,14 @@ from .tokenizer_id import KIND_GGUF, tokenizer_source_fingerprint
 # Version of the on-disk layout and of the packing algorithm: bump when the bytes change.
 FORMAT_VERSION = 1
 LAYOUT = "document_causal_lm"  # metadata.json's layout: whole documents, causal LM targets
+# The layout of a labelled pack: targets are the labels in labels.bin, aligned with the inputs
+# (not the next token). A distinct name, so that code reading only LAYOUT refuses such a pack
+# rather than training it as a causal LM.
+LAYOUT_LABELLED = "document_labelled"
 # Version of the reasoning generators (pipeline_lib.data.reasoning): bump when output changes.
 REASONING_GENERATOR_VERSION = 1
+# Version of the labelled generators (pipeline_lib.data.labelled_tasks): bump when output changes.
+LABELLED_GENERATOR_VERSION = 1
 # Version of the answer spans (answer_spans.npy): 1 = the answer's tokens; 2 = the answer's
 # tokens and the EOS after them (answer objectives learn to stop). In data_id only for packs
 # that can have answers, so packs of plain text keep their id.
@@ -46,6 +52,12 @@ class SourceGlob:
     duplicates: list[tuple[Path, Path]]
 
 
+def is_file_source(src: SourceConfig) -> bool:
+    """Whether a source reads the files of its ``path`` glob (a labelled source does when it
+    has a path, else it generates its built-in tasks)."""
+    return src.type in FILE_SOURCE_TYPES or (src.type == "labelled" and bool(src.path))
+
+
 def source_files(src: SourceConfig) -> list[Path]:
     """Files matched by a file source's glob (``**`` recursive), sorted; [] for built-ins.
     Symlink loops are not followed and a file is listed once (see :func:`glob_source`)."""
@@ -58,7 +70,7 @@ def glob_source(src: SourceConfig) -> SourceGlob:
     into one of its own parents, and a file matched by several paths is kept once, under the
     path that goes through no symlink if there is one, else the first in sorted order.
     Without symlinks the result is :func:`glob.glob`'s."""
-    if src.type not in FILE_SOURCE_TYPES or not src.path:
+    if not is_file_source(src) or not src.path:
         return SourceGlob([], [], [])
     loops: list[str] = []
     matched = sorted(Path(p) for p in _expand(os.path.expanduser(src.path), loops)
@@ -134,22 +146,25 @@ def stdlib_dir() -> Path:
 def source_fingerprint(src: SourceConfig) -> dict[str, Any]:
     """What determines a source's documents, cheaply: settings plus file stats or versions."""
     fp: dict[str, Any] = {"type": src.type, "weight": src.weight, "max_docs": src.max_docs}
-    if src.type in FILE_SOURCE_TYPES:
+    if src.heldout:  # only when set, so that packs made before the key existed keep their id
+        fp["heldout"] = True
+    if is_file_source(src):
         files = []
         for path in source_files(src):
             st = path.stat()
             files.append([str(path.resolve()), st.st_size, st.st_mtime_ns])
         fp.update(path=src.path, files=files)
-        if src.type != "text":
+        if src.type in ("jsonl", "parquet"):
             fp["text_field"] = src.text_field
             # Only when set, so that packs made before these keys existed keep their id.
             fp.update({key: getattr(src, key) for key in ("prompt_field", "answer_field",
                                                            "level_field") if getattr(src, key)})
     elif src.type == "stdlib":
         fp.update(python=sys.version, stdlib=str(stdlib_dir()))
-    elif src.type == "reasoning":
+    elif src.type in ("reasoning", "labelled"):
         fp.update(
-            generator_version=REASONING_GENERATOR_VERSION,
+            generator_version=(REASONING_GENERATOR_VERSION if src.type == "reasoning"
+                               else LABELLED_GENERATOR_VERSION),
             num_docs=src.num_docs,
             tasks=list(src.tasks),
             min_difficulty=src.min_difficulty,

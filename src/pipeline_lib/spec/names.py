@@ -24,10 +24,13 @@ TOKENIZER_FILE = "tokenizer.json"  # in a data pack, and a copy in every snapsho
 REASONING_TASKS = ("khop", "addition", "parity")
 BUILTIN_TASK_PREFIX = "loopline_"
 BUILTIN_TASK_NAMES = tuple(BUILTIN_TASK_PREFIX + t for t in REASONING_TASKS)
+# The built-in sequence-labelling generators (data source ``labelled`` without a path).
+LABELLED_TASKS = ("prefix_parity", "chain_root")
 
 # Files that say what a directory is (commands refuse to write into such a directory).
 MANIFEST_NAME = "MANIFEST.json"  # a snapshot's file list and checksums, written last
 PACK_METADATA = "metadata.json"  # a data pack's description and array checksums
 PACK_TOKENS = "tokens.bin"  # a data pack's documents, back to back
+PACK_LABELS = "labels.bin"  # a labelled pack's label of every token of tokens.bin (int32)
 CONFIG_JSON = "config.json"  # a Hugging Face model's config (export writes it, import reads it)
 MODELING_FILE = "modeling_loopline.py"  # the export's self-contained modelling code

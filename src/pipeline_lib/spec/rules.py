@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .names import LABELLED_TASKS, REASONING_TASKS
 
 ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
@@ -46,15 +47,15 @@ def _field(obj: Any, name: str) -> Any:
 
 def sources_have_levels(sources: Any) -> bool:
     """Whether any of ``data.sources`` (dataclasses or plain mappings) gives documents a
-    difficulty level: a reasoning source, or a ``level_field``."""
-    return any(_field(s, "type") == "reasoning" or _field(s, "level_field")
+    difficulty level: a reasoning or labelled source, or a ``level_field``."""
+    return any(_field(s, "type") in ("reasoning", "labelled") or _field(s, "level_field")
                for s in sources or [])
 
 
 def sources_have_answers(sources: Any) -> bool:
-    """Whether any of ``data.sources`` gives answer spans: a reasoning source, or an
-    ``answer_field``."""
-    return any(_field(s, "type") == "reasoning" or _field(s, "answer_field")
+    """Whether any of ``data.sources`` gives tokens that answer objectives score: a reasoning
+    source or an ``answer_field`` (answer spans), a labelled source (its labelled tokens)."""
+    return any(_field(s, "type") in ("reasoning", "labelled") or _field(s, "answer_field")
                for s in sources or [])
 
 
@@ -127,12 +128,14 @@ def check_activation_checkpointing(train: Any) -> None:
 
 def check_source_fields(i: int, src: Any) -> None:
     """``data.sources[i]`` (a SourceConfig): prompt_field/answer_field come as a pair, and
-    only jsonl/parquet read them (and level_field); file sources need a path."""
+    only jsonl/parquet read them (and level_field); file sources need a path; a generator
+    source's tasks are its own kind's."""
     if src.type in ("parquet", "jsonl", "text") and not src.path:
         raise ConfigError(f"data.sources[{i}].path is empty for a {src.type} source; "
                           "set it to a file glob")
     if src.min_difficulty > src.max_difficulty:
         raise ConfigError(f"data.sources[{i}].min_difficulty exceeds max_difficulty; swap them")
+    _check_tasks(i, src)
     fields = {"prompt_field": src.prompt_field, "answer_field": src.answer_field,
               "level_field": src.level_field}
     used = [name for name, value in fields.items() if value]
@@ -144,6 +147,44 @@ def check_source_fields(i: int, src: Any) -> None:
                           else ("answer_field", "prompt_field"))
         raise ConfigError(f"data.sources[{i}].{given} is set without {missing}; set both "
                           "(the document is prompt + answer) or neither")
+
+
+def _check_tasks(i: int, src: Any) -> None:
+    """A reasoning source draws from the reasoning generators, a labelled source without a
+    path from the labelled ones (``tasks`` holds the names of both kinds)."""
+    own = {"reasoning": REASONING_TASKS, "labelled": LABELLED_TASKS}.get(src.type)
+    if own is None or (src.type == "labelled" and src.path):
+        return
+    other = next((t for t in src.tasks if t not in own), None)
+    if other is not None:
+        raise ConfigError(f"data.sources[{i}].tasks lists {other!r}, which is not a {src.type} "
+                          f"task; a {src.type} source draws from {list(own)}: list only those")
+
+
+def check_labelled_sources(sources: Any, tok: Any) -> None:
+    """A pack is labelled or not: labelled sources do not mix with others, and their records
+    are bytes or token ids of an existing vocabulary (no BPE trained on a corpus without
+    text). ``sources``: ``data.sources``; ``tok``: ``data.tokenizer``."""
+    kinds = [s.type == "labelled" for s in sources]
+    if not any(kinds):
+        return
+    if not all(kinds):
+        i, j = kinds.index(True), kinds.index(False)
+        raise ConfigError(f"data.sources[{i}] is labelled but data.sources[{j}] "
+                          f"({sources[j].type}) is not: a pack is labelled or not; pack them "
+                          "in separate configs, or make every source labelled")
+    if tok.type == "bpe":
+        raise ConfigError("data.tokenizer.type = bpe trains its vocabulary on the corpus text, "
+                          "but labelled sources give bytes or token ids; use type byte, or type "
+                          "file with the tokenizer your input_ids come from")
+
+
+def check_val_fraction(data: Any) -> None:
+    """``data.val_fraction`` may be 0 only when a heldout source fills the validation split."""
+    if data.val_fraction == 0 and not any(s.heldout for s in data.sources):
+        raise ConfigError(f"config key data.val_fraction = {float(data.val_fraction)} must be "
+                          "greater than 0 unless a source is heldout (nothing would be "
+                          "validated); raise it, or set heldout: true on a test source")
 
 
 def check_tokenizer(tok: Any) -> None:
