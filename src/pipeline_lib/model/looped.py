@@ -16,7 +16,7 @@ Entry points (shapes: B rows, L tokens, D width, V vocab):
 - ``logits_at(batch_or_input_ids, h_eff) -> [B, L, V]`` for generation and scoring.
 - Cached generation (:mod:`.kv_cache`): ``prefill(ids, h_eff, lengths) -> (logits [B, V],
   cache)``, then ``decode_step(cache, tokens [B]) -> logits [B, V]`` per new token.
-- MoE: ``take_aux_loss()``, ``update_moe_biases()``, ``clear_moe_loads()``,
+- MoE (:class:`.moe.MoEHost`): ``take_aux_loss()``, ``update_moe_biases()``, ``clear_moe_loads()``,
   ``moe_load_stats()``.
 """
 
@@ -38,7 +38,7 @@ from .exit_gate import expected_exit_forward
 from .kv_cache import KVCache, kv_decode_step, kv_prefill
 from .layers import RMSNorm, RopeScaling, rope_tables
 from .loss import readout_cross_entropy, token_weights
-from .moe import MoEFFN
+from .moe import MoEHost
 from .recompute import checkpointed
 from .recurrence import gated_update, initial_state
 
@@ -66,7 +66,7 @@ class LoopOutput:
     objective: Tensor | None = None  # expected-exit loss (forward's exit_entropy_weight)
 
 
-class LoopedLM(nn.Module):
+class LoopedLM(MoEHost, nn.Module):
     """Looped (recurrent-depth) transformer language model; see the module docstring."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -348,65 +348,3 @@ class LoopedLM(nn.Module):
     def decode_step(self, cache: KVCache, tokens: Tensor) -> Tensor:
         """Logits [B, V] of the next token after appending ``tokens`` [B] (one per row)."""
         return kv_decode_step(self, cache, tokens)
-
-    # ------------------------------------------------------------------ MoE
-
-    def moe_layers(self) -> list[tuple[str, MoEFFN]]:
-        """(name, layer) of every MoE FFN, e.g. ("core.0", …)."""
-        return [(name.removesuffix(".ffn"), m) for name, m in self.named_modules()
-                if isinstance(m, MoEFFN)]
-
-    def _drop_aux_terms(self) -> None:
-        if not self.cfg.moe_experts:  # dense: nothing to drop (skips a walk over the modules)
-            return
-        for _, layer in self.moe_layers():
-            layer.take_aux_terms()
-
-    def take_aux_loss(self) -> Tensor:
-        """Weighted MoE load-balancing loss of the current forward pass, then cleared.
-
-        ``moe_aux_loss_weight`` × the mean Switch loss over every MoE call since the last
-        ``embed`` (prelude, each core loop, each readout's coda), recorded only in training
-        mode with gradients on. Add it to the loss before backward; 0 without MoE.
-        """
-        terms = [t for _, layer in self.moe_layers() for t in layer.take_aux_terms()]
-        if not terms:
-            return torch.zeros((), device=self.tok_emb.weight.device)
-        return self.cfg.moe_aux_loss_weight * torch.stack(terms).mean()
-
-    @torch.no_grad()
-    def update_moe_biases(self) -> None:
-        """Aux-loss-free balancing step ``bias += γ·(1/E − load)`` for every MoE layer.
-
-        Uses the loads of all training forwards since the last update (summed over ranks
-        when torch.distributed is initialised) and resets them. Call after each optimizer
-        step; on a skipped step call ``clear_moe_loads()`` instead.
-        """
-        layers = self.moe_layers()
-        if not layers:
-            return
-        counts = torch.stack([layer.load_counts for _, layer in layers])  # [layers, E]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(counts)
-        for (_, layer), c in zip(layers, counts, strict=True):
-            layer.update_bias(c)
-
-    @torch.no_grad()
-    def clear_moe_loads(self) -> None:
-        """Forget the loads counted since the last update (e.g. of a skipped step)."""
-        for _, layer in self.moe_layers():
-            layer.load_counts.zero_()
-
-    def moe_load_stats(self) -> dict[str, float]:
-        """``{"moe_load/<layer>/e<i>": fraction, "moe_load/<layer>/max": …}`` for logging.
-
-        Loads since the last bias update, or those of the last update when none since;
-        balanced routing gives 1/E per expert.
-        """
-        stats: dict[str, float] = {}
-        for name, layer in self.moe_layers():
-            load = layer.current_load().tolist()
-            for i, value in enumerate(load):
-                stats[f"moe_load/{name}/e{i}"] = float(value)
-            stats[f"moe_load/{name}/max"] = float(max(load))
-        return stats

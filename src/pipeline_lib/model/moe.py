@@ -282,3 +282,68 @@ class MoEFFN(nn.Module):
             return self.last_load.clone()
         return self.load_counts.cpu().double().div(total).float()
 
+
+class MoEHost:
+    """The MoE bookkeeping of a model whose blocks hold :class:`MoEFFN` layers (LoopedLM's):
+    aux-loss terms per forward pass, aux-loss-free bias updates, load statistics. Needs
+    ``cfg`` (``moe_experts``, ``moe_aux_loss_weight``), ``named_modules`` and ``tok_emb``."""
+
+    def moe_layers(self) -> list[tuple[str, MoEFFN]]:
+        """(name, layer) of every MoE FFN, e.g. ("core.0", …)."""
+        return [(name.removesuffix(".ffn"), m) for name, m in self.named_modules()
+                if isinstance(m, MoEFFN)]
+
+    def _drop_aux_terms(self) -> None:
+        if not self.cfg.moe_experts:  # dense: nothing to drop (skips a walk over the modules)
+            return
+        for _, layer in self.moe_layers():
+            layer.take_aux_terms()
+
+    def take_aux_loss(self) -> Tensor:
+        """Weighted MoE load-balancing loss of the current forward pass, then cleared.
+
+        ``moe_aux_loss_weight`` × the mean Switch loss over every MoE call since the last
+        ``embed`` (prelude, each core loop, each readout's coda), recorded only in training
+        mode with gradients on. Add it to the loss before backward; 0 without MoE.
+        """
+        terms = [t for _, layer in self.moe_layers() for t in layer.take_aux_terms()]
+        if not terms:
+            return torch.zeros((), device=self.tok_emb.weight.device)
+        return self.cfg.moe_aux_loss_weight * torch.stack(terms).mean()
+
+    @torch.no_grad()
+    def update_moe_biases(self) -> None:
+        """Aux-loss-free balancing step ``bias += γ·(1/E − load)`` for every MoE layer.
+
+        Uses the loads of all training forwards since the last update (summed over ranks
+        when torch.distributed is initialised) and resets them. Call after each optimizer
+        step; on a skipped step call ``clear_moe_loads()`` instead.
+        """
+        layers = self.moe_layers()
+        if not layers:
+            return
+        counts = torch.stack([layer.load_counts for _, layer in layers])  # [layers, E]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(counts)
+        for (_, layer), c in zip(layers, counts, strict=True):
+            layer.update_bias(c)
+
+    @torch.no_grad()
+    def clear_moe_loads(self) -> None:
+        """Forget the loads counted since the last update (e.g. of a skipped step)."""
+        for _, layer in self.moe_layers():
+            layer.load_counts.zero_()
+
+    def moe_load_stats(self) -> dict[str, float]:
+        """``{"moe_load/<layer>/e<i>": fraction, "moe_load/<layer>/max": …}`` for logging.
+
+        Loads since the last bias update, or those of the last update when none since;
+        balanced routing gives 1/E per expert.
+        """
+        stats: dict[str, float] = {}
+        for name, layer in self.moe_layers():
+            load = layer.current_load().tolist()
+            for i, value in enumerate(load):
+                stats[f"moe_load/{name}/e{i}"] = float(value)
+            stats[f"moe_load/{name}/max"] = float(max(load))
+        return stats
