@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -269,3 +271,22 @@ def test_learned_positions_enter_every_loop_and_refuse_positions_past_the_table(
     assert model.embed(ids).e.shape == (1, 8, model.cfg.d_model)
     with pytest.raises(ValueError, match="position 8 is past model.learned_positions = 8"):
         model.logits_at(torch.randint(0, 40, (1, 9)), 1)
+
+
+def test_fan_in_init_draws_every_weight_matrix_within_its_fan_in_bound(make_config):
+    """``init: fan_in``: blocks (MoE experts included), the untied head and the linear
+    injection uniform in ±1/√fan_in, no depth scaling; embeddings keep normal(0, init_std)."""
+    torch.manual_seed(0)
+    cfg = make_config(init="fan_in", injection="linear", tie_embeddings=False, loops=8,
+                      learned_positions=16, moe_experts=2, moe_top_k=1, core_layers=2)
+    model = LoopedLM(cfg)
+    mats = {n: p for n, p in model.named_parameters() if p.ndim >= 2 and "emb" not in n}
+    assert {"head.weight", "injection_proj.weight", "core.0.ffn.w_down"} <= set(mats)
+    for name, p in mats.items():
+        bound = 1 / p.shape[1] ** 0.5
+        assert p.abs().max() <= bound, name
+        assert p.abs().max() > 0.9 * bound, name  # drawn over the whole range, not shrunk
+    scaled = LoopedLM(replace(cfg, init="scaled"))
+    assert scaled.core[0].attn.out.weight.std() < 0.5 * model.core[0].attn.out.weight.std()
+    assert float(model.tok_emb.weight.std()) == pytest.approx(cfg.init_std, rel=0.2)
+    assert float(model.pos_emb.weight.std()) == pytest.approx(cfg.init_std, rel=0.2)

@@ -5,6 +5,7 @@ MoE. Both placements use the same two gains, ``attn_norm`` and ``ffn_norm``."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from torch import Tensor, nn
 
@@ -53,6 +54,18 @@ class Block(nn.Module):
             return x + self.ffn_norm(self.ffn(x))
         x = x + self.attn(self.attn_norm(x), rope, mask)
         return x + self.ffn(self.ffn_norm(x))
+
+
+def fan_in_init(modules: Iterable[nn.Module | None]) -> None:
+    """``model.init: fan_in``: every weight matrix of ``modules`` (linear maps [out, in] and
+    MoE experts [E, in, out] alike: fan-in is dimension 1) uniform in ±1/√fan_in, nn.Linear's
+    own default (Kaiming-uniform with a = √5), without GPT-2's depth scaling; norms and
+    biases keep their values."""
+    for module in modules:
+        for p in (() if module is None else module.parameters()):
+            if p.ndim >= 2:
+                bound = 1.0 / math.sqrt(p.shape[1])
+                nn.init.uniform_(p, -bound, bound)
 
 
 def residual_out_std(init_std: float, effective_depth: int) -> float:

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from ..spec.config import ModelConfig
 from ..spec.size import check_model_config, loop_gate_rows, resolved_head_dim, step_embedding_rows
 from .attention import DocumentMask, resolve_attention_kernel
-from .blocks import Block, residual_out_std
+from .blocks import Block, fan_in_init, residual_out_std
 from .distill import DistillTarget
 from .exit_gate import expected_exit_forward
 from .kv_cache import KVCache, kv_decode_step, kv_prefill
@@ -104,7 +104,7 @@ class LoopedLM(MoEHost, nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Normal(0, init_std) weights, scaled residual outputs, [I | λI] linear injection,
-        loop gates at 0."""
+        loop gates at 0; ``init: fan_in`` redraws the weight matrices (:func:`.blocks.fan_in_init`)."""
         cfg = self.cfg
         std = cfg.init_std
         out_std = residual_out_std(
@@ -122,6 +122,8 @@ class LoopedLM(MoEHost, nn.Module):
             nn.init.normal_(self.step_emb.weight, std=std)
         if self.pos_emb is not None:
             nn.init.normal_(self.pos_emb.weight, std=std)
+        if cfg.init == "fan_in":  # the blocks, an untied head and the linear injection
+            fan_in_init([*self.prelude, *self.core, *self.coda, self.head, self.injection_proj])
         if self.loop_gate is not None:  # loops after the first start as no-ops
             nn.init.zeros_(self.loop_gate)
         if self.exit_gate is not None:  # λ ≈ 0.5 at every loop at the start

@@ -261,6 +261,12 @@ class ModelConfig:
     injection_scale: float = _f(1.0, "λ of additive injection (initial value when learnable).")
     learn_injection_scale: bool = _f(False, "Make λ a learnable scalar with its own parameter group.")
     step_embedding: bool = _f(False, "Add a learned per-loop step embedding to the state.")
+    init: str = _f("scaled", "Weight init: scaled (normal(0, init_std), residual output "
+                   "projections std/sqrt(2·depth), linear injection starting as the additive map: "
+                   "GPT-2's, for language models) or fan_in (every weight matrix uniform in "
+                   "±1/sqrt(fan_in), PyTorch's default, no depth scaling; embeddings normal(0, "
+                   "init_std): small looped blocks on algorithmic tasks, docs/model.md).",
+                   choices=["scaled", "fan_in"])
     learned_positions: int = _f(
         0, "Rows of a learned absolute position embedding added to the token embedding (so the "
         "input injected at every loop carries each token's position), on top of RoPE; 0 = "

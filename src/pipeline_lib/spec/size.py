@@ -85,7 +85,7 @@ def check_model_config(cfg: ModelConfig) -> None:
             raise ConfigError(f"model.{key} = {getattr(cfg, key)} must not be negative; use 0 or more")
     check_model_shape(cfg)
     choices = {"injection": ("add", "linear"), "state_init": ("zeros", "embedding", "noise"),
-               "recurrence": ("plain", "gated"),
+               "recurrence": ("plain", "gated"), "init": ("scaled", "fan_in"),
                "attention": ("auto", "sdpa", "flex"),
                "rope_scaling": ("none", "linear", "llama3"),
                "qk_norm": ("none", "head", "all_heads"), "norm_placement": ("pre", "post")}
