@@ -20,7 +20,7 @@ from pipeline_lib.evaluate.label_accuracy import (
     label_section,
     train_max_loops,
 )
-from pipeline_lib.evaluate.sweep_pass import sweep_pass
+from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
 from pipeline_lib.spec.config import Config, LoopSamplingConfig, ModelConfig, TrainConfig
 
 VOCAB, SEQ, ROWS, H_EFFS, H = 30, 16, 3, [1, 2, 4], 4
@@ -168,6 +168,18 @@ def test_adaptive_accuracy_at_each_tokens_exit(model, batches, swept, criterion)
     assert never["all"]["accuracy"] == fixed["all"]["accuracy"][str(H)]
     assert never["all"]["mean_loops"] == H
     assert any(section[k]["all"]["mean_loops"] < H for k in section)  # others exit early
+
+
+def test_labels_change_no_loss_and_no_exit(model, batches):
+    specs = [ExitSpec(x, c, H).resolved(H_EFFS) for c, x in THRESHOLDS.items()]
+    for batch in batches:
+        plain, labelled = (sweep_batch(model, batch, H_EFFS, specs, labels) for labels in
+                           (False, True))
+        assert torch.equal(plain.fixed, labelled.fixed)
+        for (losses, exits), (same_losses, same_exits) in zip(plain.exits, labelled.exits,
+                                                               strict=True):
+            assert torch.equal(losses, same_losses) and torch.equal(exits, same_exits)
+        assert plain.hits is None and plain.exit_hits == []
 
 
 def test_unlabelled_sweep_keeps_no_hits(model, batches):
