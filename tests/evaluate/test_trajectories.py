@@ -14,7 +14,12 @@ import torch
 from pipeline_lib.data.loader import PackedData
 from pipeline_lib.errors import UsageError
 from pipeline_lib.evaluate.loading import load_for_eval
-from pipeline_lib.evaluate.trajectories import record, run_trajectories, sampled_batches
+from pipeline_lib.evaluate.trajectories import (
+    record,
+    record_batch,
+    run_trajectories,
+    sampled_batches,
+)
 from pipeline_lib.evaluate.trajectory_paths import (
     CONVERGED_STEP,
     classify_paths,
@@ -94,6 +99,23 @@ def test_the_sample_is_seeded_and_does_not_depend_on_the_batch_size(loaded) -> N
     assert len(picks(4)) == 30 and picks(4) == picks(7)
     assert picks(4, seed=1) != picks(4)
     assert len({row for row, _ in picks(4)}) >= 30 // 4  # spread over rows
+
+
+def test_paths_need_only_the_input_tokens_not_what_targets_mean(loaded) -> None:
+    """A labelled pack's targets are labels of the input tokens, not next tokens: the paths
+    do not read them (the targets only say which positions may be sampled)."""
+    model, data = loaded[0].model, loaded[1]
+    batch = data.val_batch(np.arange(3))
+    labels = torch.full_like(batch["targets"], -100)
+    labels[:, 5::7] = (batch["input_ids"][:, 5::7] * 7 + 3) % model.cfg.vocab_size
+    rows = torch.tensor([5, 12, 40, 70])
+    want = record_batch(model, batch, rows, 3)
+    for targets in (labels, None):
+        other = {k: v for k, v in batch.items() if k != "targets"}
+        if targets is not None:
+            other["targets"] = targets
+        got = record_batch(model, other, rows, 3)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def _paths(*paths: list) -> torch.Tensor:

@@ -34,6 +34,8 @@ def test_run_paths() -> None:
         Path("results/loop4/eval/heff.parquet"), Path("results/loop4/eval/heff.png"),
         Path("results/loop4/eval/heff_adaptive.parquet"),
         Path("results/loop4/eval/heff_adaptive.png"))
+    assert (run.label_table, run.label_plot) == (
+        Path("results/loop4/eval/heff_labels.parquet"), Path("results/loop4/eval/heff_labels.png"))
     assert run.bench_result(30) == Path("results/loop4/bench/step_0000030.json")
     assert run.bench_tasks(30) == Path("results/loop4/bench/tasks_step_0000030")
     assert (run.bench_table, run.bench_plot) == (

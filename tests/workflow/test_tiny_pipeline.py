@@ -40,10 +40,12 @@ def test_eval_bench_and_compare_outputs(tiny_pipeline: Path):
             assert doc["step"] == step and set(doc["losses"]) == {"1", "2", "4"}
             kl = doc["adaptive_by_criterion"]["kl"]
             assert kl["points"][0]["loss"] == doc["losses"]["4"]  # threshold 0
+            assert "labels" not in doc  # an unlabelled pack
         bench = json.loads((base / "bench" / "step_0000030.json").read_text())
         assert set(bench["tasks"]) == {"loopline_khop", "loopline_addition", "loopline_parity"}
         for name in ("eval/heff.parquet", "eval/heff.png", "eval/heff_adaptive.parquet",
-                     "eval/heff_adaptive.png", "bench/summary.parquet", "bench/accuracy_vs_heff.png"):
+                     "eval/heff_adaptive.png", "eval/heff_labels.parquet", "eval/heff_labels.png",
+                     "bench/summary.parquet", "bench/accuracy_vs_heff.png"):
             assert (base / name).stat().st_size > 0
         export = json.loads((base / "export" / "config.json").read_text())  # rule export
         assert export["loopline"]["step"] == 30

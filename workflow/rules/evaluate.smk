@@ -44,6 +44,13 @@ rule summarize_heff:
             category="Adaptive exit",
             labels={"run": "{run}"},
         ),
+        label_table=RUN.label_table,
+        label_plot=report(
+            RUN.label_plot,
+            caption="../report/heff_labels.rst",
+            category="Label accuracy",
+            labels={"run": "{run}"},
+        ),
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),

@@ -13,4 +13,6 @@ with run_job(snakemake) as cfg:
                          [Path(p) for p in snakemake.input.results],
                          Path(snakemake.output.table), Path(snakemake.output.plot),
                          Path(snakemake.output.adaptive_table),
-                         Path(snakemake.output.adaptive_plot))
+                         Path(snakemake.output.adaptive_plot),
+                         Path(snakemake.output.label_table),
+                         Path(snakemake.output.label_plot))

@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="also the adaptive-exit table (.parquet; with --out-adaptive-plot)")
     add_output(parser, "--out-adaptive-plot", kind=FIGURE, default=None,
                         help="also the adaptive-exit figure (.png): loss vs loops used")
+    add_output(parser, "--out-label-table", kind=TABLE, default=None,
+               help="also the label-accuracy table (.parquet; with --out-label-plot; empty "
+                    "for sweeps of unlabelled packs)")
+    add_output(parser, "--out-label-plot", kind=FIGURE, default=None,
+               help="also the label-accuracy figure (.png): accuracy vs H_eff per level")
     add_config_args(parser)
     add_tracking_args(parser, "run directory (results/<run>) whose MLflow parent run the "
                               "summary joins; required unless --no-track")
@@ -41,15 +46,18 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     adaptive = (args.out_adaptive_table, args.out_adaptive_plot)
-    if (adaptive[0] is None) != (adaptive[1] is None):
-        raise ConfigError("--out-adaptive-table and --out-adaptive-plot go together; pass both")
+    labels = (args.out_label_table, args.out_label_plot)
+    for (table, plot), pair in ((adaptive, "adaptive"), (labels, "label")):
+        if (table is None) != (plot is None):
+            raise ConfigError(f"--out-{pair}-table and --out-{pair}-plot go together; pass both")
     run_dir = tracking_run_dir(args, "summarize-heff")
     cfg = config_from_args(args)
     title = args.title
     if title is None and args.run_dir is None:  # no run to name the figures after
         title = ""
     rows = summarize_heff_stage(cfg, args.run or run_dir.name, run_dir, args.inputs,
-                                args.out_table, args.out_plot, *adaptive, title=title)
+                                args.out_table, args.out_plot, *adaptive, *labels,
+                                title=title)
     for table, count in rows.items():
         print(f"{count} rows → {table}")
     return 0

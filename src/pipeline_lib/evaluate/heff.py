@@ -7,7 +7,9 @@ that is the extrapolation the research question asks about. The same run of the 
 also scores every adaptive-exit criterion (:mod:`.sweep_pass`).
 
 Per-token losses are kept per document (:mod:`.heff_stats`), so every loss carries a
-per-document bootstrap standard error and loss(h) − loss(1) a paired interval.
+per-document bootstrap standard error and loss(h) − loss(1) a paired interval. On a labelled
+pack the same pass also gives label accuracy per level at every H_eff and at every exit
+(:mod:`.label_accuracy`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .exit.criteria import check_model_criterion
 from .exit.results import AdaptiveLosses, adaptive_section
 from .exit.spec import ExitSpec
 from .heff_stats import DocumentLosses, loss_statistics
+from .label_accuracy import exit_label_section, label_section, train_max_loops
 from .loading import load_for_eval
 from .sweep_pass import NoTokensScored, sweep_pass
 
@@ -133,9 +136,15 @@ def _adaptive_specs(adaptive: ExitSpec | Sequence[ExitSpec] | None,
 
 def _adaptive_sections(results: Sequence[AdaptiveLosses], reference: DocumentLosses
                        ) -> dict[str, Any]:
-    """``adaptive_by_criterion``: one section per criterion, in the configured order."""
-    return {"adaptive_by_criterion": {r.spec.criterion: adaptive_section(r, reference=reference)
-                                      for r in results}}
+    """``adaptive_by_criterion``: one section per criterion, in the configured order (with
+    its label accuracy per threshold on a labelled pack)."""
+    sections = {}
+    for r in results:
+        sections[r.spec.criterion] = adaptive_section(r, reference=reference)
+        if r.labels is not None:
+            sections[r.spec.criterion]["labels"] = exit_label_section(r.spec.thresholds,
+                                                                      r.labels)
+    return {"adaptive_by_criterion": sections}
 
 
 def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *,
@@ -154,6 +163,10 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     cached decoder spends under each ``kv_fill`` (:mod:`.exit.replay`; ``spent=False``
     leaves the latter out, for callers that want the one pass alone). The model and every batch live on
     ``device`` (``experiment.device``), passes run in ``precision`` (``experiment.precision``).
+
+    A labelled pack (``data.labelled``: targets are labels of the input tokens) adds the
+    ``labels`` section (:func:`~.label_accuracy.label_section`), and ``labels`` to each
+    adaptive section; an unlabelled pack's result is unchanged.
     """
     _check_out(out)  # before the sweep, not after it
     dev = resolve_device(device)
@@ -164,6 +177,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     objective = _check_pack(data, data_dir, snapshot, loaded.config, objective)
     answer_only = objective.startswith("answer_")
     specs = _adaptive_specs(adaptive, h_effs, loaded.model)
+    labelled = bool(getattr(data, "labelled", False))  # packs of labels, once they exist
 
     with amp.autocast():
         try:  # one run of the loops per batch: every H_eff and every criterion
@@ -171,7 +185,8 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
             swept = sweep_pass(loaded.model, data.eval_batches(data.val_rows, batch_rows, dev,
                                                                answer_only=answer_only),
                                h_effs, specs, max_tokens,
-                               getattr(data, "doc_levels", None), spent=spent)
+                               getattr(data, "doc_levels", None), spent=spent,
+                               labels=labelled)
         except NoTokensScored:
             if not answer_only:
                 raise
@@ -187,6 +202,9 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     result["device"], result["precision"] = dev.type, amp.name
     if specs:
         result.update(_adaptive_sections(swept.adaptive, documents))
+    if swept.labels is not None:
+        result["labels"] = label_section(swept.labels, getattr(data, "train_levels", []),
+                                         train_max_loops(loaded.config))
     log.info("H_eff sweep of %s: %s (deeper_better=%s)", snapshot,
              {h: round(v, 4) for h, v in losses.items()}, result["deeper_better"])
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,8 @@ class DocumentLosses:
     loss_sums: np.ndarray  # float64 [docs, len(h_effs)]: Σ per-token loss (nats)
     tokens: np.ndarray  # int64 [docs]: scored targets
     levels: np.ndarray | None = None  # int64 [docs], -1 = unknown; None: no level information
+    keys: np.ndarray | None = None  # int64 [docs]: each document's key (the global doc_index
+    # when batches carry it, see :func:`~.exit.results.document_keys`); None: not kept
 
     @property
     def total_tokens(self) -> int:
@@ -47,11 +49,13 @@ class DocumentLosses:
 
     def subset(self, mask: np.ndarray) -> DocumentLosses:
         return DocumentLosses(self.h_effs, self.loss_sums[mask], self.tokens[mask],
-                              None if self.levels is None else self.levels[mask])
+                              None if self.levels is None else self.levels[mask],
+                              None if self.keys is None else self.keys[mask])
 
 
 class DocumentAccumulator:
-    """Collects (document key, per-token losses) batch by batch; :meth:`finish` merges them."""
+    """Collects (document key, per-token losses) batch by batch; :meth:`finish` merges them.
+    Any per-token values sum the same way (label hits, exit loops: :mod:`.label_accuracy`)."""
 
     def __init__(self, h_effs: Sequence[int]) -> None:
         self.h_effs = sorted(int(h) for h in h_effs)
@@ -74,7 +78,8 @@ class DocumentAccumulator:
         """Merge the batches (a document may span several); ``key_levels[key]`` = its level."""
         if not self._keys:
             empty = np.zeros((0, len(self.h_effs)))
-            return DocumentLosses(self.h_effs, empty, np.zeros(0, np.int64))
+            return DocumentLosses(self.h_effs, empty, np.zeros(0, np.int64),
+                                  keys=np.zeros(0, np.int64))
         keys = np.concatenate(self._keys)
         uniq, inverse = np.unique(keys, return_inverse=True)
         sums = np.zeros((len(uniq), len(self.h_effs)), dtype=np.float64)
@@ -84,7 +89,7 @@ class DocumentAccumulator:
         levels = None
         if key_levels is not None:
             levels = np.asarray(key_levels, dtype=np.int64)[uniq]
-        return DocumentLosses(self.h_effs, sums, tokens, levels)
+        return DocumentLosses(self.h_effs, sums, tokens, levels, uniq)
 
 
 def _stats_block(docs: DocumentLosses, base: int, iters: int, seed: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@
 - :func:`document_bootstrap`, :func:`bootstrap_stderr`, :func:`paired_column_diffs`:
   token-weighted mean losses (Σ loss / Σ tokens) resampled by DOCUMENT, since tokens of one
   document are not independent draws; paired across H_eff by reusing the same resamples.
+  :func:`percentile_interval` of such replicates: a token-weighted accuracy's interval.
 
 Every bootstrap is seeded: the same inputs give the same interval on every machine.
 """
@@ -96,9 +97,16 @@ def bootstrap_means(values: np.ndarray, iters: int = BOOTSTRAP_ITERS,
 def mean_interval(values: Sequence[float] | np.ndarray, iters: int = BOOTSTRAP_ITERS,
                   seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
     """95% percentile-bootstrap interval of a mean (for non-binary per-example scores)."""
-    reps = bootstrap_means(np.asarray(values, dtype=np.float64), iters, seed)
-    lo, hi = np.quantile(reps, [0.025, 0.975])
+    lo, hi = percentile_interval(bootstrap_means(np.asarray(values, dtype=np.float64), iters,
+                                                 seed))
     return float(lo), float(hi)
+
+
+def percentile_interval(reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """95% percentile interval (lo, hi) of bootstrap replicates [iters] or of each column of
+    [iters, k] (NaN replicates ignored)."""
+    lo, hi = np.nanquantile(reps, [0.025, 0.975], axis=0)
+    return lo, hi
 
 
 def score_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
@@ -117,8 +125,7 @@ def paired_bootstrap(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.nd
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired samples need equal 1-D shapes, got {a.shape} and {b.shape}")
     d = a - b
-    reps = bootstrap_means(d, iters, seed)
-    lo, hi = np.quantile(reps, [0.025, 0.975])
+    lo, hi = percentile_interval(bootstrap_means(d, iters, seed))
     return Difference(float(d.mean()), float(lo), float(hi))
 
 
@@ -169,8 +176,6 @@ def bootstrap_stderr(reps: np.ndarray) -> np.ndarray:
 
 def paired_column_diffs(reps: np.ndarray, point: np.ndarray, base: int) -> list[Difference]:
     """Column j − column ``base`` of bootstrap replicates [iters, k] with point estimates [k]."""
-    out = []
-    for j in range(reps.shape[1]):
-        lo, hi = np.nanquantile(reps[:, j] - reps[:, base], [0.025, 0.975])
-        out.append(Difference(float(point[j] - point[base]), float(lo), float(hi)))
-    return out
+    lo, hi = percentile_interval(reps - reps[:, base:base + 1])
+    return [Difference(float(point[j] - point[base]), float(lo[j]), float(hi[j]))
+            for j in range(reps.shape[1])]

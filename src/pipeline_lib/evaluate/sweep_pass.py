@@ -12,12 +12,16 @@ and one per criterion (:mod:`.exit.readout` says why sharing stops at identical 
 
 Those exits are what each token needs; with ``spent``, each batch is also decoded by the
 cached decoder under each ``kv_fill`` (:mod:`.exit.replay`): what it would spend.
+
+On a labelled pack (``labels``: targets are labels of the input tokens) the same readouts
+also say whether each scored token's top token is its label, at every H_eff and at each
+token's exit under every threshold (:mod:`.label_accuracy` turns the counts into accuracy).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +51,9 @@ class BatchLosses:
     fixed: Tensor | None  # [n, len(h_effs)] fp32 cross-entropy at each H_eff (None: no H_eff)
     exits: list[tuple[Tensor, Tensor]]  # per spec: losses [n, K+1], exit loops [n, K]
     # (see CriterionExits.result)
+    hits: Tensor | None = None  # labels: [n, len(h_effs)] bool, top token = target at each H_eff
+    exit_hits: list[Tensor] = field(default_factory=list)  # labels, per spec: [n, K] bool at
+    # the token's exit under threshold k (CriterionExits.hits_at_exit)
 
 
 @dataclass
@@ -55,34 +62,42 @@ class SweepDocuments:
 
     fixed: DocumentLosses
     adaptive: list[AdaptiveLosses]
+    labels: DocumentLosses | None = None  # labels: Σ label hits per document and H_eff
 
 
 @torch.no_grad()
 def sweep_batch(model: torch.nn.Module, batch: Any, h_effs: Sequence[int],
-                specs: Sequence[ExitSpec]) -> BatchLosses:
+                specs: Sequence[ExitSpec], labels: bool = False) -> BatchLosses:
     """The fixed losses at every H_eff and the exits of every (resolved) spec, from one run
-    of the loops over ``batch``."""
+    of the loops over ``batch``; with ``labels``, also the label hits at both."""
     hs = sorted({int(h) for h in h_effs})
     ctx = model.embed(batch)
     targets = ctx.targets.reshape(-1)
     rows = (targets != IGNORE_INDEX).nonzero().squeeze(1)  # scored positions [n]
     scored = targets[rows]
     readout = RowReadout(model, rows.numel())
-    runs = [CriterionExits(model, spec, rows.numel(), readout) for spec in specs]
+    runs = [CriterionExits(model, spec, rows.numel(), readout, labels) for spec in specs]
     state = model.init_state(ctx)
     loop = LoopHidden(model, state, ctx)
     for run in runs:
         run.start(loop, rows, scored, readout)
     stops = {*hs, *(spec.max_loops for spec in specs)}
     fixed: dict[int, Tensor] = {}  # loop count → cross-entropy of every scored token
+    hits: dict[int, Tensor] = {}  # labels: loop count → top token = target, per scored token
     for t in range(1, max(stops, default=0) + 1):
         state = model.forward_loops(ctx, t - 1, t, state)
         loop = LoopHidden(model, state, ctx)
         if t in stops:
-            fixed[t] = cross_entropy_rows(model, loop.all_rows(rows), scored)
+            if labels:
+                hits[t] = torch.empty(rows.numel(), dtype=torch.bool, device=rows.device)
+            fixed[t] = cross_entropy_rows(model, loop.all_rows(rows), scored, hits.get(t))
         _read_exits(loop, rows, scored, [run for run in runs if run.reads(t)], readout, t)
-    return BatchLosses(torch.stack([fixed[h] for h in hs], dim=1) if hs else None,
-                       [run.result(fixed[run.spec.max_loops]) for run in runs])
+    out = BatchLosses(torch.stack([fixed[h] for h in hs], dim=1) if hs else None,
+                      [run.result(fixed[run.spec.max_loops]) for run in runs])
+    if labels:
+        out.hits = torch.stack([hits[h] for h in hs], dim=1) if hs else None
+        out.exit_hits = [run.hits_at_exit(hits[run.spec.max_loops]) for run in runs]
+    return out
 
 
 def _read_exits(loop: LoopHidden, rows: Tensor, scored: Tensor,
@@ -119,21 +134,30 @@ def _by_active_rows(runs: Sequence[CriterionExits]) -> list[list[CriterionExits]
 
 
 class _ExitSums:
-    """Per-document losses [n, K+1] and Σ loops [K] of one spec's exits, batch by batch."""
+    """Per-document losses [n, K+1] and Σ loops [K] of one spec's exits, batch by batch;
+    with ``labels``, per document Σ label hits at the exit [K] and Σ exit loops [K]."""
 
-    def __init__(self, spec: ExitSpec) -> None:
+    def __init__(self, spec: ExitSpec, labels: bool = False) -> None:
         self.spec = spec
-        self.documents = DocumentAccumulator(range(len(spec.thresholds) + 1))
-        self.loops = np.zeros(len(spec.thresholds), dtype=np.int64)
+        K = len(spec.thresholds)
+        self.documents = DocumentAccumulator(range(K + 1))
+        self.labels = DocumentAccumulator(range(2 * K)) if labels else None
+        self.loops = np.zeros(K, dtype=np.int64)
         self.kv_bytes_per_token: int | None = None
 
-    def add(self, keys: np.ndarray, losses: Tensor, exit_loops: Tensor) -> None:
+    def add(self, keys: np.ndarray, losses: Tensor, exit_loops: Tensor,
+            hits: Tensor | None = None) -> None:
         self.documents.add(keys, losses.cpu().double().numpy())
         self.loops += exit_loops.sum(dim=0).cpu().numpy()
+        if self.labels is not None:
+            assert hits is not None, "a labelled sweep gives the hits at every exit"
+            self.labels.add(keys, torch.cat([hits, exit_loops], dim=1).cpu().double().numpy())
 
-    def finish(self) -> AdaptiveLosses:
+    def finish(self, key_levels: np.ndarray | None = None) -> AdaptiveLosses:
         return AdaptiveLosses(self.spec, self.documents.finish(), [int(x) for x in self.loops],
-                              kv_bytes_per_token=self.kv_bytes_per_token)
+                              kv_bytes_per_token=self.kv_bytes_per_token,
+                              labels=None if self.labels is None
+                              else self.labels.finish(key_levels))
 
 
 def _replay(model: torch.nn.Module, batch: Any, keys: np.ndarray, spec: ExitSpec,
@@ -149,18 +173,22 @@ def _replay(model: torch.nn.Module, batch: Any, keys: np.ndarray, spec: ExitSpec
 @torch.no_grad()
 def sweep_pass(model: torch.nn.Module, batches: Iterable[Any], h_effs: Sequence[int],
                specs: Sequence[ExitSpec], max_tokens: int,
-               doc_levels: np.ndarray | None = None, spent: bool = False) -> SweepDocuments:
+               doc_levels: np.ndarray | None = None, spent: bool = False,
+               labels: bool = False) -> SweepDocuments:
     """Summed token losses per document at every H_eff and under every threshold of every
     (resolved) spec, up to ``max_tokens`` targets; one run of the loops per batch.
 
     ``doc_levels`` (level per global document, -1 = unknown) labels the fixed sweep's
     documents when batches carry ``doc_index``. ``spent``: also every spec's replay by the
-    cached decoder under each ``kv_fill`` (:attr:`AdaptiveLosses.spent`).
+    cached decoder under each ``kv_fill`` (:attr:`AdaptiveLosses.spent`). ``labels`` (the
+    batches' targets are labels): also the label hits per document at every H_eff
+    (:attr:`SweepDocuments.labels`) and at every exit (:attr:`AdaptiveLosses.labels`).
     """
     model.eval()
     hs = sorted({int(h) for h in h_effs})
     fixed = DocumentAccumulator(hs)
-    exits = [_ExitSums(spec) for spec in specs]
+    hits = DocumentAccumulator(hs) if labels else None
+    exits = [_ExitSums(spec, labels) for spec in specs]
     replays = [{fill: _ExitSums(spec) for fill in (KV_FILLS if spent else ())} for spec in specs]
     tokens = rows = 0
     global_keys = True
@@ -171,11 +199,15 @@ def sweep_pass(model: torch.nn.Module, batches: Iterable[Any], h_effs: Sequence[
         if n:
             global_keys &= "doc_index" in batch
             keys = document_keys(batch, rows)
-            out = sweep_batch(model, batch, hs, specs)
+            out = sweep_batch(model, batch, hs, specs, labels)
             if out.fixed is not None:
                 fixed.add(keys, out.fixed.cpu().double().numpy())
-            for acc, sums, (losses, exit_loops) in zip(exits, replays, out.exits, strict=True):
-                acc.add(keys, losses, exit_loops)
+            if hits is not None and out.hits is not None:
+                hits.add(keys, out.hits.cpu().double().numpy())
+            exit_hits = out.exit_hits or [None] * len(exits)
+            for acc, sums, (losses, exit_loops), hit in zip(exits, replays, out.exits, exit_hits,
+                                                             strict=True):
+                acc.add(keys, losses, exit_loops, hit)
                 _replay(model, batch, keys, acc.spec, (losses, exit_loops), sums)
             tokens += n
             bar.update(n)
@@ -186,9 +218,11 @@ def sweep_pass(model: torch.nn.Module, batches: Iterable[Any], h_effs: Sequence[
     if tokens == 0:
         raise NoTokensScored("the H_eff sweep scored no tokens: the validation split is empty "
                              "or fully padded; raise data.val_fraction and re-pack")
-    adaptive = [acc.finish() for acc in exits]
+    levels = doc_levels if global_keys else None
+    adaptive = [acc.finish(levels) for acc in exits]
     for result, sums in zip(adaptive, replays, strict=True):
         for fill, acc in sums.items():
             result.spent[fill] = acc.finish()
             result.kv_bytes_per_token = result.spent[fill].kv_bytes_per_token
-    return SweepDocuments(fixed.finish(doc_levels if global_keys else None), adaptive)
+    return SweepDocuments(fixed.finish(levels), adaptive,
+                          None if hits is None or not hs else hits.finish(levels))

@@ -7,7 +7,9 @@ documents) is run through the loops ONCE per batch up to M (default 2 × ``model
 extrapolation); each sampled token's state after every loop and its readout's KL to the
 readout after loop M are kept (:func:`record_batch`). :mod:`.trajectory_paths` turns the
 paths into per-loop measures, a class per token (converging, orbiting, drifting) and a 2-D
-PCA; :mod:`.trajectory_plot` draws them. Output: ``trajectories.json`` and
+PCA; :mod:`.trajectory_plot` draws them. The paths need only the input tokens (and their
+positions and documents); the targets only say which positions may be sampled: those with a
+next token, or on a labelled pack (targets = labels of the input tokens) the labelled ones. Output: ``trajectories.json`` and
 ``trajectories.png`` in one directory, published together (:mod:`pipeline_lib.output_set`).
 """
 
@@ -89,8 +91,9 @@ def check_trajectory_args(tokens: int, max_loops: int | None) -> None:
 def sampled_batches(data: Any, tokens: int, batch_rows: int, seed: int = SAMPLE_SEED
                     ) -> Iterator[tuple[dict[str, Tensor], np.ndarray, np.ndarray]]:
     """(CPU batch, its validation rows, sampled flat positions row·L + column) until
-    ``tokens`` positions are sampled or the split ends. Picks depend on the seed and the
-    rows alone, not on ``batch_rows``."""
+    ``tokens`` positions are sampled or the split ends; only positions with a target (a
+    next token, or a label) are picked. Picks depend on the seed and the rows alone, not on
+    ``batch_rows``."""
     if data.val_rows == 0:
         raise DataError(f"{data.data_dir} has no validation rows; set data.val_fraction > 0 "
                         "and re-pack")

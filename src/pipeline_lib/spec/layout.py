@@ -304,6 +304,15 @@ class RunLayout:
     def adaptive_plot(self) -> Path:
         return self.eval_dir / "heff_adaptive.png"
 
+    @property
+    def label_table(self) -> Path:
+        """Label accuracy per level and H_eff (labelled packs; empty otherwise)."""
+        return self.eval_dir / "heff_labels.parquet"
+
+    @property
+    def label_plot(self) -> Path:
+        return self.eval_dir / "heff_labels.png"
+
     def trajectories_dir(self, step: int | str) -> Path:
         """The latent trajectories of one snapshot (rule eval_trajectories, opt-in)."""
         return self.eval_dir / "trajectories" / step_dir_name(step)

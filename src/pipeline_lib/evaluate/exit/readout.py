@@ -32,15 +32,19 @@ def chunks(n: int, vocab: int) -> Iterable[slice]:
         yield slice(start, min(start + step, n))
 
 
-def cross_entropy_rows(model: torch.nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
+def cross_entropy_rows(model: torch.nn.Module, hidden: Tensor, targets: Tensor,
+                       hits: Tensor | None = None) -> Tensor:
     """Per-row cross-entropy [a] of readout hidden rows [a, D] (logsumexp − target logit,
     in row chunks: [a, V] logits never exist at once); the fixed H_eff losses, and the
-    fixed column of adaptive exit."""
+    fixed column of adaptive exit. ``hits`` [a] bool, when given, receives whether each
+    row's top logit is its target (label accuracy)."""
     weight = model.head_weight
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     for c in chunks(hidden.shape[0], weight.shape[0]):
         logits = F.linear(hidden[c], weight).float()
         out[c] = torch.logsumexp(logits, dim=1) - logits.gather(1, targets[c, None]).squeeze(1)
+        if hits is not None:
+            hits[c] = logits.argmax(dim=1) == targets[c]
     return out
 
 

@@ -47,6 +47,9 @@ class AdaptiveLosses:
     # kv_fill → the same sums for the cached decoder's replay (:mod:`.replay`): what it spends
     spent: dict[str, AdaptiveLosses] = field(default_factory=dict)
     kv_bytes_per_token: int | None = None  # the replay's cache (None: nothing replayed)
+    # labelled packs: per document Σ label hits at the exit under threshold k (column k)
+    # and Σ exit loops (column K + k), with levels and keys (:mod:`..label_accuracy`)
+    labels: DocumentLosses | None = None
 
     @property
     def tokens(self) -> int:

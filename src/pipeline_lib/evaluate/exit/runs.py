@@ -5,7 +5,9 @@ A token exits at the first loop t < H whose score is below a threshold, else at 
 every scored token that is still read out: those that have not yet exited under the
 strictest threshold that can exit (once a token exits there, it has exited under every
 more lenient one). Each criterion keeps its own set of still-active rows; the sweep reads
-them out (:class:`~.readout.RowReadout`) and hands the readout to :meth:`record`.
+them out (:class:`~.readout.RowReadout`) and hands the readout to :meth:`record`. On a
+labelled pack (``labels``) whether each readout's top token is the target is kept too, so
+label accuracy at each token's exit comes from the same pass (:meth:`hits_at_exit`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class CriterionExits:
     tokens of a batch: :meth:`start` before loop 1, :meth:`record` after each loop t where
     :meth:`reads` (t), :meth:`result` with the cross-entropies after ``max_loops``."""
 
-    def __init__(self, model: Any, spec: ExitSpec, n: int, readout: RowReadout) -> None:
+    def __init__(self, model: Any, spec: ExitSpec, n: int, readout: RowReadout,
+                 labels: bool = False) -> None:
         self.spec, self.n = spec, n
         self.criterion, H = spec.criterion, spec.max_loops
         assert H >= 1, "resolve the spec first (ExitSpec.resolved)"
@@ -39,6 +42,10 @@ class CriterionExits:
         # score and cross-entropy of every token after loops 1..H-1 (inf: not read out)
         self.scores = torch.full((max(H - 1, 0), n), math.inf, dtype=torch.float32, device=dev)
         self.ces = torch.zeros(max(H - 1, 0), n, dtype=torch.float32, device=dev)
+        # labels: whether the top token after loops 1..H-1 is the target (False: not read out)
+        self.hits = (torch.zeros(max(H - 1, 0), n, dtype=torch.bool, device=dev) if labels
+                     else None)
+        self.targets: Tensor | None = None
         self.active = torch.arange(n if can_exit and H > 1 else 0, device=dev)  # [a]
         self.kl = KlMemory(self.active.numel(), vocab, dev) if self.criterion == "kl" else None
         self.tracker = (None if self.criterion in LOGIT_CRITERIA
@@ -50,7 +57,7 @@ class CriterionExits:
 
     @property
     def wants_top(self) -> bool:
-        return self.criterion == "argmax_stable"
+        return self.criterion == "argmax_stable" or self.hits is not None
 
     def reads(self, t: int) -> bool:
         """Whether loop t's readout of the active rows is needed."""
@@ -60,6 +67,7 @@ class CriterionExits:
               readout: RowReadout) -> None:
         """Readout 0 of the initial state (kl) or its state rows (latent_diff, cosine);
         ``rows`` are the scored positions, ``targets`` their targets."""
+        self.targets = targets
         if not self.active.numel():
             return
         if self.kl is not None:
@@ -80,6 +88,9 @@ class CriterionExits:
             self.scores[t - 1], self.ces[t - 1] = score, out.ce
         else:
             self.scores[t - 1, self.active], self.ces[t - 1, self.active] = score, out.ce
+        if self.hits is not None:
+            assert out.top is not None and self.targets is not None, "labels read the top token"
+            self.hits[t - 1, self.active] = out.top == self.targets[self.active]
         still = score >= self.lowest
         if not bool(still.all()):
             self.active = self.active[still]
@@ -88,6 +99,14 @@ class CriterionExits:
             if self.tracker is not None:
                 self.tracker.keep(still)
 
+    def _exit_index(self) -> Tensor:
+        """[K, n]: each token's exit loop − 1 under threshold k (H − 1: never early)."""
+        K, n, dev = len(self.internal), self.n, self.scores.device
+        thr = torch.tensor(self.internal, dtype=torch.float32, device=dev)[:, None, None]
+        hit = torch.cat([self.scores[None] < thr,
+                         torch.ones(K, 1, n, dtype=torch.bool, device=dev)], dim=1)
+        return hit.to(torch.uint8).argmax(dim=1)
+
     def result(self, ce_h: Tensor) -> tuple[Tensor, Tensor]:
         """Per scored token, with ``ce_h`` [n] its cross-entropy after ``max_loops``:
 
@@ -95,10 +114,12 @@ class CriterionExits:
           cross-entropy read out at the token's exit under threshold k;
         - exit loops [n, K] int64 (``max_loops`` where the token never exits early).
         """
-        K, n, dev = len(self.internal), self.n, ce_h.device
-        thr = torch.tensor(self.internal, dtype=torch.float32, device=dev)[:, None, None]
-        hit = torch.cat([self.scores[None] < thr,
-                         torch.ones(K, 1, n, dtype=torch.bool, device=dev)], dim=1)
-        first = hit.to(torch.uint8).argmax(dim=1)  # [K, n]: exit loop − 1 (H − 1: never early)
+        first = self._exit_index()
         at_exit = torch.cat([self.ces, ce_h[None]]).gather(0, first)  # [K, n]
         return torch.cat([ce_h[None], at_exit]).T, (first + 1).T
+
+    def hits_at_exit(self, hits_h: Tensor) -> Tensor:
+        """[n, K] bool: whether each token's top token at its exit under threshold k is its
+        target, with ``hits_h`` [n] that after ``max_loops`` (built with ``labels``)."""
+        assert self.hits is not None, "built without labels"
+        return torch.cat([self.hits, hits_h[None]]).gather(0, self._exit_index()).T

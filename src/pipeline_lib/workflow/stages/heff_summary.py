@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ...evaluate.exit.summary import summarize_adaptive
 from ...evaluate.heff_summary import summarize_heff
+from ...evaluate.label_summary import summarize_labels
 from ...output_paths import FIGURE, TABLE
 from ...output_set import output_set
 from ...spec.config import Config
@@ -18,13 +19,16 @@ from .common import check_stage_outputs
 
 def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[Path],
                          table: Path, plot: Path, adaptive_table: Path | None = None,
-                         adaptive_plot: Path | None = None, *,
+                         adaptive_plot: Path | None = None, label_table: Path | None = None,
+                         label_plot: Path | None = None, *,
                          title: str | None = None) -> dict[Path, int]:
     """Parquet table + figure over every kept snapshot's sweep (and of their adaptive-exit
-    sections, when those paths are given), logged as ``eval_summary``. Returns the rows
-    written per table; ``title`` (default: named after ``run``) heads both figures."""
+    sections and their label accuracy, when those paths are given), logged as
+    ``eval_summary``. Returns the rows written per table; ``title`` (default: named after
+    ``run``) heads every figure."""
     check_stage_outputs(cfg, run_dir, [(table, TABLE), (plot, FIGURE), (adaptive_table, TABLE),
-                                       (adaptive_plot, FIGURE)],
+                                       (adaptive_plot, FIGURE), (label_table, TABLE),
+                                       (label_plot, FIGURE)],
                         [("--inputs", path) for path in inputs])
     extra: list[Path] = []
     with output_set() as outputs:  # the tables and figures appear together or not at all
@@ -36,6 +40,11 @@ def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[
             rows[extra[0]] = len(summarize_adaptive(
                 list(inputs), outputs.file(extra[0]), outputs.file(extra[1]),
                 title=f"{run}: adaptive exit vs fixed H_eff" if title is None else title))
+        if label_table is not None and label_plot is not None:
+            extra += [Path(label_table), Path(label_plot)]
+            rows[Path(label_table)] = len(summarize_labels(
+                list(inputs), outputs.file(label_table), outputs.file(label_plot),
+                title=f"{run}: label accuracy vs H_eff" if title is None else title))
     with start_stage(cfg, run_dir, "eval_summary") as stage:
         stage.log_artifact(table, "eval")
         stage.log_artifact(plot, "eval")
