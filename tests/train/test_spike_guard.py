@@ -41,7 +41,7 @@ def test_relative_threshold_with_absolute_floor():
 
 
 def test_ratio_and_hard_jumps_against_previous_loss():
-    loose = {"rel_threshold": 100.0, "delta_floor": 100.0}
+    loose = {"rel_threshold": 100.0}  # the loss_spike threshold out of reach
     g = guard_with(1.0, 1.0, ratio_jump=2.0, hard_jump=1e9, **loose)
     assert not one(g, 2.0).skip
     assert one(guard_with(1.0, 1.0, ratio_jump=2.0, hard_jump=1e9, **loose), 2.01).reason == \
@@ -50,6 +50,14 @@ def test_ratio_and_hard_jumps_against_previous_loss():
     assert d.reason == "hard_jump" and d.event["reasons"] == ["hard_jump"]
     d = one(guard_with(1.0, 1.0), 9.0)  # default thresholds: all three fire, first is reported
     assert d.event["reasons"] == ["loss_spike", "ratio_jump", "hard_jump"]
+
+
+def test_a_ratio_jump_near_zero_loss_is_no_spike():
+    """A learned task's loss moving 0.004 → 0.015 is 3.75× but 0.011 nats: noise, not a spike
+    (the floor delta_floor applies to ratio jumps as to loss spikes)."""
+    assert not one(guard_with(0.004, 0.004), 0.015).skip
+    assert one(guard_with(0.004, 0.004, delta_floor=0.01, rel_threshold=100.0),
+               0.015).reason == "ratio_jump"
 
 
 def test_non_finite_loss_and_grad_are_skipped_even_in_warmup():

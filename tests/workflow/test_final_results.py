@@ -34,6 +34,15 @@ def test_heff_values_put_loss_at_step_h_eff() -> None:
                                  "heff/best_h_eff": {0: 2.0}, "heff/best_loss": {0: 2.25}}
 
 
+def test_heff_values_put_label_accuracy_per_level_at_step_h_eff() -> None:
+    labelled = {**HEFF, "labels": {"levels": {
+        "8": {"accuracy": {"1": 0.75, "2": 1.0, "4": 1.0}},
+        "32": {"accuracy": {"1": 0.5, "2": 0.625, "4": 0.875}}}}}
+    values = heff_values(labelled)
+    assert values["heff/label_accuracy_L8"] == {1: 0.75, 2: 1.0, 4: 1.0}
+    assert values["heff/label_accuracy_L32"] == {1: 0.5, 2: 0.625, 4: 0.875}
+
+
 def test_bench_values_put_scores_and_intervals_at_step_h_eff() -> None:
     assert bench_values(BENCH) == {
         "bench/loopline_khop/acc": {1: 0.5, 4: 0.625},

@@ -360,7 +360,8 @@ class SpikeGuardConfig:
     ema_beta: float = _f(0.98, "EMA factor of the loss baseline.", minimum=0, maximum=1)
     rel_threshold: float = _f(1.5, "Spike when loss > max(delta_floor, rel_threshold·baseline)…", minimum=1)
     delta_floor: float = _f(0.5, "…and loss − baseline exceeds this absolute floor (nats).", minimum=0)
-    ratio_jump: float = _f(3.0, "Spike when loss / previous loss exceeds this ratio.", minimum=1)
+    ratio_jump: float = _f(3.0, "Spike when loss / previous loss exceeds this ratio (and the loss "
+                           "rose by more than delta_floor).", minimum=1)
     hard_jump: float = _f(5.0, "Spike when loss − previous loss exceeds this (nats).", minimum=0)
     abort_consecutive: int = _f(8, "Abort the segment after this many consecutive skipped steps.",
                                 minimum=1)

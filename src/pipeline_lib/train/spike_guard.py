@@ -10,7 +10,10 @@ from it at 4 is not a spike at 4):
    (always checked, also during warmup);
 2. ``loss_spike``: ``loss > baseline + max(delta_floor, (rel_threshold − 1)·baseline)``,
    i.e. both ``loss − baseline > delta_floor`` and ``loss > rel_threshold·baseline``;
-3. ``ratio_jump``: ``loss / prev_loss > ratio_jump`` (``prev_loss > 0``);
+3. ``ratio_jump``: ``loss / prev_loss > ratio_jump`` (``prev_loss > 0``) and
+   ``loss − prev_loss > delta_floor``: near zero a ratio is noise (a task learned to a loss
+   of 0.004 moving to 0.015 is no spike, and once such steps were skipped eight times in a
+   row the segment aborted);
 4. ``hard_jump``: ``loss − prev_loss > hard_jump``.
 
 ``baseline`` is an EMA (``ema_beta``) of accepted losses of that key, started at its first
@@ -98,7 +101,8 @@ class SpikeGuard:
             threshold = ema + max(self.cfg.delta_floor, (self.cfg.rel_threshold - 1.0) * ema)
             if loss > threshold:
                 reasons.append("loss_spike")
-            if prev > 0 and loss / prev > self.cfg.ratio_jump:
+            if prev > 0 and loss / prev > self.cfg.ratio_jump and \
+                    loss - prev > self.cfg.delta_floor:
                 reasons.append("ratio_jump")
             if loss - prev > self.cfg.hard_jump:
                 reasons.append("hard_jump")

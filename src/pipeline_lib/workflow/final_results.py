@@ -56,6 +56,10 @@ def heff_values(result: Mapping[str, Any]) -> Values:
         best = int(result.get("best_h_eff") or min(losses, key=lambda h: (losses[h], h)))
         values["heff/best_h_eff"] = {0: float(best)}
         values["heff/best_loss"] = {0: losses.get(best, min(losses.values()))}
+    for level, section in (result.get("labels") or {}).get("levels", {}).items():
+        # label accuracy against H_eff (step), one curve per level: the depth figure in the UI
+        values[f"heff/label_accuracy_L{level}"] = {int(h): float(v)
+                                                   for h, v in section["accuracy"].items()}
     return values
 
 

@@ -24,7 +24,9 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
     goes to the parent run (``heff/final_loss`` at step = H_eff, see :mod:`.final_results`).
     Adaptive points log the loss and mean loops each token needs (``heff/adaptive_loss_tX``,
     ``…_loops_tX``) and what a cached decoder spends under each kv_fill
-    (``heff/adaptive_spent_loss_latest_tX``, ``…_spent_loops_skip_tX``, …)."""
+    (``heff/adaptive_spent_loss_latest_tX``, ``…_spent_loops_skip_tX``, …). A labelled pack's
+    label accuracy and exact match per level (``heff/label_acc_L{level}_h{H}``,
+    ``heff/label_exact_L{level}_h{H}``; ``Lall`` over every document)."""
     h_effs = parse_h_eff(cfg.eval.h_eff, "eval.h_eff")
     check_stage_outputs(cfg, run_dir, [(out, HEFF_JSON)],
                         [("--snapshot", snapshot), ("--data", data_dir)])
@@ -52,8 +54,20 @@ def heff_stage(cfg: Config, run_dir: Path, snapshot: Path, data_dir: Path,
                 for fill, spent in point.get("spent", {}).items():  # a cached decoder's
                     metrics[f"heff/{name}_spent_loss_{fill}_{t}"] = spent["loss"]
                     metrics[f"heff/{name}_spent_loops_{fill}_{t}"] = spent["mean_loops"]
+        metrics.update(_label_metrics(result.get("labels")))
         stage.log_metrics(step or 0, metrics)
         stage.log_artifact(out, "eval/heff")
         if is_final(Path(snapshot)):
             stage.log_headline("heff", heff_values(result), {"step": step})
     return result
+
+
+def _label_metrics(labels: dict[str, Any] | None) -> dict[str, float]:
+    """Label accuracy and exact match per level and H_eff of a sweep's ``labels`` section."""
+    if not labels:
+        return {}
+    sections = {**labels["levels"], "all": labels["all"]}
+    return {f"heff/label_{kind}_L{level}_h{h}": value
+            for level, section in sections.items()
+            for kind, key in (("acc", "accuracy"), ("exact", "exact_match"))
+            for h, value in section[key].items()}
