@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := dev,slurm,triton
 CORES ?= 2
 
-.PHONY: demo khop _timed depth-ablation depth-long retrofit exit-gate results device-results device-wheels test test-fast lint bench ui ui-screenshot clean install schema
+.PHONY: demo khop _timed depth-ablation depth-chain depth-long retrofit exit-gate results device-results device-wheels test test-fast lint bench ui ui-screenshot clean install schema
 
 install: $(STAMP)
 
@@ -53,6 +53,13 @@ depth-ablation: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) $(DEMO_CONFIG) --configfile config/experiments/depth_ablation.yaml
 	$(BIN)/python -m pipeline_lib results-doc --results results_depth_ablation --doc docs/results.md \
 	  --docs docs/results_depth_ablation --section depth-ablation
+
+# The depth recipe on chain root, pointer chasing (config/experiments/depth_chain.yaml over
+# depth.yaml), and its section in docs/results.md.
+depth-chain: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) $(DEMO_CONFIG) --configfile config/experiments/depth_chain.yaml
+	$(BIN)/python -m pipeline_lib results-doc --results results_depth_chain --doc docs/results.md \
+	  --docs docs/results_depth_chain --section depth-chain
 
 # The longer experiment (config/experiments/depth_long.yaml, ≈ 30 min on 2 cores) and its section
 # in docs/results.md.
@@ -130,4 +137,4 @@ ui-screenshot: $(STAMP)
 	$(BIN)/python scripts/ui_screenshot.py --store $(UI_SHOT_STORE) --out docs/ui
 
 clean:
-	rm -rf results results_depth results_depth_ablation logs .snakemake
+	rm -rf results results_depth results_depth_ablation results_depth_chain logs .snakemake
