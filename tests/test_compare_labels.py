@@ -311,3 +311,29 @@ def test_a_labels_section_without_its_keys_is_named():
     with pytest.raises(DataError, match="run flat: the labels section of its final H_eff "
                                         "sweep lacks per_document; rerun"):
         labels_depth_check(_runs({"flat": section}))
+
+
+def test_adaptive_exit_by_level_is_read_from_the_sweep_and_tabled(tmp_path: Path):
+    """The looped variant's adaptive exit per level (the sweep's adaptive labels section):
+    accuracy at the loop each token stopped and the mean of those loops, per threshold."""
+    results = tmp_path / "results"
+    dirs = depth_results(results)
+    write_labelled_sweeps(results, LABELLED)
+    sweep = results / "alpha" / "eval" / "heff" / "step_0000020.json"
+    data = json.loads(sweep.read_text())
+    point = {"accuracy_ci": [0.0, 1.0], "tokens": 200}
+    data["adaptive_by_criterion"] = {"kl": {"criterion": "kl", "labels": {
+        "0.0": {"levels": {"1": {**point, "accuracy": 1.0, "mean_loops": 12.0},
+                           "3": {**point, "accuracy": 0.96, "mean_loops": 12.0}}, "all": {}},
+        "0.01": {"levels": {"1": {**point, "accuracy": 0.99, "mean_loops": 2.5},
+                            "3": {**point, "accuracy": 0.9, "mean_loops": 7.25}}, "all": {}}}}}
+    sweep.write_text(json.dumps(data))
+    out = results / "compare"
+    compare_runs({n: run_dir_inputs(d) for n, d in dirs.items()}, out)
+    check = json.loads((out / LABELS_JSON).read_text())
+    assert list(check["adaptive"]) == ["alpha"]  # looped variants only
+    assert check["adaptive"]["alpha"]["kl"]["0.01"]["levels"]["3"]["mean_loops"] == 7.25
+    md = (out / "summary.md").read_text()
+    assert ("| level | never exits | kl < 0.01 |\n|---|---|---|\n"
+            "| 1 | 1.000 at 12.0 loops | 0.990 at 2.5 loops |\n"
+            "| 3 (beyond) | 0.960 at 12.0 loops | 0.900 at 7.2 loops |") in md

@@ -308,5 +308,6 @@ def labels_depth_check(runs: Sequence[RunResults]) -> dict[str, Any] | None:
             "train_max_level": max(r.train_max_level for r in labelled),
             "table": [row for r in labelled for row in _table_rows(r)],
             "comparisons": comparisons, "targets": targets,
+            "adaptive": {r.name: r.labels["adaptive"] for r in looped if r.labels.get("adaptive")},
             "all_met": bool(targets) and all(t["met"] is True for t in targets),
             "notes": notes}

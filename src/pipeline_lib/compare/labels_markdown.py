@@ -88,6 +88,26 @@ def comparison_table(check: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def adaptive_table(check: Mapping[str, Any], run: str, criterion: str) -> list[str]:
+    """Adaptive exit of one looped variant by level: per threshold, the accuracy at the loop
+    each token exited and the mean of those loops (harder levels should exit later)."""
+    points = check["adaptive"][run][criterion]
+    thresholds = sorted(points, key=float)
+    levels = sorted({int(lv) for p in points.values() for lv in p["levels"]})
+    lines = ["| level | " + " | ".join(f"{criterion} < {float(t):g}" if float(t) else
+                                       "never exits" for t in thresholds) + " |",
+             "|---|" + "---|" * len(thresholds)]
+    for lv in levels:
+        cells = []
+        for t in thresholds:
+            cell = points[t]["levels"].get(str(lv))
+            cells.append("–" if cell is None else
+                         f"{cell['accuracy']:.3f} at {cell['mean_loops']:.1f} loops")
+        beyond = " (beyond)" if lv > check["train_max_level"] else ""
+        lines.append(f"| {lv}{beyond} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def target_lines(check: Mapping[str, Any]) -> list[str]:
     """One bullet per target: met / not met / not checked, with its numbers; then the notes."""
     lines = [f"- {_MET[t['met']]} · {t['variant']}: {t['text']}" for t in check["targets"]]
@@ -118,4 +138,12 @@ def labels_markdown(check: Mapping[str, Any], level: int = 2, figure: str | None
                   "document.", "", *comparison_table(check)]
     lines += ["", f"{h}# Targets ({met} of {len(check['targets'])} met)", "",
               *target_lines(check)]
+    if comparisons:  # the docs page, not the front page
+        for run, criteria in (check.get("adaptive") or {}).items():
+            for criterion in criteria:
+                lines += ["", f"{h}# Adaptive exit by level: {run}, {criterion}", "",
+                          "Each token stops looping once its criterion falls below the "
+                          "threshold (at most the sweep's largest H_eff): token accuracy at the "
+                          "loop it stopped, and the mean of those loops, per level.", "",
+                          *adaptive_table(check, run, criterion)]
     return lines

@@ -239,7 +239,11 @@ def _labels(sweep_json: Path | None) -> dict[str, Any] | None:
     """The ``labels`` section of the final H_eff sweep (None: no sweep given, or unlabelled)."""
     if sweep_json is None or not Path(sweep_json).is_file():
         return None
-    return _read_json(sweep_json).get("labels")
+    sweep = _read_json(sweep_json)
+    labels = sweep.get("labels")
+    adaptive = {c: s["labels"] for c, s in (sweep.get("adaptive_by_criterion") or {}).items()
+                if "labels" in s}
+    return {**labels, "adaptive": adaptive} if labels and adaptive else labels
 
 
 def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_jsonl: Path,
