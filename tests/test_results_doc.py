@@ -23,11 +23,13 @@ HEAD = "# project\n\nIntro text.\n\n## What the default pipeline shows\n\nGenera
 TAIL = "\n\n## Performance\n\nUntouched text.\n"
 
 
-def _results(root: Path, labelled: bool = False) -> Path:
+def _results(root: Path, labelled: bool = False, bench: bool = True) -> Path:
     results = root / "results"
     dirs = depth_results(results)
     if labelled:  # alpha, beta and gamma's final sweeps hold a labelled task
         write_labelled_sweeps(results, LABELLED)
+    for path in ([] if bench else results.glob("*/bench/step_*.json")):  # bench.tasks: []
+        path.write_text(json.dumps({**json.loads(path.read_text()), "tasks": {}}))
     (results / "alpha" / "eval" / "heff_adaptive.png").write_bytes(b"adaptive png")
     pq.write_table(pa.table({"threshold": [0.01]}), results / "alpha" / "eval" / "heff_adaptive.parquet")
     # a run without adaptive results (an empty table) shows no empty adaptive figure
@@ -272,3 +274,14 @@ def test_a_labelled_task_opens_the_page_and_the_front_page(tmp_path: Path):
         "0.600 (H_eff=1)" in short
     assert short.index("#### Targets") < short.index("took 9.0 minutes")  # then the rest
     assert "- **alpha** at H_eff=4 against" in rest
+
+
+def test_a_front_page_without_benchmarks_says_nothing_of_them(tmp_path: Path):
+    """bench.tasks: [] (the depth experiment): no empty benchmark depth-check paragraph."""
+    readme, page, _ = _page_repo(tmp_path)
+    write_results_doc(_results(tmp_path, labelled=True, bench=False), page,
+                      page.parent / "results", summary=readme)
+    summary = readme.read_text().split(SUMMARY_BEGIN)[1].split(SUMMARY_END)[0]
+    assert "#### Targets (6 of 6 met)" in summary
+    assert "Depth check (benchmark accuracy" not in summary
+    assert summary.rstrip().endswith("[Results](docs/results.md).")

@@ -271,11 +271,13 @@ def summary_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any], stamp
     if demo_time:
         lines += [demo_time, ""]
     lines += ["Validation loss of each variant's final snapshot by test-time loops (H_eff), "
-              "nats/token ± standard error:", "", *loss_summary_table(runs), "",
-              "Depth check (benchmark accuracy of each looped variant at its training loop "
-              "count, paired on the same examples; \"better\" or \"worse\" only where the 95% "
-              "interval of the difference excludes zero):", "", *depth_summary(depth), "",
-              f"Every table with its intervals, the accuracies per level, the findings and the "
+              "nats/token ± standard error:", "", *loss_summary_table(runs), ""]
+    bench = depth_summary(depth)
+    if bench:  # none without benchmarks (bench.tasks empty)
+        lines += ["Depth check (benchmark accuracy of each looped variant at its training loop "
+                  "count, paired on the same examples; \"better\" or \"worse\" only where the "
+                  "95% interval of the difference excludes zero):", "", *bench, ""]
+    lines += [f"Every table with its intervals, the accuracies per level, the findings and the "
               f"figures: [Results]({link})."]
     return "\n".join(lines)
 
