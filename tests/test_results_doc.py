@@ -285,3 +285,27 @@ def test_a_front_page_without_benchmarks_says_nothing_of_them(tmp_path: Path):
     assert "#### Targets (6 of 6 met)" in summary
     assert "Depth check (benchmark accuracy" not in summary
     assert summary.rstrip().endswith("[Results](docs/results.md).")
+
+
+def test_label_and_trajectory_figures_are_shown_when_a_run_has_them(tmp_path: Path):
+    """A labelled run's accuracy-by-level figure (its table has rows) and the opt-in latent
+    trajectories of its last swept snapshot appear among the figures; none are drawn empty."""
+    readme, page, _ = _page_repo(tmp_path)
+    results = _results(tmp_path, labelled=True)
+    eval_dir = results / "alpha" / "eval"
+    pq.write_table(pa.table({"level": [3], "accuracy": [0.97]}), eval_dir / "heff_labels.parquet")
+    (eval_dir / "heff_labels.png").write_bytes(b"label png")
+    pq.write_table(pa.table({"level": pa.array([], pa.int64())}),
+                   results / "beta" / "eval" / "heff_labels.parquet")
+    (results / "beta" / "eval" / "heff_labels.png").write_bytes(b"empty label png")
+    for step in ("step_0000010", "step_0000020"):
+        (eval_dir / "trajectories" / step).mkdir(parents=True)
+        (eval_dir / "trajectories" / step / "trajectories.png").write_bytes(step.encode())
+    figures = page.parent / "results"
+    write_results_doc(results, page, figures, summary=readme)
+    assert (figures / "alpha_heff_labels.png").read_bytes() == b"label png"
+    assert not (figures / "beta_heff_labels.png").exists()
+    assert (figures / "alpha_trajectories.png").read_bytes() == b"step_0000020"
+    body = page.read_text()
+    assert "alpha: label accuracy vs H_eff by level" in body
+    assert "alpha: latent trajectories of sampled tokens (step_0000020)" in body

@@ -51,7 +51,7 @@ from .compare.markdown import (
 from .errors import DataError
 from .output_paths import check_output_file, check_output_location
 from .provenance import cpu_model, git_output, repo_root
-from .spec.layout import ResultsLayout
+from .spec.layout import TRAJECTORIES_FIGURE, ResultsLayout
 
 log = logging.getLogger(__name__)
 BEGIN = "<!-- results:begin -->"
@@ -179,6 +179,13 @@ def copy_figures(results: Path, runs: Sequence[str], docs: Path) -> list[tuple[s
             detail = p.stem.removeprefix("heff_adaptive").strip("_").replace("_", " ")
             found.append((f"{run}: adaptive exit, loss vs mean loops used"
                           + (f" ({detail})" if detail else ""), p, f"{run}_{p.name}"))
+        if _has_rows(run_layout.label_table):  # a labelled task (none: no empty figure)
+            found.append((f"{run}: label accuracy vs H_eff by level", run_layout.label_plot,
+                          f"{run}_{run_layout.label_plot.name}"))
+        # the opt-in latent trajectories (`snakemake trajectories`) of the last snapshot run
+        for p in sorted(run_layout.eval_dir.glob(f"trajectories/*/{TRAJECTORIES_FIGURE}"))[-1:]:
+            found.append((f"{run}: latent trajectories of sampled tokens ({p.parent.name})", p,
+                          f"{run}_trajectories.png"))
     plan_png = layout.retrofit_plan_dir / "plan.png"
     if plan_png.is_file():
         found.append(("retrofit-plan: angular distance of the source's layers, and the "
