@@ -285,6 +285,11 @@ def test_a_front_page_without_benchmarks_says_nothing_of_them(tmp_path: Path):
     assert "#### Targets (6 of 6 met)" in summary
     assert "Depth check (benchmark accuracy" not in summary
     assert summary.rstrip().endswith("[Results](docs/results.md).")
+    body = page.read_text().split(BEGIN)[1].split(END)[0]  # the page: no empty bench parts
+    assert "### Benchmark accuracy" not in body and "### Depth check\n" not in body
+    assert "### Findings" in body and "bench_accuracy.png" not in body
+    assert "compare_accuracy_vs_heff.png" not in body
+    assert not list((page.parent / "results").glob("*bench_accuracy.png"))
 
 
 def test_label_and_trajectory_figures_are_shown_when_a_run_has_them(tmp_path: Path):

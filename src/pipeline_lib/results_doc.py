@@ -162,17 +162,23 @@ def _has_rows(table: Path) -> bool:
         return False
 
 
-def copy_figures(results: Path, runs: Sequence[str], docs: Path) -> list[tuple[str, Path]]:
+def copy_figures(results: Path, runs: Sequence[str], docs: Path,
+                 benched: Sequence[str] | None = None) -> list[tuple[str, Path]]:
     """Copy the comparison's and each variant's plots into ``docs`` under stable names;
-    returns (caption, copied file) in the order they are shown."""
+    returns (caption, copied file) in the order they are shown. ``benched``: the runs with
+    benchmark scores (default all); the others' benchmark figures would be empty."""
     layout, docs = ResultsLayout(results), Path(docs)
+    benched = list(runs) if benched is None else list(benched)
     found = [(_CAPTIONS.get(p.stem, p.stem.replace("_", " ")), p, f"compare_{p.name}")
-             for p in sorted(layout.compare_dir.glob("*.png"))]
+             for p in sorted(layout.compare_dir.glob("*.png"))
+             if benched or p.stem != "accuracy_vs_heff"]  # no empty benchmark figures
     for run in runs:
         run_layout = layout.run(run)
-        found += [(f"{run}: validation loss vs H_eff", run_layout.heff_plot, f"{run}_heff.png"),
-                  (f"{run}: accuracy by difficulty × H_eff", run_layout.bench_plot,
-                   f"{run}_bench_accuracy.png")]
+        found.append((f"{run}: validation loss vs H_eff", run_layout.heff_plot,
+                      f"{run}_heff.png"))
+        if run in benched:
+            found.append((f"{run}: accuracy by difficulty × H_eff", run_layout.bench_plot,
+                          f"{run}_bench_accuracy.png"))
         adaptive = (sorted(run_layout.eval_dir.glob(f"{run_layout.adaptive_plot.stem}*.png"))
                     if _has_rows(run_layout.adaptive_table) else [])  # none: no empty figure
         for p in adaptive:
@@ -234,10 +240,12 @@ def results_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any],
     if plan:
         lines += ["### Layer choice at step 0 (`retrofit-plan`)", "", plan.strip(), ""]
     lines += variants_table(runs, level=3) + [""] + loss_table(runs, level=3)
-    lines += ["", "### Benchmark accuracy", "",
-              "Levels above a variant's training range are marked (beyond)."]
-    lines += accuracy_tables(runs, level=4)
-    lines += [""] + depth_markdown(depth, level=3) + [""] + findings(runs, level=3)
+    if any(r.accuracy for r in runs):  # none when no run has benchmarks (bench.tasks: [])
+        lines += ["", "### Benchmark accuracy", "",
+                  "Levels above a variant's training range are marked (beyond)."]
+        lines += accuracy_tables(runs, level=4)
+        lines += [""] + depth_markdown(depth, level=3)
+    lines += [""] + findings(runs, level=3)
     if figures:
         lines += ["", "### Figures", ""]
         for caption, link in figures:
@@ -319,8 +327,9 @@ def write_results_doc(results: Path, doc: Path, docs: Path, section: str = "",
     stamp = machine_stamp(repo, written)
     runs, depth = load_results(Path(results))
     names = [r.name for r in runs]
-    copied = copy_figures(Path(results), names, docs) + plot_val_curve_figures(Path(results),
-                                                                               names, docs)
+    benched = [r.name for r in runs if r.accuracy]  # none: bench.tasks empty
+    copied = copy_figures(Path(results), names, docs, benched) + plot_val_curve_figures(
+        Path(results), names, docs)
     _prune_figures(docs, [p for _, p in copied])
     labels = load_labels(Path(results))
     figure = next((p for _, p in copied if p.name == LABELS_FIGURE), None) if labels else None
