@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_lib.data.loader import PackedData
-from pipeline_lib.evaluate import heff
+from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.evaluate.exit.criteria import adaptive_logits
 from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.heff import run_heff
@@ -21,7 +20,14 @@ from pipeline_lib.evaluate.label_accuracy import (
     train_max_loops,
 )
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
-from pipeline_lib.spec.config import Config, LoopSamplingConfig, ModelConfig, TrainConfig
+from pipeline_lib.spec.config import (
+    Config,
+    DataConfig,
+    LoopSamplingConfig,
+    ModelConfig,
+    SourceConfig,
+    TrainConfig,
+)
 
 VOCAB, SEQ, ROWS, H_EFFS, H = 30, 16, 3, [1, 2, 4], 4
 HALF = SEQ // 2
@@ -196,31 +202,31 @@ def test_train_max_loops_is_the_deepest_training_loop_count(sampling, want):
     assert train_max_loops(cfg) == want
 
 
-class _LabelledPack(PackedData):
-    """The tiny reasoning pack read as labelled (its labels: the next tokens) with training
-    levels 1-2, until labelled packs exist on this branch; the setters let a loader that
-    sets these attributes itself construct it unchanged."""
+LABELLED = DataConfig(
+    sources=[SourceConfig(type="labelled", tasks=["prefix_parity"], num_docs=8,
+                          min_difficulty=1, max_difficulty=2),
+             SourceConfig(type="labelled", tasks=["prefix_parity"], num_docs=12,
+                          min_difficulty=1, max_difficulty=4, seed=1, heldout=True)],
+    seq_len=64, epochs=1, val_fraction=0.0)
 
-    labelled = property(lambda self: True, lambda self, value: None)
-    train_levels = property(lambda self: [1, 2], lambda self, value: None)
 
-
-def test_run_heff_writes_the_labels_sections_only_for_a_labelled_pack(tiny_run, tmp_path,
-                                                                       monkeypatch):
+def test_run_heff_writes_the_labels_sections_only_for_a_labelled_pack(tiny_run, tmp_path):
+    """The snapshot swept over its own (reasoning) pack has no labels section; over a
+    labelled pack of the same byte vocabulary, the labels section and each adaptive
+    section's, levels beyond the pack's training levels marked."""
     data_dir, snap = tiny_run
-    kwargs = {"max_tokens": 300, "batch_rows": 4, "spent": False,
+    kwargs = {"max_tokens": 10**6, "batch_rows": 4, "spent": False,
               "adaptive": ExitSpec((0.0, 0.05), "kl", 4)}
     plain = run_heff(snap, data_dir, [1, 2, 4], tmp_path / "plain.json", **kwargs)
     assert "labels" not in plain and "labels" not in plain["adaptive_by_criterion"]["kl"]
-    monkeypatch.setattr(heff, "PackedData", _LabelledPack)
-    result = run_heff(snap, data_dir, [1, 2, 4], tmp_path / "labelled.json", **kwargs)
+    pack_corpus(LABELLED, tmp_path / "labelled")
+    result = run_heff(snap, tmp_path / "labelled", [1, 2, 4], tmp_path / "labelled.json",
+                      **kwargs)
     assert json.loads((tmp_path / "labelled.json").read_text()) == result
-    assert {k: v for k, v in result.items() if k not in ("labels", "adaptive_by_criterion")} \
-        == {k: v for k, v in plain.items() if k != "adaptive_by_criterion"}
     labels = result["labels"]
     assert (labels["train_levels"], labels["train_max_loops"]) == ([1, 2], 2)  # model.loops
     assert labels["all"]["tokens"] == result["tokens"]
-    assert labels["all"]["documents"] == result["documents"]
+    assert labels["all"]["documents"] == result["documents"] == 12
     assert set(labels["levels"]) == set(result["losses_by_level"])
     assert all(block["beyond_training"] == (int(lv) > 2) for lv, block in labels["levels"].items())
     assert any(block["beyond_training"] for block in labels["levels"].values())

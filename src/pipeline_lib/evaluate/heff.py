@@ -161,8 +161,9 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     ``adaptive``: also the adaptive exit (:mod:`.exit`) of each criterion, from the same
     run of the loops (:func:`_adaptive_sections`): the loops each token needs, and what a
     cached decoder spends under each ``kv_fill`` (:mod:`.exit.replay`; ``spent=False``
-    leaves the latter out, for callers that want the one pass alone). The model and every batch live on
-    ``device`` (``experiment.device``), passes run in ``precision`` (``experiment.precision``).
+    leaves the latter out, for callers that want the one pass alone). The model and every
+    batch live on ``device`` (``experiment.device``), passes run in ``precision``
+    (``experiment.precision``).
 
     A labelled pack (``data.labelled``: targets are labels of the input tokens) adds the
     ``labels`` section (:func:`~.label_accuracy.label_section`), and ``labels`` to each
@@ -177,16 +178,12 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     objective = _check_pack(data, data_dir, snapshot, loaded.config, objective)
     answer_only = objective.startswith("answer_")
     specs = _adaptive_specs(adaptive, h_effs, loaded.model)
-    labelled = bool(getattr(data, "labelled", False))  # packs of labels, once they exist
-
     with amp.autocast():
         try:  # one run of the loops per batch: every H_eff and every criterion
             # validation rows until max_tokens targets are scored (or the split ends)
-            swept = sweep_pass(loaded.model, data.eval_batches(data.val_rows, batch_rows, dev,
-                                                               answer_only=answer_only),
-                               h_effs, specs, max_tokens,
-                               getattr(data, "doc_levels", None), spent=spent,
-                               labels=labelled)
+            batches = data.eval_batches(data.val_rows, batch_rows, dev, answer_only=answer_only)
+            swept = sweep_pass(loaded.model, batches, h_effs, specs, max_tokens, data.doc_levels,
+                               spent=spent, labels=data.labelled)
         except NoTokensScored:
             if not answer_only:
                 raise
@@ -203,7 +200,7 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     if specs:
         result.update(_adaptive_sections(swept.adaptive, documents))
     if swept.labels is not None:
-        result["labels"] = label_section(swept.labels, getattr(data, "train_levels", []),
+        result["labels"] = label_section(swept.labels, data.train_levels,
                                          train_max_loops(loaded.config))
     log.info("H_eff sweep of %s: %s (deeper_better=%s)", snapshot,
              {h: round(v, 4) for h, v in losses.items()}, result["deeper_better"])
