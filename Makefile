@@ -23,9 +23,9 @@ $(STAMP): pyproject.toml
 # The demo: the depth experiment (config/experiments/depth.yaml, results_depth/). Records the
 # Snakemake wall time in {results}/demo_time.json (read by `make results`), unless Snakemake had
 # nothing to do (a finished run keeps the time of the run that made it).
-DEMO_CONFIG := --configfile config/experiments/depth.yaml
+DEMO_CONFIG := config/experiments/depth.yaml
 demo: $(STAMP)
-	@$(MAKE) --no-print-directory _timed RESULTS=results_depth SNAKE_ARGS="$(DEMO_CONFIG)" LOG=logs/demo.log
+	@$(MAKE) --no-print-directory _timed RESULTS=results_depth SNAKE_ARGS="--configfile $(DEMO_CONFIG)" LOG=logs/demo.log
 
 # The k-hop language-model comparison: the embedded default (config/config.yaml, results/), and
 # its section in docs/results.md (figures in docs/results).
@@ -50,14 +50,14 @@ results: $(STAMP)
 # Which parts of the depth recipe the effect needs (config/experiments/depth_ablation.yaml over
 # depth.yaml) and its section in docs/results.md.
 depth-ablation: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES) $(DEMO_CONFIG) --configfile config/experiments/depth_ablation.yaml
+	$(BIN)/snakemake --cores $(CORES) --configfile $(DEMO_CONFIG) config/experiments/depth_ablation.yaml
 	$(BIN)/python -m pipeline_lib results-doc --results results_depth_ablation --doc docs/results.md \
 	  --docs docs/results_depth_ablation --section depth-ablation
 
 # The depth recipe on chain root, pointer chasing (config/experiments/depth_chain.yaml over
 # depth.yaml), and its section in docs/results.md.
 depth-chain: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES) $(DEMO_CONFIG) --configfile config/experiments/depth_chain.yaml
+	$(BIN)/snakemake --cores $(CORES) --configfile $(DEMO_CONFIG) config/experiments/depth_chain.yaml
 	$(BIN)/python -m pipeline_lib results-doc --results results_depth_chain --doc docs/results.md \
 	  --docs docs/results_depth_chain --section depth-chain
 
