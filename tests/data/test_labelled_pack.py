@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from pretrained_tokenizers import trained_bpe, write_tokenizer_json
+from support.docs_example import worked_example
 
 from pipeline_lib.data.labelled_tasks import iter_task_records
 from pipeline_lib.data.loader import PackedData, assemble_rows
@@ -280,20 +280,14 @@ def test_labelled_and_unlabelled_sources_do_not_mix(tmp_path, make_data_config):
 
 def test_the_worked_example_of_docs_data_md_packs_as_shown(tmp_path):
     """docs/data.md's two JSONL files (running parity, checked here) and their config."""
-    page = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
-    section = page.split("**Labelled records (sequence labelling).**")[1]
-    train, test = (block.split("```")[0].strip() for block in section.split("```jsonl\n")[1:3])
-    data = yaml.safe_load(section.split("```yaml\n")[1].split("```")[0])["data"]
-    for name, text in (("train", train), ("test", test)):
-        for record in map(json.loads, text.splitlines()):
+    data, files = worked_example(tmp_path)
+    for records in files:
+        for record in records:
             run, want = 0, []
             for ch in record["input"]:
                 run = 0 if ch == "|" else run ^ int(ch)
                 want.append(None if ch == "|" else str(run))
             assert record["labels"] == want, record
-        (tmp_path / f"{name}.jsonl").write_text(text + "\n")
-    for src in data["sources"]:
-        src["path"] = str(tmp_path / Path(src["path"]).name)
     meta = pack_corpus(config_from_dict({"data": data}).data, tmp_path / "pack")
     assert meta["train_levels"] == [1, 2, 3] and meta["heldout_docs"] == 2
     assert meta["num_val_docs"] == 2 and meta["num_train_docs"] == 3

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.docs_example import worked_example
 from trainer_helpers import metrics, snap, tiny_config
 
 from pipeline_lib.data.loader import PackedData
@@ -20,7 +21,7 @@ from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.evaluate.heff import run_heff
 from pipeline_lib.export import export_snapshot
 from pipeline_lib.export.modeling_loopline import LooplineForCausalLM
-from pipeline_lib.spec.config import DataConfig, SourceConfig
+from pipeline_lib.spec.config import DataConfig, SourceConfig, config_from_dict
 from pipeline_lib.spec.names import IGNORE_INDEX
 from pipeline_lib.train.job import train_segment
 
@@ -109,3 +110,20 @@ def test_sweep_and_export_agree_on_label_accuracy_per_level(trained, tmp_path) -
             assert section["accuracy"][str(h)] == pytest.approx(correct[level, h] / tokens[level],
                                                                 abs=1e-12)
     json.loads((tmp_path / "heff.json").read_text())  # the sweep wrote what it returned
+
+
+def test_a_users_labelled_jsonl_trains_and_is_swept_by_level(tmp_path) -> None:
+    """docs/data.md's worked example (a train file at levels 1-3, a heldout test file at
+    4-5) through the same doors with a config and no code: pack, two steps, the sweep."""
+    data, _ = worked_example(tmp_path)
+    cfg = tiny_config(*RECIPE, "model.learned_positions=64", "train.total_steps=2")
+    cfg = replace(cfg, data=config_from_dict({"data": data}).data)
+    pack = tmp_path / "pack"
+    pack_corpus(cfg.data, pack)
+    out = train_segment(cfg, pack, None, 2, snap(tmp_path / "run", 2))
+    labels = run_heff(out, pack, [1, 4], tmp_path / "heff.json", max_tokens=10**6,
+                      batch_rows=4)["labels"]
+    assert labels["train_levels"] == [1, 2, 3]
+    assert {lv: block["beyond_training"] for lv, block in labels["levels"].items()} == \
+        {"4": True, "5": True}
+    assert labels["all"]["tokens"] == 8 + 9  # the test file's labels (its resets have none)
