@@ -145,6 +145,11 @@ def test_run_variant_applies_override_and_clears_runs():
         (["model.n_kv_heads=3"], r"model\.n_kv_heads = 3 does not divide model\.n_heads = 4; "
                                  r"pick a divisor of n_heads \(0 = n_heads\)"),
         (["model.rope_scaling=ntk"], r"model\.rope_scaling = 'ntk' is not allowed"),
+        (["model.learned_positions=16", "data.seq_len=32"],
+         r"model\.learned_positions = 16 is shorter than data\.seq_len = 32: .*set "
+         r"model\.learned_positions to data\.seq_len"),
+        (["model.init=xavier"], r"model\.init = 'xavier' is not allowed"),
+        (["train.bptt.mode=sampled"], r"train\.bptt\.mode = 'sampled' is not allowed"),
         (["model.rope_scaling_factor=0"], r"model\.rope_scaling_factor = 0"),
         (["model.moe_experts=2", "model.moe_top_k=3"], r"moe_top_k = 3 must be between 1 and model.moe_experts = 2"),
         (["train.global_batch_rows=12", "train.micro_batch_rows=8"], r"multiple of 8"),

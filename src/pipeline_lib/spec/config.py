@@ -49,6 +49,7 @@ from .rules import (
     check_distill,
     check_exit_objective,
     check_labelled_sources,
+    check_learned_positions,
     check_optimizer_and_freeze,
     check_source_fields,
     check_tokenizer,
@@ -811,6 +812,7 @@ def validate_config(cfg: Config) -> None:
     check_tokenizer(d.tokenizer)
     check_labelled_sources(d.sources, d.tokenizer)
     check_val_fraction(d)
+    check_learned_positions(cfg.model, d)
     if d.curriculum_fraction > 0 and not sources_have_levels(d.sources):
         raise ConfigError(f"data.curriculum_fraction = {d.curriculum_fraction} orders documents "
                           "by level, but no source has levels; add a reasoning source or set "

@@ -179,6 +179,14 @@ def check_labelled_sources(sources: Any, tok: Any) -> None:
                           "file with the tokenizer your input_ids come from")
 
 
+def check_learned_positions(model: Any, data: Any) -> None:
+    """A learned position table holds every position of a training row."""
+    if 0 < model.learned_positions < data.seq_len:
+        raise ConfigError(f"model.learned_positions = {model.learned_positions} is shorter than "
+                          f"data.seq_len = {data.seq_len}: positions past the table have no "
+                          "embedding; set model.learned_positions to data.seq_len")
+
+
 def check_val_fraction(data: Any) -> None:
     """``data.val_fraction`` may be 0 only when a heldout source fills the validation split."""
     if data.val_fraction == 0 and not any(s.heldout for s in data.sources):
