@@ -335,7 +335,8 @@ def test_attention_options_at_their_defaults_keep_every_train_signature():
         return WorkflowPlan(merge_config_dicts(base, {"model": model})).train_signature("loop4")
 
     plain = signature()
-    assert signature(head_dim=0, qkv_bias=False, qk_norm="none", norm_placement="pre") == plain
+    assert signature(head_dim=0, qkv_bias=False, qk_norm="none", norm_placement="pre",
+                     init="scaled", learned_positions=0) == plain
     for change in ({"head_dim": 32}, {"qkv_bias": True}, {"qk_norm": "head"},
-                   {"norm_placement": "post"}):
+                   {"norm_placement": "post"}, {"init": "fan_in"}, {"learned_positions": 128}):
         assert signature(**change) != plain, change

@@ -20,7 +20,8 @@ LATER_MODEL_DEFAULTS = {"n_kv_heads": 0, "rope_scaling": "none", "rope_scaling_f
                         "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
                         "rope_original_max_position": 8192, "exit_gate": False,
                         "head_dim": 0, "qkv_bias": False, "qk_norm": "none",
-                        "norm_placement": "pre", "recurrence": "plain"}
+                        "norm_placement": "pre", "recurrence": "plain", "init": "scaled",
+                        "learned_positions": 0}
 LATER_TRAIN_DEFAULTS = {"muon_lr": 0.0, "muon_momentum": 0.95,
                         "muon_adjust_lr": "match_rms_adamw", "freeze": [],
                         "exit_entropy_weight": 0.01}
