@@ -243,10 +243,10 @@ def test_sampled_loop_counts_make_a_variant_looped(tmp_path: Path):
         save_config(Config(model=model, train=TrainConfig(
             loop_sampling=LoopSamplingConfig(mode=mode, max_loops=16))), path)
         shape = _model_shape(path)
-        kinds[mode] = (shape.sampled_loops, variant_kind(RunResults(
+        kinds[mode] = (shape.max_loops, variant_kind(RunResults(
             mode, 1, {}, {}, [], train_loops=shape.loops, core_layers=shape.core_layers,
-            sampled_loops=shape.sampled_loops)))
-    assert kinds == {"fixed": (None, "shallow"), "uniform": (16, "looped"),
+            max_loops=shape.max_loops)))
+    assert kinds == {"fixed": (1, "shallow"), "uniform": (16, "looped"),
                      "poisson_lognormal": (16, "looped")}
 
 

@@ -277,7 +277,8 @@ def test_a_pack_without_levels_reads_as_unknown(tmp_path):
     assert "doc_index" in old.rows(0, np.arange(2))
 
 
-def test_train_levels_of_a_pack_that_predates_them_come_from_epoch_0(tmp_path):
+def test_a_pack_that_predates_train_levels_reads_as_none_trained(tmp_path):
+    # Only labelled packs use train_levels, and those always record it.
     out = tmp_path / "pack"
     pack_corpus(DataConfig(sources=[SourceConfig(type="reasoning", num_docs=40, seed=2)],
                            seq_len=16, val_fraction=0.1), out)
@@ -286,4 +287,4 @@ def test_train_levels_of_a_pack_that_predates_them_come_from_epoch_0(tmp_path):
     for key in ("train_levels", "labelled", "label_dtype", "heldout_docs", "metadata_sha256"):
         del meta[key]
     (out / "metadata.json").write_text(json.dumps(meta))
-    assert PackedData(out).train_levels == [1, 2, 3, 4]
+    assert PackedData(out).train_levels == [] and not PackedData(out).labelled

@@ -17,16 +17,14 @@ from pipeline_lib.evaluate.heff import run_heff
 from pipeline_lib.evaluate.label_accuracy import (
     exit_label_section,
     label_section,
-    train_max_loops,
 )
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
+from pipeline_lib.model.loop_sampling import deepest_loops
 from pipeline_lib.spec.config import (
-    Config,
     DataConfig,
     LoopSamplingConfig,
     ModelConfig,
     SourceConfig,
-    TrainConfig,
 )
 
 VOCAB, SEQ, ROWS, H_EFFS, H = 30, 16, 3, [1, 2, 4], 4
@@ -197,9 +195,8 @@ def test_unlabelled_sweep_keeps_no_hits(model, batches):
 @pytest.mark.parametrize(("sampling", "want"), [
     (LoopSamplingConfig(), 2), (LoopSamplingConfig(mode="uniform", max_loops=16), 16),
     (LoopSamplingConfig(mode="poisson_lognormal", max_loops=12), 12)])
-def test_train_max_loops_is_the_deepest_training_loop_count(sampling, want):
-    cfg = Config(model=ModelConfig(loops=2), train=TrainConfig(loop_sampling=sampling))
-    assert train_max_loops(cfg) == want
+def test_deepest_loops_is_the_deepest_training_loop_count(sampling, want):
+    assert deepest_loops(sampling, 2) == want
 
 
 LABELLED = DataConfig(

@@ -109,7 +109,7 @@ def test_sweep_and_export_agree_on_label_accuracy_per_level(trained, tmp_path) -
         for h in H_EFFS:
             assert section["accuracy"][str(h)] == pytest.approx(correct[level, h] / tokens[level],
                                                                 abs=1e-12)
-    json.loads((tmp_path / "heff.json").read_text())  # the sweep wrote what it returned
+    assert json.loads((tmp_path / "heff.json").read_text()) == result  # written as returned
 
 
 def test_a_users_labelled_jsonl_trains_and_is_swept_by_level(tmp_path) -> None:

@@ -38,7 +38,7 @@ def variant_kind(run: RunResults) -> str | None:
     whatever ``model.loops`` says."""
     if run.train_loops is None or run.core_layers is None:
         return None
-    if max(run.train_loops, run.sampled_loops or 1) > 1:
+    if max(run.train_loops, run.max_loops or 1) > 1:
         return "looped"
     return "shallow" if run.core_layers == 1 else "deep"
 

@@ -37,6 +37,7 @@ from ..evaluate.stats import (
     document_bootstrap,
     mcnemar_exact,
     paired_column_diffs,
+    percentile_interval,
     wilson_interval,
 )
 from .depth import difference_verdict, variant_kind
@@ -113,11 +114,6 @@ class LabelledRun:
         return {int(h): float(v) for h, v in self.cell(level)["accuracy"].items()}
 
 
-def _interval(values: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.nanquantile(values, [0.025, 0.975])
-    return float(lo), float(hi)
-
-
 def compare_documents(a: LabelledRun, h_a: int, b: LabelledRun, h_b: int,
                       level: int) -> dict[str, Any]:
     """``a`` at H_eff ``h_a`` against ``b`` at ``h_b`` on the documents of ``level`` both
@@ -141,7 +137,7 @@ def compare_documents(a: LabelledRun, h_a: int, b: LabelledRun, h_b: int,
     exact = correct == tokens[:, None]  # every token of the document right
     exact_a, exact_b = exact[:, 0].astype(np.float64), exact[:, 1].astype(np.float64)
     em_a, em_b = (wilson_interval(float(x.sum()), len(ids)) for x in (exact_a, exact_b))
-    (lo_a, hi_a), (lo_b, hi_b) = _interval(reps[:, 0]), _interval(reps[:, 1])
+    (lo_a, lo_b), (hi_a, hi_b) = (map(float, side) for side in percentile_interval(reps[:, :2]))
     return {**rec, "tokens": int(tokens.sum()),
             "accuracy": float(point[0]), "ci_low": lo_a, "ci_high": hi_a,
             "other_accuracy": float(point[1]), "other_ci_low": lo_b, "other_ci_high": hi_b,

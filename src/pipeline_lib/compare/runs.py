@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..model.loop_sampling import deepest_loops
 from ..spec.config import load_config
 from ..spec.layout import RunLayout
 from ..spec.size import flops_per_token, param_count
@@ -84,9 +85,9 @@ class RunResults:
     params: int | None = None
     flops_per_token: int | None = None  # forward, at the training loop count
     train_loops: int | None = None  # model.loops of the snapshot's config
-    # train.loop_sampling.max_loops when training drew its loop counts (mode uniform or
-    # poisson_lognormal), None for fixed loops: such a variant is looped even at model.loops 1
-    sampled_loops: int | None = None
+    # the most loops a training step ran (model.loops, or loop_sampling.max_loops when
+    # drawn): a variant with sampled loop counts is looped even at model.loops 1
+    max_loops: int | None = None
     core_layers: int | None = None  # model.core_layers of the snapshot's config
     train_max_difficulty: int | None = None  # top training level (bench JSON)
     samples: dict[str, TaskSamples] = field(default_factory=dict)  # task/metric → examples
@@ -155,22 +156,21 @@ class _ModelShape:
     flops_per_token: int | None = None
     loops: int | None = None
     core_layers: int | None = None
-    sampled_loops: int | None = None
+    max_loops: int | None = None
 
 
 def _model_shape(config_yaml: Path | None) -> _ModelShape:
     """Parameters, forward FLOPs per token at the training loops, loops, core blocks and the
-    most loops a sampled loop count could draw."""
+    most loops a training step ran."""
     if config_yaml is None or not Path(config_yaml).is_file():
         log.warning("no snapshot config %s: the comparison lists no parameters, FLOPs or "
                     "variant kind", config_yaml)
         return _ModelShape()
 
     cfg = load_config(Path(config_yaml), base=None)
-    sampling = cfg.train.loop_sampling
     return _ModelShape(param_count(cfg.model), flops_per_token(cfg.model, cfg.data.seq_len),
                        cfg.model.loops, cfg.model.core_layers,
-                       sampling.max_loops if sampling.mode != "fixed" else None)
+                       deepest_loops(cfg.train.loop_sampling, cfg.model.loops))
 
 
 def _is_builtin(task: str, info: Mapping[str, Any]) -> bool:
@@ -281,7 +281,7 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
                       baseline=min(baselines) if baselines else min(val_loss),
                       params=shape.params, flops_per_token=shape.flops_per_token,
                       train_loops=shape.loops, core_layers=shape.core_layers,
-                      sampled_loops=shape.sampled_loops,
+                      max_loops=shape.max_loops,
                       train_max_difficulty=bench.get("train_max_difficulty"), samples=samples,
                       initial_scores=initial_scores, adaptive=_adaptive_scores(bench),
                       adaptive_criterion=(bench.get("bench") or {}).get("adaptive_criterion"),

@@ -263,12 +263,8 @@ class PackedData:
     @property
     def train_levels(self) -> list[int]:
         """The distinct levels (>= 0) of the training documents, ascending (levels beyond
-        them were never trained on); computed from epoch 0 for a pack that predates it."""
-        if "train_levels" in self.metadata:
-            return list(self.metadata["train_levels"])
-        starts = np.asarray(self.split("train/epoch_0").piece_start)
-        levels = self.doc_levels[np.searchsorted(self._doc_start, starts, side="right") - 1]
-        return sorted(set(levels.tolist()) - {-1})
+        them were never trained on); [] for a pack written before the key (none labelled)."""
+        return list(self.metadata.get("train_levels", []))
 
     def _check_answer_spans(self) -> None:
         """Refuse answer spans of an older version: they would silently train another mask."""

@@ -29,13 +29,14 @@ from ..data.loader import PackedData
 from ..device import resolve_device
 from ..errors import ConfigError
 from ..fsio import output_file_problem, write_text_atomic
+from ..model.loop_sampling import deepest_loops
 from ..precision import Precision
 from ..spec.rules import check_test_loops
 from .exit.criteria import check_model_criterion
 from .exit.results import AdaptiveLosses, adaptive_section
 from .exit.spec import ExitSpec
 from .heff_stats import DocumentLosses, loss_statistics
-from .label_accuracy import exit_label_section, label_section, train_max_loops
+from .label_accuracy import exit_label_section, label_section
 from .loading import load_for_eval
 from .sweep_pass import NoTokensScored, sweep_pass
 
@@ -200,8 +201,8 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     if specs:
         result.update(_adaptive_sections(swept.adaptive, documents))
     if swept.labels is not None:
-        result["labels"] = label_section(swept.labels, data.train_levels,
-                                         train_max_loops(loaded.config))
+        result["labels"] = label_section(swept.labels, data.train_levels, deepest_loops(
+            loaded.config.train.loop_sampling, loaded.config.model.loops))
     log.info("H_eff sweep of %s: %s (deeper_better=%s)", snapshot,
              {h: round(v, 4) for h, v in losses.items()}, result["deeper_better"])
     out.parent.mkdir(parents=True, exist_ok=True)

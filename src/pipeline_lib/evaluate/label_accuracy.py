@@ -25,13 +25,6 @@ from .heff_stats import DocumentLosses
 from .stats import document_bootstrap, percentile_interval, wilson_interval
 
 
-def train_max_loops(cfg: Any) -> int:
-    """The deepest loop count a snapshot trained with: ``train.loop_sampling.max_loops``
-    when loop counts were sampled, else ``model.loops``."""
-    sampling = cfg.train.loop_sampling
-    return int(sampling.max_loops if sampling.mode != "fixed" else cfg.model.loops)
-
-
 def _counts(docs: DocumentLosses) -> np.ndarray:
     """Per-document integer sums [docs, C] (sums of 0/1 and of loop counts in float64: exact)."""
     return np.rint(docs.loss_sums).astype(np.int64)
@@ -76,7 +69,7 @@ def label_section(docs: DocumentLosses, train_levels: Sequence[int],
                   train_max: int) -> dict[str, Any]:
     """The sweep JSON's ``labels`` section (docs/evaluation.md) of the label hits per document
     and H_eff ``docs``; ``train_levels``: the pack's training levels, ``train_max``: the
-    snapshot's deepest training loop count (:func:`train_max_loops`). Documents of unknown
+    snapshot's deepest training loop count (:func:`~pipeline_lib.model.loop_sampling.deepest_loops`). Documents of unknown
     level (-1) count in ``all`` only."""
     top = max(train_levels, default=None)
     keys = docs.keys if docs.keys is not None else np.arange(len(docs.tokens))
@@ -95,9 +88,8 @@ def label_section(docs: DocumentLosses, train_levels: Sequence[int],
     }
 
 
-def _exit_block(docs: DocumentLosses, k: int, K: int, reps_ci: list[list[float]]
-                ) -> dict[str, Any]:
-    counts = _counts(docs)
+def _exit_block(docs: DocumentLosses, counts: np.ndarray, k: int, K: int,
+                reps_ci: list[list[float]]) -> dict[str, Any]:
     total = int(docs.tokens.sum())
     return {"accuracy": int(counts[:, k].sum()) / total, "accuracy_ci": reps_ci[k],
             "mean_loops": int(counts[:, K + k].sum()) / total, "tokens": total}
@@ -110,10 +102,12 @@ def exit_label_section(thresholds: Sequence[float], docs: DocumentLosses) -> dic
     column k and Σ exit loops in column K + k (:attr:`~.exit.results.AdaptiveLosses.labels`)."""
     K = len(thresholds)
     parts = [("all", docs), *((str(lv), part) for lv, part in _by_level(docs))]
-    cis = {name: _interval(part, _counts(part)[:, :K]) for name, part in parts}
+    counts = {name: _counts(part) for name, part in parts}
+    cis = {name: _interval(part, counts[name][:, :K]) for name, part in parts}
     out: dict[str, Any] = {}
     for k, x in enumerate(thresholds):
-        blocks = {name: _exit_block(part, k, K, cis[name]) for name, part in parts}
+        blocks = {name: _exit_block(part, counts[name], k, K, cis[name])
+                  for name, part in parts}
         all_block = blocks.pop("all")
         out[str(float(x))] = {"levels": blocks, "all": all_block}
     return out

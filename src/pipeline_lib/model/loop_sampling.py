@@ -78,6 +78,13 @@ def sample_loop_count(cfg: LoopSamplingConfig, default_loops: int, seed: int, st
     return min(max(count, cfg.min_loops), cfg.max_loops)
 
 
+def deepest_loops(cfg: LoopSamplingConfig, default_loops: int) -> int:
+    """The most loops any training step runs: ``max_loops`` when counts are drawn (uniform,
+    poisson_lognormal: both clamp to it), else ``default_loops`` (``model.loops``). H_eff
+    past it are loops the model never ran in training."""
+    return int(cfg.max_loops if cfg.mode != "fixed" else default_loops)
+
+
 def gradient_loops(bptt: BpttConfig, loops: int, seed: int, step: int) -> int:
     """Of the ``loops`` run at optimizer step ``step``, how many (the last ones) carry
     gradients (``train.bptt``): all of them under ``full`` and ``unrolled`` (each unroll
