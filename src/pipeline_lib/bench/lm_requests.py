@@ -1,4 +1,5 @@
-"""How lm-eval requests become model inputs: scoring windows and generation settings.
+"""How lm-eval requests become model inputs: scoring windows, generation settings and the
+seed of each sampled answer.
 
 No model here: these are the pure rules :class:`~pipeline_lib.bench.lm_wrapper.LooplineLM`
 follows, testable on token lists and strings alone.
@@ -6,10 +7,15 @@ follows, testable on token lists and strings alone.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from ..evaluate.generation import Sampling
 from .model_args import as_int
 
 # (input ids [≤ seq_len], targets: the last len(targets) positions predict them)
@@ -34,20 +40,94 @@ def score_windows(context: Sequence[int], continuation: Sequence[int], seq_len: 
     return windows
 
 
-def generation_settings(gen_kwargs: dict[str, Any], default_max_gen: int
-                        ) -> tuple[list[str], int, bool]:
+@dataclass(frozen=True)
+class GenSettings:
+    """How one ``generate_until`` request decodes: stop strings, token budget and
+    ``sampling`` (None: greedy, the argmax at every step)."""
+
+    stops: list[str]
+    max_gen: int
+    sampling: Sampling | None = None
+
+
+def _number(task: str, name: str, value: Any, ok: Any, rule: str) -> float:
+    """``generation_kwargs`` ``name`` of ``task`` as a float passing ``ok``; else one line."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not ok(number):
+        raise ConfigError(f"task {task}: generation_kwargs {name}={value!r} {rule}; fix it in "
+                          "the task's YAML")
+    return number
+
+
+def _do_sample(task: str, value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"task {task}: generation_kwargs do_sample={value!r} is not a boolean; "
+                      "use true or false in the task's YAML")
+
+
+def sampling_settings(gen_kwargs: dict[str, Any], task: str = "unknown") -> Sampling | None:
+    """The draw ``gen_kwargs`` ask for, as Hugging Face's ``generate`` reads them (None:
+    greedy): ``do_sample: true`` samples (temperature 1 unless given), ``do_sample: false``
+    is greedy whatever the temperature, and without ``do_sample`` a temperature above 0
+    samples. ``temperature``, ``top_p`` and ``top_k`` are checked whichever applies:
+    ConfigError naming ``task`` and the kwarg."""
+    do_sample = _do_sample(task, gen_kwargs.get("do_sample"))
+    raw_t = gen_kwargs.get("temperature")
+    temperature = 1.0 if raw_t is None and do_sample else _number(
+        task, "temperature", 0.0 if raw_t is None else raw_t,
+        lambda t: t >= 0 and math.isfinite(t), "must be a number >= 0 (0 = greedy)")
+    top_p = _number(task, "top_p", 1.0 if gen_kwargs.get("top_p") is None
+                    else gen_kwargs["top_p"], lambda p: 0 < p <= 1,
+                    "must lie in (0, 1] (1 = no cut)")
+    top_k = gen_kwargs.get("top_k")
+    if top_k is not None:
+        top_k = int(_number(task, "top_k", top_k, lambda k: k >= 1 and k == int(k),
+                            "must be a whole number >= 1 (leave it out: no cut)"))
+    if do_sample is False or temperature == 0:
+        return None
+    return Sampling(temperature, top_p, 0, top_k)
+
+
+def generation_settings(gen_kwargs: dict[str, Any], default_max_gen: int,
+                        task: str = "unknown") -> GenSettings:
     """Stop strings (``until``, empty ones dropped), the token budget (``max_gen_toks``, else
-    ``default_max_gen``) and whether sampling was asked for (loopline decodes greedily)."""
+    ``default_max_gen``) and the draw (:func:`sampling_settings`) of one request of ``task``."""
     until = gen_kwargs.get("until") or []
     if isinstance(until, str):
         until = [until]
     if not isinstance(until, list) or not all(isinstance(s, str) for s in until):
-        raise ConfigError(f"generation_kwargs until={until!r} must be a string or a list of "
-                          "strings")
-    sampling = bool(gen_kwargs.get("do_sample")
-                    or float(gen_kwargs.get("temperature") or 0.0) > 0)
+        raise ConfigError(f"task {task}: generation_kwargs until={until!r} must be a string or "
+                          "a list of strings; fix it in the task's YAML")
     max_gen = as_int("max_gen_toks", gen_kwargs.get("max_gen_toks", default_max_gen), 0)
-    return [s for s in until if s], max_gen, sampling
+    return GenSettings([s for s in until if s], max_gen, sampling_settings(gen_kwargs, task))
+
+
+def request_seed(seed: int, task: str | None, doc_id: int | None, idx: int, repeat: int,
+                 h_eff: str, context: str) -> int:
+    """The seed of one sampled answer: (seed, task, doc_id, request index, repeat, H_eff)
+    hashed, so a request draws the same tokens whatever else is in the run, in whichever
+    order or batch; a request without a doc_id (outside lm-eval's evaluator) is told apart
+    by its context instead."""
+    where = [task, doc_id, idx] if doc_id is not None else [task, context]
+    text = json.dumps([int(seed), *where, int(repeat), str(h_eff)])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def repeat_indices(keys: Sequence[Any]) -> list[int]:
+    """How many times each key occurred before it: lm-eval hands a task's ``repeats`` copies
+    of a request over one after another, and the n-th copy is repeat n."""
+    seen: dict[Any, int] = {}
+    out = []
+    for key in keys:
+        out.append(seen.get(key, 0))
+        seen[key] = out[-1] + 1
+    return out
 
 
 def cut_at_stops(text: str, stops: list[str]) -> tuple[str, bool]:

@@ -27,11 +27,14 @@ with each task's largest KV cache of its generative requests) and averaged per t
   windows (as ``loglikelihood_rolling`` does), so every token is scored exactly once.
 - ``loglikelihood_rolling``: the document after an EOS prefix, in windows of ``seq_len``
   (lm-eval's ``get_rolling_token_windows`` layout, context length 1).
-- ``generate_until``: greedy with a KV cache (:mod:`pipeline_lib.model.kv_cache`), stops
-  at EOS, at the first stop string (``until``; the returned text ends before it) or after
-  ``max_gen_toks`` tokens. ``kv_share=per_loop|last|every:K`` and ``kv_fill=latest|skip``
-  choose how the cache is kept, as ``generate --kv-share/--kv-fill`` do (defaults
-  ``per_loop``, ``latest``; ``kv_fill`` under ``h_eff=adaptive:…`` only).
+- ``generate_until`` (:mod:`.lm_generation`): greedy, or sampled as the request's
+  ``do_sample``/``temperature``/``top_p``/``top_k`` say, each sampled answer from a generator
+  seeded by (``seed=N``, task, doc_id, repeat, H_eff); with a KV cache
+  (:mod:`pipeline_lib.model.kv_cache`), stops at EOS, at the first stop string (``until``;
+  the returned text ends before it) or after ``max_gen_toks`` tokens.
+  ``kv_share=per_loop|last|every:K`` and ``kv_fill=latest|skip`` choose how the cache is
+  kept, as ``generate --kv-share/--kv-fill`` do (defaults ``per_loop``, ``latest``;
+  ``kv_fill`` under ``h_eff=adaptive:…`` only).
 
 Batches are right-padded: the model is causal, so padding after a row's last real token
 never changes the logits at that token or before it (no attention mask needed).
@@ -52,12 +55,12 @@ from tqdm import tqdm
 
 from ..data.tokenizer import eos_id
 from ..errors import ConfigError
-from ..evaluate.exit.cached import CriterionExit
 from ..evaluate.exit.criteria import adaptive_logits, check_model_criterion
 from ..evaluate.exit.spec import ExitSpec
 from ..evaluate.loading import load_for_eval
-from ..model.generate import CachedNextIds, greedy_decode, padded_rows
-from .lm_requests import Window, cut_at_stops, generation_settings, score_windows
+from ..model.generate import padded_rows
+from .lm_generation import UntilGeneration, doc_key
+from .lm_requests import Window, score_windows
 from .loops_used import DocKey, LoopsUsed
 from .model_args import (
     DEFAULT_BATCH_SIZE,
@@ -78,13 +81,8 @@ from .target_scores import target_scores
 log = logging.getLogger(__name__)
 
 
-def _doc_key(request: Any) -> DocKey:
-    """(task name, doc_id) of an lm-eval ``Instance``; None for what a bare request lacks."""
-    return getattr(request, "task_name", None), getattr(request, "doc_id", None)
-
-
 @register_model("loopline")
-class LooplineLM(TemplateLM):
+class LooplineLM(UntilGeneration, TemplateLM):
     """lm-eval model over a loopline ``LoopedLM`` read out after ``h_eff`` loops.
 
     Build it from ``snapshot=DIR`` (what lm-eval does with ``--model_args``), or in process
@@ -105,6 +103,7 @@ class LooplineLM(TemplateLM):
         precision: str | None = "auto",
         kv_share: str = "per_loop",
         kv_fill: str = "latest",
+        seed: int | str = 0,
         *,
         model: torch.nn.Module | None = None,
         seq_len: int | None = None,
@@ -122,6 +121,7 @@ class LooplineLM(TemplateLM):
         self._precision = precision_arg(precision, self._device)
         self.batch_size = batch_size_arg(batch_size)
         self.max_gen_toks = as_int("max_gen_toks", max_gen_toks, 1)
+        self.seed = as_int("seed", seed, 0)  # of every sampled answer (.lm_generation)
         self.snapshot: Path | None = None
         self.step: int | None = None
         self.config: Any = None
@@ -291,7 +291,7 @@ class LooplineLM(TemplateLM):
                       ) -> list[tuple[float, bool]]:
         """lm-eval's tokenisation, then :meth:`_loglikelihood_tokens`; the requests' task
         names and doc ids are kept (in order) to count loops used per task and document."""
-        self._request_keys = [_doc_key(r) for r in requests]
+        self._request_keys = [doc_key(r) for r in requests]
         try:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         finally:
@@ -332,64 +332,7 @@ class LooplineLM(TemplateLM):
         totals = [0.0] * len(requests)
         for r, (logprob, _, used) in zip(owner, scored, strict=True):
             totals[r] += logprob
-            self.loops_used.add(*_doc_key(requests[r]), used)
+            self.loops_used.add(*doc_key(requests[r]), used)
         for request, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
         return totals
-
-    def _stops(self, gen_kwargs: dict[str, Any]) -> tuple[list[str], int]:
-        stops, max_gen, sampling = generation_settings(gen_kwargs, self.max_gen_toks)
-        if sampling and "sample" not in self._warned:
-            self._warned.add("sample")
-            log.warning("loopline decodes greedily; do_sample/temperature are ignored")
-        return stops, max_gen
-
-    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        prompts = [self.tok_encode(ctx) or [self._eos] for ctx, _ in (r.args for r in requests)]
-        settings = [self._stops(dict(r.args[1] or {})) for r in requests]
-        outputs = [""] * len(requests)
-        order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))
-        bar = tqdm(total=len(requests), desc=f"generate h_eff={self.h_eff}", disable=disable_tqdm)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
-            keys = [_doc_key(requests[i]) for i in chunk]
-            for i, text in zip(chunk, self._generate_batch([prompts[i] for i in chunk],
-                                                           [settings[i] for i in chunk], keys),
-                               strict=True):
-                outputs[i] = text
-                self.cache_hook.add_partial("generate_until", requests[i].args, text)
-            bar.update(len(chunk))
-        bar.close()
-        return outputs
-
-    def _generate_batch(self, prompts: list[list[int]], settings: list[tuple[list[str], int]],
-                        keys: list[DocKey] | None = None) -> list[str]:
-        """Greedy continuations of ``prompts``; each row stops on its own, decoded with the
-        KV cache (``kv_share``, ``kv_fill``) at a fixed h_eff or with adaptive exit (each
-        token's later loops not computed: :mod:`pipeline_lib.model.kv_adaptive`). Every generated
-        token (the final EOS included) counts its loops computed for its (task, doc_id), and
-        the batch's cache bytes count for every task in it."""
-        keys = keys or [(None, None)] * len(prompts)
-        texts = [""] * len(prompts)
-        budgets = [max_gen for _, max_gen in settings]
-        rule = None if self._exit is None else CriterionExit(self.model, self._exit, "h_eff")
-        cached = CachedNextIds(self.model, self._h_eff, pad_id=self._eos, device=self._device,
-                               reserve=max(budgets, default=0), exit_rule=rule,
-                               **self._cache.options())
-
-        def next_ids(active: list[int], rows: list[list[int]]) -> list[int]:
-            out = cached(active, rows)
-            for i, used in zip(active, cached.loops, strict=True):
-                self.loops_used.add(*keys[i], (used,), generated=True)
-            return out
-
-        def stopped(i: int, new_ids: list[int]) -> bool:
-            texts[i], found = cut_at_stops(self.tok_decode(new_ids), settings[i][0])
-            return found
-
-        with torch.inference_mode(), self._precision.autocast():
-            greedy_decode(next_ids, prompts, budgets, eos_id=self._eos,
-                          context_len=self.seq_len, stopped=stopped)
-        self.loops_used.add_cache([task for task, _ in keys], cached.kv_bytes,
-                                  cached.kv_bytes_core)
-        return texts

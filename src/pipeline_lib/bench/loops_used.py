@@ -1,5 +1,6 @@
 """Compute spent per token: loops used under adaptive exit, counted per document and
-summarised per task and level, and the KV cache of the generative requests.
+summarised per task and level, the KV cache of the generative requests and the loops computed
+per generated answer.
 
 :class:`LoopsUsed` is what :class:`~pipeline_lib.bench.lm_wrapper.LooplineLM` records while
 it scores or generates: for every (task, lm-eval ``doc_id``) how many tokens were read out
@@ -45,6 +46,7 @@ class LoopsUsed:
         self._counts: dict[str, dict[int | None, Counter[int]]] = {}
         self._generated: dict[str, dict[int | None, Counter[int]]] = {}
         self._cache: dict[str, tuple[int, int]] = {}
+        self._answers: Counter[str] = Counter()  # generated answers (samples) per task
 
     def add(self, task: str | None, doc_id: int | None, loops: Iterable[int],
             generated: bool = False) -> None:
@@ -54,6 +56,20 @@ class LoopsUsed:
         for counts in (self._counts, self._generated) if generated else (self._counts,):
             docs = counts.setdefault(task or "unknown", {})
             docs.setdefault(doc_id, Counter()).update(loops)
+
+    def add_answer(self, task: str | None, doc_id: int | None = None) -> None:
+        """One generated answer (one sample of a request) of ``task`` ended."""
+        self._answers[task or "unknown"] += 1
+
+    def loops_per_answer(self, task: str) -> float | None:
+        """Loops computed per generated answer of ``task``: every generated token's loops
+        (the final EOS included, the prompt's prefill not) summed, over the answers; None
+        when the task generated nothing."""
+        answers = self._answers.get(task, 0)
+        if not answers:
+            return None
+        hist = _merge(self._generated.get(task, {}).values())
+        return sum(loops * n for loops, n in hist.items()) / answers
 
     def add_cache(self, tasks: Iterable[str | None], nbytes: int, nbytes_core: int) -> None:
         """A generation batch holding requests of ``tasks`` decoded with a cache of
@@ -74,6 +90,7 @@ class LoopsUsed:
         self._counts.clear()
         self._generated.clear()
         self._cache.clear()
+        self._answers.clear()
 
     def tasks(self) -> list[str]:
         return sorted(self._counts)

@@ -25,7 +25,7 @@ from ..spec.rules import KV_FILLS, check_test_loops
 log = logging.getLogger(__name__)
 
 MODEL_ARGS = ("snapshot", "h_eff", "batch_size", "device", "use_ema", "tokenizer", "max_gen_toks",
-              "max_batch_size", "adaptive_criterion", "precision", "kv_share", "kv_fill")
+              "max_batch_size", "adaptive_criterion", "precision", "kv_share", "kv_fill", "seed")
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_MAX_GEN_TOKS = 256
 

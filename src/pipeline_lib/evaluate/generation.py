@@ -12,8 +12,10 @@ chosen:
 - the cache (:class:`CacheOptions`): KV sharing across loops, what a later token reads of a
   position that exited early (``kv_fill``), continuous compute;
 - choice: the argmax (greedy, the default), or a draw at ``temperature`` from the smallest
-  set of tokens holding ``top_p`` of the probability (nucleus sampling), from a generator
-  seeded with ``seed``: the same seed, prompts and batch size give the same text.
+  set of tokens holding ``top_p`` of the probability (nucleus sampling), among the ``top_k``
+  most likely when set, from a generator seeded with ``seed``: the same seed, prompts and
+  batch size give the same text. lm-eval's ``generate_until`` draws with the same
+  :func:`pick_tokens`, one generator per request (:mod:`pipeline_lib.bench.lm_generation`).
 
 A row ends at EOS (not kept) or after ``max_new_tokens``; a prompt longer than the model's
 context (``data.seq_len``) is refused, and once a row outgrows the context its oldest tokens
@@ -93,11 +95,13 @@ def _adaptive_depth(spec: ExitSpec, train_loops: int) -> Depth:
 
 @dataclass(frozen=True)
 class Sampling:
-    """Greedy when ``temperature`` is 0; else nucleus sampling at that temperature."""
+    """Greedy when ``temperature`` is 0; else nucleus sampling at that temperature, among
+    the ``top_k`` most likely tokens when ``top_k`` is set (None: no cut)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    top_k: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -105,15 +109,18 @@ class Sampling:
                               "(0 = greedy)")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"--top-p {self.top_p} must lie in (0, 1] (1 = no cut)")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k {self.top_k} must be at least 1 (leave it out: no cut)")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-def pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
-                ) -> list[int]:
-    """Next token per row of ``logits`` [n, V] (fp32 on the CPU)."""
+def pick_tokens(logits: torch.Tensor, sampling: Sampling,
+                generator: torch.Generator | Sequence[torch.Generator]) -> list[int]:
+    """Next token per row of ``logits`` [n, V] (fp32 on the CPU). ``generator``: one for
+    all rows, or one per row (each row's draw then depends on its own generator alone)."""
     if sampling.greedy:
         return logits.argmax(dim=-1).tolist()
     # shifted so the top logit is 0, in float64: a temperature as small as 1e-300 (or a
@@ -123,7 +130,13 @@ def pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
     sorted_p, order = probs.sort(dim=-1, descending=True)
     before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of the more likely tokens
     sorted_p = sorted_p.masked_fill(before >= sampling.top_p, 0.0)  # the top one always stays
-    drawn = torch.multinomial(sorted_p, 1, generator=generator)  # [n, 1], renormalised
+    if sampling.top_k is not None:
+        sorted_p[:, sampling.top_k:] = 0.0
+    if isinstance(generator, torch.Generator):
+        drawn = torch.multinomial(sorted_p, 1, generator=generator)  # [n, 1], renormalised
+    else:
+        drawn = torch.cat([torch.multinomial(sorted_p[i:i + 1], 1, generator=g)
+                           for i, g in enumerate(generator)])
     return order.gather(-1, drawn).squeeze(-1).tolist()
 
 
