@@ -35,6 +35,7 @@ from .spec.config import BenchConfig
 from .spec.names import BUILTIN_TASK_NAMES, BUILTIN_TASK_PREFIX
 from .task_yaml import (
     IGNORED_DIRS,
+    check_task_sampling,
     data_path_entries,
     include_targets,
     iter_task_yamls,
@@ -82,6 +83,7 @@ def scan_include_path(include_path: str, key: str = "bench.include_path") -> Use
             others.add(str(cfg["group"]))
         elif isinstance(cfg.get("task"), str):
             tasks.setdefault(cfg["task"], path)
+            check_task_sampling(cfg, f"{cfg['task']} ({path})")
         else:
             continue  # a template: lm-eval registers neither it nor its tags
         others |= task_tags(cfg)

@@ -1,5 +1,6 @@
 """How lm-eval task YAML files are read: safe parsing that keeps ``!function`` tags,
-``include:`` chains merged as lm-eval merges them, and the local data paths a task names.
+``include:`` chains merged as lm-eval merges them, the local data paths a task names, and
+the sampling it asks for (``generation_kwargs``, ``repeats``, pass@k/maj@k), checked.
 
 Used by :mod:`pipeline_lib.task_catalog` (which names exist) and
 :mod:`pipeline_lib.bench.user_tasks` (the mirror a bench job runs from). Light: only PyYAML.
@@ -8,6 +9,7 @@ Used by :mod:`pipeline_lib.task_catalog` (which names exist) and
 from __future__ import annotations
 
 import glob
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .spec.names import SAMPLES_METRIC
 
 IGNORED_DIRS = frozenset({"__pycache__", ".ipynb_checkpoints"})  # as lm-eval's index
 # `datasets` builders that read local files named by data_files/data_dir.
@@ -157,3 +160,77 @@ def task_tags(cfg: dict[str, Any]) -> set[str]:
     """The ``tag:`` names of a task YAML (one or a list)."""
     tags = cfg.get("tag")
     return {str(t) for t in (tags if isinstance(tags, list) else [tags]) if t}
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def _number(task: str, name: str, value: Any, ok: Any, rule: str) -> float:
+    """Setting ``name`` of ``task`` as a float passing ``ok``; else one line naming both."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not ok(number):
+        raise ConfigError(f"task {task}: {name}={value!r} {rule}; fix it in the task's YAML")
+    return number
+
+
+def _do_sample(task: str, value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"task {task}: generation_kwargs do_sample={value!r} is not a boolean; "
+                      "use true or false in the task's YAML")
+
+
+def generation_draw(gen_kwargs: dict[str, Any], task: str = "unknown"
+                    ) -> tuple[float, float, int | None] | None:
+    """(temperature, top_p, top_k) of the draw ``gen_kwargs`` ask for, as Hugging Face's
+    ``generate`` reads them; None: greedy. ``do_sample: true`` samples (temperature 1 unless
+    given), ``do_sample: false`` is greedy whatever the temperature, and without
+    ``do_sample`` a temperature above 0 samples. Every kwarg is checked whichever applies:
+    ConfigError naming ``task`` and the kwarg."""
+    do_sample = _do_sample(task, gen_kwargs.get("do_sample"))
+    raw_t = gen_kwargs.get("temperature")
+    temperature = 1.0 if raw_t is None and do_sample else _number(
+        task, "generation_kwargs temperature", 0.0 if raw_t is None else raw_t,
+        lambda t: t >= 0 and math.isfinite(t), "must be a number >= 0 (0 = greedy)")
+    top_p = _number(task, "generation_kwargs top_p", 1.0 if gen_kwargs.get("top_p") is None
+                    else gen_kwargs["top_p"], lambda p: 0 < p <= 1,
+                    "must lie in (0, 1] (1 = no cut)")
+    top_k = gen_kwargs.get("top_k")
+    if top_k is not None:
+        top_k = int(_number(task, "generation_kwargs top_k", top_k,
+                            lambda k: k >= 1 and k == int(k),
+                            "must be a whole number >= 1 (leave it out: no cut)"))
+    if do_sample is False or temperature == 0:
+        return None
+    return temperature, top_p, top_k
+
+
+def _ks(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def check_task_sampling(cfg: dict[str, Any], task: str) -> None:
+    """A task config's sampling (merged with its includes): ``repeats`` a whole number ≥ 1,
+    its ``generation_kwargs`` (:func:`generation_draw`), and no k of the
+    ``loopline_samples`` metric or of a ``take_first_k`` filter above ``repeats``."""
+    repeats = int(_number(task, "repeats", cfg.get("repeats", 1),
+                          lambda n: n >= 1 and n == int(n), "must be a whole number >= 1"))
+    kwargs = cfg.get("generation_kwargs")
+    if isinstance(kwargs, dict):
+        generation_draw(kwargs, task)
+    metrics = [m for m in cfg.get("metric_list") or [] if isinstance(m, dict)]
+    ks = [("metric " + SAMPLES_METRIC, k) for m in metrics if m.get("metric") == SAMPLES_METRIC
+          for k in _ks(m.get("k", 1))]
+    ks += [(f"filter {entry.get('name')!r} take_first_k", f.get("k"))
+           for entry in cfg.get("filter_list") or [] if isinstance(entry, dict)
+           for f in entry.get("filter") or [] if isinstance(f, dict)
+           and f.get("function") == "take_first_k"]
+    for where, k in ks:
+        _number(task, f"{where} k", k, lambda x: 1 <= x <= repeats and x == int(x),
+                f"must be a whole number from 1 to repeats={repeats} (the answers sampled per "
+                "question)")

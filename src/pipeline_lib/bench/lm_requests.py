@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
 from ..evaluate.generation import Sampling
+from ..task_yaml import generation_draw
 from .model_args import as_int
 
 # (input ids [≤ seq_len], targets: the last len(targets) positions predict them)
@@ -50,47 +50,14 @@ class GenSettings:
     sampling: Sampling | None = None
 
 
-def _number(task: str, name: str, value: Any, ok: Any, rule: str) -> float:
-    """``generation_kwargs`` ``name`` of ``task`` as a float passing ``ok``; else one line."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool) or not ok(number):
-        raise ConfigError(f"task {task}: generation_kwargs {name}={value!r} {rule}; fix it in "
-                          "the task's YAML")
-    return number
-
-
-def _do_sample(task: str, value: Any) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ConfigError(f"task {task}: generation_kwargs do_sample={value!r} is not a boolean; "
-                      "use true or false in the task's YAML")
-
-
 def sampling_settings(gen_kwargs: dict[str, Any], task: str = "unknown") -> Sampling | None:
-    """The draw ``gen_kwargs`` ask for, as Hugging Face's ``generate`` reads them (None:
-    greedy): ``do_sample: true`` samples (temperature 1 unless given), ``do_sample: false``
-    is greedy whatever the temperature, and without ``do_sample`` a temperature above 0
-    samples. ``temperature``, ``top_p`` and ``top_k`` are checked whichever applies:
-    ConfigError naming ``task`` and the kwarg."""
-    do_sample = _do_sample(task, gen_kwargs.get("do_sample"))
-    raw_t = gen_kwargs.get("temperature")
-    temperature = 1.0 if raw_t is None and do_sample else _number(
-        task, "temperature", 0.0 if raw_t is None else raw_t,
-        lambda t: t >= 0 and math.isfinite(t), "must be a number >= 0 (0 = greedy)")
-    top_p = _number(task, "top_p", 1.0 if gen_kwargs.get("top_p") is None
-                    else gen_kwargs["top_p"], lambda p: 0 < p <= 1,
-                    "must lie in (0, 1] (1 = no cut)")
-    top_k = gen_kwargs.get("top_k")
-    if top_k is not None:
-        top_k = int(_number(task, "top_k", top_k, lambda k: k >= 1 and k == int(k),
-                            "must be a whole number >= 1 (leave it out: no cut)"))
-    if do_sample is False or temperature == 0:
+    """The draw ``gen_kwargs`` ask for (:func:`pipeline_lib.task_yaml.generation_draw`, the
+    rules and their one-line errors), as :func:`~pipeline_lib.evaluate.generation.pick_tokens`
+    takes it; None: greedy."""
+    draw = generation_draw(gen_kwargs, task)
+    if draw is None:
         return None
+    temperature, top_p, top_k = draw
     return Sampling(temperature, top_p, 0, top_k)
 
 

@@ -47,9 +47,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import lm_eval.api.metrics  # noqa: F401  (registers the aggregations, "mean" among them)
 import torch
 from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
+from lm_eval.api.registry import register_metric, register_model
 from lm_eval.utils import simple_parse_args_string
 from tqdm import tqdm
 
@@ -59,6 +60,7 @@ from ..evaluate.exit.criteria import adaptive_logits, check_model_criterion
 from ..evaluate.exit.spec import ExitSpec
 from ..evaluate.loading import load_for_eval
 from ..model.generate import padded_rows
+from ..spec.names import SAMPLES_METRIC
 from .lm_generation import UntilGeneration, doc_key
 from .lm_requests import Window, score_windows
 from .loops_used import DocKey, LoopsUsed
@@ -76,9 +78,13 @@ from .model_args import (
     precision_arg,
     tokenizer_arg,
 )
+from .sampled import sampled_answers
 from .target_scores import target_scores
 
 log = logging.getLogger(__name__)
+
+# the metric of tasks that sample several answers (pass@k, maj@k): .sampled
+register_metric(metric=SAMPLES_METRIC, higher_is_better=True, aggregation="mean")(sampled_answers)
 
 
 @register_model("loopline")

@@ -17,6 +17,7 @@ written from the snapshot's config and trainer state alone, in seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -35,6 +36,7 @@ from ..spec.config import BenchConfig
 from ..task_catalog import check_bench_tasks
 from .lm_wrapper import LooplineLM
 from .loops_used import loops_summary
+from .sampled import sampled_scores
 from .scoring import (
     add_paired_comparisons,
     chance_level,
@@ -100,7 +102,23 @@ def _scores_of(info: dict[str, Any], results: Any, name: str, level_field: str
         info["sample_levels"] = sample_levels(results["samples"][name], field)
     if info["output_type"] is None:
         info["output_type"] = results["configs"].get(name, {}).get("output_type")
+    sampled = sampled_scores(results["samples"].get(name) or [],
+                             results["configs"].get(name, {}), info["metric"],
+                             field if levels else None)
+    if sampled:
+        scores["sampled"] = sampled
     return scores
+
+
+def _add_spent(scores: dict[str, Any], lm: Any, name: str) -> None:
+    """What a task's setting spent: its largest KV cache and, where it generated, the loops
+    computed per sampled answer and per answer of each sampled score (× its samples)."""
+    scores.update(lm.loops_used.cache_bytes(name))
+    per_answer = lm.loops_used.loops_per_answer(name)
+    if per_answer is not None:
+        scores["loops_per_answer"] = per_answer
+        for entry in (scores.get("sampled") or {}).values():
+            entry["loops_per_answer"] = entry["samples"] * per_answer
 
 
 def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[int],
@@ -139,7 +157,7 @@ def evaluate_lm(lm: Any, tasks: Sequence[str], manager: Any, h_effs: Sequence[in
                 scores["loops"] = loops_summary(used.documents(name), lm.adaptive.max_loops,
                                                 info.get("sample_levels"),
                                                 generated=used.documents(name, generated=True))
-            scores.update(lm.loops_used.cache_bytes(name))
+            _add_spent(scores, lm, name)
             info.setdefault(section, {})[key] = scores
         log.info("bench h_eff=%s: %s (%.1f s)", key, {
             n: out[n][section][key]["overall"].get(out[n]["metric"] or "", None)
@@ -188,7 +206,8 @@ def _report_head(snapshot_dir: Path, bench: BenchConfig, h_effs: Sequence[int],
                   # the keys' names before bench.adaptive (the JSON keeps its format)
                   "adaptive_thresholds": list(bench.adaptive.thresholds),
                   "adaptive_criterion": bench.adaptive.criteria[0],
-                  "adaptive_max_loops": bench.adaptive.max_loops},
+                  "adaptive_max_loops": bench.adaptive.max_loops,
+                  "sampling": dataclasses.asdict(bench.sampling)},
         "lm_eval_version": getattr(lm_eval, "__version__", None),
     }
 
@@ -202,7 +221,7 @@ def _score_snapshot(snapshot_dir: Path, bench: BenchConfig, tasks: Sequence[str]
     manager = task_manager_for(tasks, tasks_dir, user.names if user else ())
     lm = LooplineLM(snapshot=str(snapshot_dir), h_eff=h_effs[0], batch_size=bench.batch_size,
                     max_gen_toks=bench.max_gen_toks, device=device, precision=precision,
-                    adaptive_criterion=bench.adaptive.criteria[0])
+                    adaptive_criterion=bench.adaptive.criteria[0], seed=bench.seed)
     started = time.perf_counter()
     setting_seconds: dict[str, float] = {}
     scores = evaluate_lm(lm, tasks, manager, h_effs, bench.limit, bench.level_field, adaptive,

@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 SUMMARY_COLUMNS = ("step", "task", "h_eff", "level", "metric", "value", "n", "ci_low",
                    "ci_high", "diff_vs_h1", "diff_lo", "diff_hi", "p_mcnemar", "adaptive",
                    "mean_loops", "loops_hist", "computed_loops", "kv_bytes", "kv_bytes_core",
-                   "setting_seconds")
+                   "setting_seconds", "samples", "loops_per_answer")
 _SPENT = ("kv_bytes", "kv_bytes_core")
 _INTERVAL_KEYS = ("n", "ci_low", "ci_high")
 
@@ -83,7 +83,7 @@ def overall_metrics(task_results: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _level_value(level: Any, level_field: str) -> int:
+def level_value(level: Any, level_field: str) -> int:
     """A document's level as an int (heatmap row); ``"3"`` is accepted, ``"hard"`` is not."""
     if isinstance(level, int) and not isinstance(level, bool):
         return level
@@ -107,7 +107,7 @@ def level_scores(samples: Iterable[Mapping[str, Any]], metric: str,
         level = sample["doc"].get(level_field)
         if level is None:
             continue
-        values[_level_value(level, level_field)].append(float(sample[metric]))
+        values[level_value(level, level_field)].append(float(sample[metric]))
     return {str(level): {metric: sum(v) / len(v), **interval_fields(v)}
             for level, v in sorted(values.items())}
 
@@ -128,7 +128,7 @@ def per_sample_scores(samples: Iterable[Mapping[str, Any]], metric: str) -> dict
 
 def sample_levels(samples: Iterable[Mapping[str, Any]], level_field: str = "level") -> dict[str, int]:
     """{doc_id: level} of the examples whose document carries ``level_field``."""
-    return {str(s["doc_id"]): _level_value(s["doc"][level_field], level_field)
+    return {str(s["doc_id"]): level_value(s["doc"][level_field], level_field)
             for s in scored_samples(samples) if s["doc"].get(level_field) is not None}
 
 
@@ -218,27 +218,58 @@ def _spent_cells(report: Mapping[str, Any], h: int, label: str | None,
     return {**{k: scores.get(k) for k in _SPENT}, "setting_seconds": seconds}
 
 
+def _answer_cells(info: Mapping[str, Any], scores: Mapping[str, Any], metric: str
+                  ) -> dict[str, Any]:
+    """``samples``/``loops_per_answer`` of a row: the sampled answers its score rests on and
+    the loops they computed (:mod:`.sampled`); one answer for the task's own metric; null
+    where nothing was generated or the metric counts no answers."""
+    sampled = (scores.get("sampled") or {}).get(metric)
+    if sampled is not None and "loops_per_answer" in sampled:
+        return {"samples": sampled["samples"], "loops_per_answer": sampled["loops_per_answer"]}
+    if metric == info.get("metric") and scores.get("loops_per_answer") is not None:
+        return {"samples": 1, "loops_per_answer": scores["loops_per_answer"]}
+    return {"samples": None, "loops_per_answer": None}
+
+
+def _level_cells(scores: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(level, {metric: value, n, ci_…}) of the task's own metric, then of every sampled
+    score (:mod:`.sampled`)."""
+    yield from scores.get("levels", {}).items()
+    for sampled in (scores.get("sampled") or {}).values():
+        yield from sampled.get("levels", {}).items()
+
+
 def bench_records(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One benchmark JSON as long-table rows (see :data:`SUMMARY_COLUMNS`)."""
     rows: list[dict[str, Any]] = []
     step = report.get("step")
     for task, info in report["tasks"].items():
         for h, label, scores in task_settings(info):
-            cis = scores.get("overall_ci", {})
+            cis_sampled = scores.get("sampled") or {}  # no paired comparison (yet)
+            cis = {**cis_sampled, **scores.get("overall_ci", {})}
             loops = scores.get("loops")
             spent = _spent_cells(report, h, label, scores)
             for metric, value in scores["overall"].items():
                 rows.append({"step": step, "task": task, **_summary_cells(
-                    info, h, None, metric, value, cis.get(metric), label is None),
-                    **_loops_cells(label, loops), **spent})
-            for level, per_level in scores.get("levels", {}).items():
+                    info, h, None, metric, value, cis.get(metric),
+                    label is None and metric not in cis_sampled),
+                    **_loops_cells(label, loops), **spent,
+                    **_answer_cells(info, scores, metric)})
+            for level, per_level in _level_cells(scores):
                 level_loops = (loops or {}).get("levels", {}).get(level)
                 for metric, value in per_level.items():
                     if metric not in _INTERVAL_KEYS:
                         rows.append({"step": step, "task": task, **_summary_cells(
-                            info, h, int(level), metric, value, per_level, label is None),
-                            **_loops_cells(label, level_loops), **spent})
+                            info, h, int(level), metric, value, per_level,
+                            label is None and metric not in cis_sampled),
+                            **_loops_cells(label, level_loops), **spent,
+                            **_answer_cells(info, scores, metric)})
     return rows
+
+
+def _mlflow_name(metric: str) -> str:
+    """A metric label as MLflow takes it: ``maj@5`` → ``maj_at_5`` (no ``@`` in names)."""
+    return metric.replace("@", "_at_")
 
 
 def bench_metrics(report: Mapping[str, Any]) -> dict[str, float]:
@@ -253,7 +284,7 @@ def bench_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     for row in bench_records(report):
         level = "" if row["level"] is None else f"_k{row['level']}"
         depth = f"_h{row['h_eff']}" if row["adaptive"] is None else f"_{row['adaptive']}"
-        metrics[f"bench/{row['task']}/{row['metric']}{depth}{level}"] = row["value"]
+        metrics[f"bench/{row['task']}/{_mlflow_name(row['metric'])}{depth}{level}"] = row["value"]
         for key in ("mean_loops", "computed_loops"):
             if row[key] is not None:
                 metrics[f"bench/{row['task']}/{key}{depth}{level}"] = row[key]
@@ -325,6 +356,8 @@ def summarize_bench(jsons: list[Path], out_parquet: Path, out_png: Path) -> list
         "computed_loops": pa.array([r["computed_loops"] for r in rows], pa.float64()),
         **{c: pa.array([r[c] for r in rows], pa.int64()) for c in _SPENT},
         "setting_seconds": pa.array([r["setting_seconds"] for r in rows], pa.float64()),
+        "samples": pa.array([r["samples"] for r in rows], pa.int64()),
+        "loops_per_answer": pa.array([r["loops_per_answer"] for r in rows], pa.float64()),
     })
     Path(out_parquet).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_parquet)

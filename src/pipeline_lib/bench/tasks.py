@@ -28,8 +28,13 @@ from ..data.reasoning import generate_problems
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
 from ..output_paths import check_output_dir
-from ..spec.config import BenchConfig
-from ..spec.names import BUILTIN_TASK_NAMES, BUILTIN_TASK_PREFIX, REASONING_TASKS
+from ..spec.config import BenchConfig, BenchSamplingConfig
+from ..spec.names import (
+    BUILTIN_TASK_NAMES,
+    BUILTIN_TASK_PREFIX,
+    REASONING_TASKS,
+    SAMPLES_METRIC,
+)
 from .user_tasks import USER_TASKS_DIR
 
 log = logging.getLogger(__name__)
@@ -139,12 +144,36 @@ def task_config(task: BuiltinTask, data_file: Path, bench: BenchConfig) -> dict[
         }
         cfg["metric_list"] = [{"metric": "exact_match", "aggregation": "mean",
                                "higher_is_better": True}]
+        sampled = sampled_config(bench.sampling)
+        cfg["generation_kwargs"].update(sampled.pop("generation_kwargs", {}))
+        cfg.update(sampled)
     cfg["metadata"] = {
         "version": TASK_FORMAT_VERSION,
         "seed": bench.seed,
         "levels": list(range(bench.min_difficulty, bench.max_difficulty + 1)),
         "examples_per_level": bench.examples_per_level,
     }
+    return cfg
+
+
+def sampled_config(sampling: BenchSamplingConfig) -> dict[str, Any]:
+    """What ``bench.sampling`` changes in a generative built-in task's YAML: lm-eval's
+    ``repeats`` and sampling ``generation_kwargs``, and with ``k`` the metric that scores all
+    answers (:data:`.sampled.SAMPLES_METRIC`: exact_match of the first, pass@k and maj@k)
+    behind a filter that keeps them all. Nothing at the defaults (one greedy answer), so the
+    task file stays byte for byte what it was."""
+    cfg: dict[str, Any] = {}
+    if sampling.temperature > 0:
+        cfg["generation_kwargs"] = {
+            "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            **({"top_k": sampling.top_k} if sampling.top_k else {})}
+    if sampling.repeats > 1:
+        cfg["repeats"] = sampling.repeats
+    if sampling.k:
+        cfg["filter_list"] = [{"name": "none", "filter": [
+            {"function": "take_first_k", "k": sampling.repeats}]}]
+        cfg["metric_list"] = [{"metric": SAMPLES_METRIC, "aggregation": "mean",
+                               "higher_is_better": True, "k": sorted(set(sampling.k))}]
     return cfg
 
 

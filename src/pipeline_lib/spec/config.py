@@ -46,6 +46,7 @@ from .rules import (
     MAX_TEST_LOOPS,
     check_activation_checkpointing,
     check_adaptive_exit,
+    check_bench_sampling,
     check_distill,
     check_exit_objective,
     check_labelled_sources,
@@ -513,6 +514,23 @@ class EvalConfig:
 
 
 @dataclass
+class BenchSamplingConfig:
+    """Sampled answers of the built-in generative tasks (``loopline_addition``): lm-eval's
+    ``repeats`` with ``do_sample``, scored as pass@k and maj@k (bench.sampled)."""
+
+    repeats: int = _f(1, "Answers sampled per question (lm-eval repeats); 1 with temperature 0 "
+                      "= one greedy answer, as without sampling.", minimum=1)
+    temperature: float = _f(0.0, "Sampling temperature; 0 = greedy (every repeat the same "
+                            "answer).", minimum=0)
+    top_p: float = _f(1.0, "Nucleus sampling: draw from the smallest set of tokens holding "
+                      "this much probability (1 = no cut).", exclusive_minimum=0, maximum=1)
+    top_k: int = _f(0, "Draw among the top_k most likely tokens only (0 = no cut).", minimum=0)
+    k: list[int] = _f([], "pass@k and maj@k reported for each k (each at most repeats), with "
+                      "compute per answer = k × loops per sampled answer; empty = none.",
+                      items={"minimum": 1})
+
+
+@dataclass
 class BenchConfig:
     """Downstream benchmarks through lm-evaluation-harness."""
 
@@ -544,6 +562,9 @@ class BenchConfig:
         "each token read out at its own exit (lm-eval model_args "
         "h_eff=adaptive:[CRITERION:]THRESHOLD:MAX), once per criterion and threshold, with the "
         "mean loops used and their histogram per task and level. Off by default.")
+    sampling: BenchSamplingConfig = _f(
+        BenchSamplingConfig(), "Sampled answers of the built-in generative tasks, scored as "
+        "pass@k and maj@k at every H_eff (seeded per answer by bench.seed); off by default.")
 
 
 @dataclass
@@ -825,6 +846,7 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError("bench.min_difficulty exceeds bench.max_difficulty; swap them")
     check_adaptive_exit(cfg.eval.adaptive, "eval.adaptive", cfg.model)
     check_adaptive_exit(cfg.bench.adaptive, "bench.adaptive", cfg.model)
+    check_bench_sampling(cfg.bench.sampling)
     check_exit_objective(t, cfg.model)
     for name in cfg.runs:
         if not re.match(RUN_NAME_PATTERN, name):

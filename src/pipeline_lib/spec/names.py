@@ -24,6 +24,8 @@ TOKENIZER_FILE = "tokenizer.json"  # in a data pack, and a copy in every snapsho
 REASONING_TASKS = ("khop", "addition", "parity")
 BUILTIN_TASK_PREFIX = "loopline_"
 BUILTIN_TASK_NAMES = tuple(BUILTIN_TASK_PREFIX + t for t in REASONING_TASKS)
+# lm-eval metric of tasks that sample several answers: pass@k and maj@k (bench.sampled)
+SAMPLES_METRIC = "loopline_samples"
 # The built-in sequence-labelling generators (data source ``labelled`` without a path).
 LABELLED_TASKS = ("prefix_parity", "chain_root")
 

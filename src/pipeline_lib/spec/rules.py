@@ -267,3 +267,12 @@ def check_exit_gate_trained(train: Any, model: Any) -> None:
                           "would be noise; set train.objective=expected_exit, or "
                           "model.exit_gate=false")
 
+
+
+def check_bench_sampling(sampling: Any, key: str = "bench.sampling") -> None:
+    """Every k of pass@k and maj@k needs at least k sampled answers per question."""
+    too_big = [k for k in sampling.k if k > sampling.repeats]
+    if too_big:
+        raise ConfigError(f"{key}.k lists {too_big[0]} but {key}.repeats = {sampling.repeats} "
+                          f"answers per question; raise repeats to at least {max(too_big)} or "
+                          "lower k")
