@@ -7,7 +7,8 @@ interval of H_eff=h against the baseline H_eff (1) excludes zero (:func:`verdict
 depth check (:mod:`.depth`) compares looped variants with shallow and deep ones on the same
 benchmark examples; under adaptive exit, accuracy is set against the compute each setting
 spent: loops used and computed per token, KV bytes and wall time (:mod:`.spent`,
-:func:`.markdown.loops_table`, ``accuracy_vs_loops.png``). When some variant's final H_eff
+:func:`.markdown.loops_table`, ``accuracy_vs_loops.png``); sampled scores (pass@k, maj@k)
+against the compute per answer, samples × loops (:mod:`.answers`, ``accuracy_vs_compute.png``). When some variant's final H_eff
 sweep has a ``labels`` section (a labelled task), the labelled depth check (:mod:`.labels`)
 adds ``labels_depth.json`` and ``labels_accuracy.png`` and opens ``summary.md``; without one,
 neither file is written (a stale one is removed), like ``accuracy_vs_loops.png``. The MLflow UI shows the same
@@ -15,6 +16,7 @@ numbers run by run; this is the side-by-side view that also lands in ``snakemake
 and in the docs' generated results (:mod:`pipeline_lib.results_doc`).
 
 Modules: :mod:`.runs` (loading, long table), :mod:`.spent` (compute spent per setting),
+:mod:`.answers` (compute per answer: samples × depth),
 :mod:`.depth` (cross-variant paired comparisons), :mod:`.labels` (the same on labelled tasks,
 per document), :mod:`.markdown` and :mod:`.labels_markdown` (tables, findings),
 :mod:`.plots`.
@@ -30,6 +32,7 @@ from typing import Any
 
 from ..output_paths import DEPTH_JSON, Output, check_output_dir, check_outputs
 from ..output_set import output_set
+from .answers import COMPUTE_PLOT, samples_more_than_once
 from .depth import TARGET_MARGIN, compare_examples, depth_check, depth_markdown, variant_kind
 from .labels import LABELS_JSON, LABELS_PLOT, labels_depth_check
 from .markdown import summary_markdown, verdict
@@ -106,6 +109,7 @@ def compare_runs(inputs: Mapping[str, Mapping[str, Path]], out_dir: Path,
             (staged / LABELS_JSON).write_text(json.dumps(labels, indent=1) + "\n")
             plot_labels_accuracy(labels, staged / LABELS_PLOT)
     stale = ([] if any(r.adaptive for r in runs) else [LOOPS_PLOT]) + (
+        [] if any(samples_more_than_once(r.answers) for r in runs) else [COMPUTE_PLOT]) + (
         [LABELS_JSON, LABELS_PLOT] if labels is None else [])
     for name in stale:  # figures and files of an earlier comparison
         (out_dir / name).unlink(missing_ok=True)

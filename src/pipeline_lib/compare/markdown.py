@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .answers import answers_table
 from .depth import depth_check, depth_markdown
 from .labels import LABELS_PLOT
 from .labels_markdown import labels_markdown
@@ -266,5 +267,7 @@ def summary_markdown(runs: Sequence[RunResults], depth: Mapping[str, Any] | None
     lines += variants_table(runs) + [""] + loss_table(runs) + accuracy_tables(runs)
     loops = loops_table(runs)
     lines += [""] + loops if loops else []
+    answers = answers_table(runs)
+    lines += [""] + answers if answers else []
     lines += [""] + depth_markdown(depth) + [""] + findings(runs)
     return "\n".join(lines) + "\n"

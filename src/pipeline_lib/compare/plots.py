@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .answers import COMPUTE_PLOT, plot_accuracy_vs_compute, samples_more_than_once
 from .labels import top_trained_level
 from .markdown import depth_settings
 from .runs import RunResults, Score
@@ -17,7 +18,9 @@ LOOPS_PLOT = "accuracy_vs_loops.png"
 def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
     """``loss_vs_heff.png``, ``accuracy_vs_heff.png``, ``train_loss.png`` and, when some
     variant was benchmarked under adaptive exit, ``accuracy_vs_loops.png``: accuracy vs
-    compute spent (a stale one is removed otherwise)."""
+    compute spent, and when some variant sampled several answers per question,
+    ``accuracy_vs_compute.png``: accuracy vs compute per answer (a stale one of either is
+    removed otherwise)."""
     import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
 
     matplotlib.use("Agg")
@@ -29,6 +32,10 @@ def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
         plots.append((LOOPS_PLOT, _plot_accuracy_vs_loops))
     else:
         (Path(out_dir) / LOOPS_PLOT).unlink(missing_ok=True)
+    if any(samples_more_than_once(r.answers) for r in runs):
+        plots.append((COMPUTE_PLOT, plot_accuracy_vs_compute))
+    else:
+        (Path(out_dir) / COMPUTE_PLOT).unlink(missing_ok=True)
     return [_save(plot(plt, runs), out_dir / name) for name, plot in plots]
 
 

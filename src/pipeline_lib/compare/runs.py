@@ -23,6 +23,7 @@ from ..model.loop_sampling import deepest_loops
 from ..spec.config import load_config
 from ..spec.layout import RunLayout
 from ..spec.size import flops_per_token, param_count
+from .answers import AnswerPoint, answer_rows, read_answers
 from .spent import Spent, read_spent, spent_rows
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,8 @@ class RunResults:
     # task/metric → setting ("4" or adaptive:T:MAX) → wall time and KV bytes (.spent)
     spent: dict[str, dict[str, Spent]] = field(default_factory=dict)
     labels: dict[str, Any] | None = None  # the final sweep's labels section (labelled tasks)
+    # task → every score with its compute per answer (samples × loops; .answers)
+    answers: dict[str, list[AnswerPoint]] = field(default_factory=dict)
 
     @property
     def final_train_loss(self) -> float | None:
@@ -285,7 +288,8 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
                       train_max_difficulty=bench.get("train_max_difficulty"), samples=samples,
                       initial_scores=initial_scores, adaptive=_adaptive_scores(bench),
                       adaptive_criterion=(bench.get("bench") or {}).get("adaptive_criterion"),
-                      spent=read_spent(bench), labels=_labels(sweep_json))
+                      spent=read_spent(bench), labels=_labels(sweep_json),
+                      answers=read_answers(bench))
 
 
 def run_dir_inputs(run_dir: Path) -> dict[str, Path]:
@@ -321,7 +325,9 @@ def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
     add ``{task}/{metric}_{adaptive}``, ``{task}/mean_loops_{adaptive}`` (loops used) and,
     where recorded, ``{task}/computed_loops_{adaptive}`` (loops computed; n = tokens) rows,
     whose h_eff is their MAX; what each setting spent adds the rows of
-    :func:`.spent.spent_rows` (KV bytes per task, wall time per setting)."""
+    :func:`.spent.spent_rows` (KV bytes per task, wall time per setting); compute per answer
+    those of :func:`.answers.answer_rows` (sampled scores, and loops per answer with n = the
+    answers sampled)."""
     rows = []
 
     def add(r: RunResults, metric: str, h: int | None, value: float, level: int | None = None,
@@ -359,6 +365,8 @@ def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
                             level, Score(c.computed_loops, c.tokens))
         for metric, h, value in spent_rows(r.spent, r.adaptive):
             add(r, metric, h, value)
+        for metric, h, value, n, lo, hi in answer_rows(r.answers):
+            add(r, metric, h, value, score=Score(value, n, None, lo, hi))
     return rows
 
 
