@@ -175,5 +175,5 @@ def test_paired_comparisons_land_in_the_json_and_the_table(tmp_path):
 def test_heatmap_cells_and_rows_carry_intervals_and_n():
     info = _report_with_pairs()["tasks"]["t"]
     lo, hi = wilson_interval(16, 20)
-    assert _cell_label(info, 4, 2) == f"0.80\n[{lo:.2f},{hi:.2f}]"
-    assert _level_label(info, 2) == "2 (n=20)"
+    assert _cell_label(info, info["metric"], 4, 2) == f"0.80\n[{lo:.2f},{hi:.2f}]"
+    assert _level_label(info, info["metric"], 2) == "2 (n=20)"

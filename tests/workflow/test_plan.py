@@ -144,7 +144,9 @@ def test_precision_reruns_train_eval_and_bench_but_auto_keeps_old_signatures():
     run = base.run_names[0]
     cfg = base.runs[run].config
     assert base.eval_signature(run) == config_hash(to_dict(cfg.eval))  # as before the key
-    assert base.bench_signature(run) == config_hash(to_dict(cfg.bench))
+    bench = {k: v for k, v in to_dict(cfg.bench).items() if k != "sampling"}
+    assert base.bench_signature(run) == config_hash(bench)  # bench.sampling off: as before it
+    assert _plan("bench.sampling.repeats=5").bench_signature(run) != base.bench_signature(run)
     assert _plan("experiment.precision=auto").train_signature(run) == base.train_signature(run)
     bf16 = _plan("experiment.precision=bf16")
     for signature in ("train_signature", "eval_signature", "bench_signature"):

@@ -1,4 +1,4 @@
-"""What the train and import signatures hash: a change of these retrains (or re-imports).
+"""What the train, import and bench signatures hash: a change of these retrains (re-imports, rescores).
 
 Keys the code learned after runs were made are left out while they hold their default, so
 that a finished run does not retrain because the config grew an option; keys that never
@@ -22,6 +22,8 @@ LATER_MODEL_DEFAULTS = {"n_kv_heads": 0, "rope_scaling": "none", "rope_scaling_f
                         "head_dim": 0, "qkv_bias": False, "qk_norm": "none",
                         "norm_placement": "pre", "recurrence": "plain", "init": "scaled",
                         "learned_positions": 0}
+LATER_BENCH_DEFAULTS = {"sampling": {"repeats": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                                     "k": []}}
 LATER_TRAIN_DEFAULTS = {"muon_lr": 0.0, "muon_momentum": 0.95,
                         "muon_adjust_lr": "match_rms_adamw", "freeze": [],
                         "exit_entropy_weight": 0.01}
@@ -65,6 +67,13 @@ def distill_signature(cfg: Config) -> dict[str, Any]:
     if distill["teacher"] != "source":
         distill["fingerprint"] = fingerprint_id(distill["teacher"])
     return {"distill": distill}
+
+
+def bench_signature(cfg: Config) -> str:
+    """Hash of what determines a run's benchmark scores: the bench section (keys added later,
+    at their defaults, left out: scores made before them are not redone) and the precision."""
+    bench = without_later_defaults(to_dict(cfg.bench), LATER_BENCH_DEFAULTS)
+    return config_hash({**bench, **precision_signature(cfg)})
 
 
 def train_signature(cfg: Config, data_id: str) -> str:

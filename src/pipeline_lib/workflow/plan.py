@@ -28,7 +28,12 @@ from ..spec.config_files import merge_user_config
 from ..spec.init_source import source_files
 from ..spec.layout import ResultsLayout, RunLayout
 from ..spec.run_spec import RunSpec, read_run_spec
-from ..spec.signatures import init_signature, precision_signature, train_signature
+from ..spec.signatures import (
+    bench_signature,
+    init_signature,
+    precision_signature,
+    train_signature,
+)
 from ..spec.snapshots import anchor_steps, kept_steps, previous_end, segment_ends
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads, segment_time
@@ -351,8 +356,7 @@ class WorkflowPlan:
         return config_hash({**data, **precision_signature(self.runs[run].config)})
 
     def bench_signature(self, run: str) -> str:
-        data = to_dict(self.runs[run].config.bench)
-        return config_hash({**data, **precision_signature(self.runs[run].config)})
+        return bench_signature(self.runs[run].config)
 
     def bench_task_files(self, run: str) -> list[str]:
         """Files of the run's ``bench.include_path`` tasks (YAMLs, includes, data): inputs of
