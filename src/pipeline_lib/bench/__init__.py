@@ -4,7 +4,9 @@ Importing this package registers the ``loopline`` model with lm-eval (``--model 
 
 - :mod:`.lm_wrapper`: ``LooplineLM``, the lm-eval ``LM`` over a snapshot at a chosen H_eff.
 - :mod:`.model_args`: its ``--model_args``, checked before anything loads.
-- :mod:`.lm_requests`: lm-eval requests → scoring windows, generation stops and budget.
+- :mod:`.lm_requests`: lm-eval requests → scoring windows, generation settings, answer seeds.
+- :mod:`.lm_generation`: its ``generate_until``, greedy or sampled, each answer seeded.
+- :mod:`.sampled`: pass@k, maj@k and lm-eval's filters over several sampled answers.
 - :mod:`.loading`: snapshot → model, config and tokenizer.
 - :mod:`.tasks`: built-in ``loopline_*`` task files (YAML + JSONL) from the reasoning generators.
 - :mod:`.runner`: ``run_benchmarks`` (every task at every H_eff → one JSON per snapshot).

@@ -6,7 +6,8 @@ threshold of every criterion (``bench.adaptive``: ``h_eff=adaptive:[CRITERION:]T
 go to each task's ``adaptive`` section with the loops used and computed (:mod:`.loops_used`).
 Every setting records what it spent: each task's largest KV cache of its generative requests
 (``kv_bytes``, ``kv_bytes_core``) and the setting's wall time over all tasks
-(``setting_seconds``). Built-in
+(``setting_seconds``), and a generative task its loops computed per answer with its
+sampled scores (pass@k, maj@k: :mod:`.sampled`; answers seeded by ``bench.seed``). Built-in
 ``loopline_*`` tasks are written first (YAML + JSONL) and scored per difficulty level from
 lm-eval's per-sample logs; the user's tasks (``bench.include_path``, mirrored with absolute
 data paths by :mod:`.user_tasks`) and installed lm-eval tasks are scored overall, and per

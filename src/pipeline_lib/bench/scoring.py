@@ -22,6 +22,10 @@ One benchmark JSON per snapshot (written by :func:`pipeline_lib.bench.runner.run
 adaptive exit, with ``loops``: the mean loops used and their histogram for the whole task and
 per level (:func:`.loops_used.loops_summary`).
 
+A generative task's settings also carry ``loops_per_answer`` (loops computed per generated
+answer) and, when it samples several answers per question, ``sampled``: pass@k, maj@k and
+lm-eval's other filters with intervals, levels and compute per answer (:mod:`.sampled`).
+
 ``per_sample`` keeps every example's score by lm-eval ``doc_id`` so that H_eff values are
 compared on the same examples (``paired``: see :mod:`.intervals`); ``ci_low``/``ci_high`` are
 95% intervals (Wilson for 0/1 scores).
@@ -34,7 +38,9 @@ adaptive exit of the row, its mean loops used and histogram as JSON ``{"loops": 
 all null on fixed-H_eff rows, whose ``h_eff`` is the depth; an adaptive row's ``h_eff`` is
 its MAX; ``computed_loops``: its mean loops computed (:mod:`.loops_used`); ``kv_bytes``/
 ``kv_bytes_core``: the task's largest KV cache in the row's setting, null where it generated
-nothing; ``setting_seconds``: the setting's wall time, all tasks) and the figure: an accuracy heatmap (difficulty ×
+nothing; ``setting_seconds``: the setting's wall time, all tasks; ``samples``/
+``loops_per_answer``: the answers a score rests on and its loops computed per answer,
+:mod:`.sampled`) and the figure: an accuracy heatmap (difficulty ×
 H_eff) per levelled task, each cell with its interval, where a depth effect shows as accuracy
 rising from left to right (or does not).
 """
