@@ -153,6 +153,13 @@ def test_summary_table_and_heatmap_show_sampled_scores(sampled, tmp_path):
         assert r["diff_vs_h1"] is None
     own = [r for r in rows if r["metric"] == "exact_match" and r["level"] is None]
     assert all(r["samples"] == 1 for r in own)
+    from pipeline_lib.bench.scoring import bench_metrics
+    from pipeline_lib.tracking.commit import check_metric_key
+
+    metrics = bench_metrics(report)
+    assert metrics[f"bench/{TASK}/maj_at_5_h3_k2"] == maj[-1]["value"]  # MLflow takes no @
+    for key in metrics:
+        check_metric_key(key)
     from pipeline_lib.bench.heatmap import plot_bench
 
     titles = [ax.get_title() for ax in plot_bench([report], tmp_path / "h.png").axes]
