@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from ..credentials import error_line
 from ..errors import Preempted
 from ..fsio import write_text_atomic
 from ..spec.config import Config
@@ -103,8 +104,7 @@ def _guarded(fn: Callable[[], T]) -> T | None:
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 (status bookkeeping must not fail the job)
-        log.warning("parent run status not updated: %s",
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        log.warning("parent run status not updated: %s", error_line(exc))
         return None
 
 
