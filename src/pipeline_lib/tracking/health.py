@@ -10,7 +10,8 @@ work: a SQLite store that is **missing**, **not a database** (or corrupt), or **
 experiment but lost the parent run (deleted) is repaired by
 :func:`~pipeline_lib.tracking.parent.parent_for_stage`: a new parent is created and
 tracking.json points at it (a warning says so). An unreachable store is not an error here:
-the stage writes its outbox as always (:mod:`.sink` says so in its log line).
+the stage writes its outbox as always (:mod:`.sink` says so in its log line). The run
+directory's own tracking files are checked first (:mod:`.run_files`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..spec.config import Config
 from ..spec.layout import RunLayout
 from .outbox import is_local_id
 from .parent import read_tracking_info
+from .run_files import check_tracking_files
 from .sink import get_sink
 from .store import StoreUnavailable, call, resolve_uri, sqlite_path
 
@@ -73,6 +75,7 @@ def check_store(cfg: Config, run_dir: Path) -> None:
     if not cfg.tracking.enabled:
         return
     run_dir = Path(run_dir)
+    check_tracking_files(run_dir)
     uri = resolve_uri(cfg)
     label = redact_uri(uri) or uri
     info = read_tracking_info(run_dir)

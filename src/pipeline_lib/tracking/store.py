@@ -41,6 +41,7 @@ from ..credentials import (
 from ..errors import TrackingError
 from ..spec.config import Config
 from .auth import auth_header, is_server, use_uri_credentials
+from .run_files import tracking_io
 
 log = logging.getLogger(__name__)
 
@@ -254,9 +255,12 @@ def call(fn: Callable[..., T], *args: Any, what: str = "tracking call", **kwargs
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive advisory lock across processes (``flock`` on ``path``, created if absent)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
+    """Exclusive advisory lock across processes (``flock`` on ``path``, created if absent);
+    a lock file that cannot be made is one TrackingError line."""
+    with tracking_io(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")  # closed below, once the caller's block is done
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
