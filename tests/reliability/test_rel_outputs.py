@@ -177,8 +177,12 @@ def test_an_emptied_or_garbage_store_is_one_line_before_the_work(work: Path,
     assert _tree(work / "results") == before
 
 
-def test_a_reset_store_is_one_line(work: Path, tracked: Path) -> None:
-    """A store re-created from scratch (another experiment id) is not the one the run knew."""
+def test_a_deleted_and_re_created_store_is_named_so_with_fixes_that_lose_nothing(
+        work: Path, tracked: Path) -> None:
+    """The store file deleted, then a new one made at its path (MLflow makes one on first
+    open; here with another experiment first, so the ids differ): the line says the old
+    store is gone and a new one took its place, and never to put a file back over the new
+    one, which may already hold runs made since (issue 39, class 9)."""
     from mlflow import MlflowClient
 
     db = work / "results" / "mlflow.db"
@@ -187,7 +191,13 @@ def test_a_reset_store_is_one_line(work: Path, tracked: Path) -> None:
     before = _tree(work / "results" / "r")
     result = _heff(work)
     assert result.returncode == 2
-    assert_one_line_error(result, "was reset: it no longer holds experiment", "track-init")
+    line = assert_one_line_error(
+        result, f"tracking store {db} is not the store results/r/tracking.json was written "
+        "against: it holds no experiment 1 ('loopline-default'); that store was deleted or "
+        f"moved, and a new one was made at {db} since; to go back to it, move the new file "
+        "aside (it may hold runs made since) and put the old one back, or to start over in "
+        "the new store run `python -m pipeline_lib track-init --run-dir results/r")
+    assert "reset" not in line and "restore the file" not in line
     assert _tree(work / "results" / "r") == before
 
 
