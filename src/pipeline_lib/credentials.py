@@ -33,9 +33,11 @@ USERNAME_ENV = "MLFLOW_TRACKING_USERNAME"
 PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
 TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
 REDACTED = "***"  # what a query value or fragment is written as
-# A URL inside free text: a scheme, "://", then anything up to a space or a quote, less the
-# punctuation that closes a sentence or a bracket around it.
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*?(?=[.,;:!)\]}]*(?:[\s'\"<>`]|$))")
+# A URL inside free text: a scheme (bounded: linear time on long runs of letters), "://",
+# then anything up to a space or a quote (:func:`redact_text` gives back the punctuation
+# that closes a sentence or a bracket around it).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s'\"<>`]*")
+_CLOSING = ".,;:!)]}"
 _USERINFO = re.compile(r"(?<=://)[^/?#@]*@")
 
 
@@ -95,15 +97,21 @@ def redact_uri(uri: str | None) -> str | None:
 def redact_text(text: str) -> str:
     """``text`` with every URL in it redacted (:func:`redact_uri`): messages quoting user
     input or another library's error."""
-    return _URL_IN_TEXT.sub(lambda m: redact_uri(m.group(0)) or "", text)
+    def redact(match: re.Match[str]) -> str:
+        url = match.group(0).rstrip(_CLOSING)
+        if url.endswith(("=", "?", "&", "#")):  # the punctuation is the value itself
+            url = match.group(0)
+        return f"{redact_uri(url)}{match.group(0)[len(url):]}"
+
+    return _URL_IN_TEXT.sub(redact, text)
 
 
 def error_line(exc: BaseException, limit: int | None = None) -> str:
-    """The first line of ``exc``'s text (its type's name when empty), at most ``limit``
-    characters, with every URL redacted: how an error of MLflow or a database driver,
-    whose text may quote the store URI, is logged or put into a message."""
-    text = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return redact_text(text[:limit] if limit else text)
+    """The first line of ``exc``'s text (its type's name when empty) with every URL
+    redacted, then cut to ``limit`` characters: how an error of MLflow or a database
+    driver, whose text may quote the store URI, is logged or put into a message."""
+    text = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return redact_text(text)[:limit]
 
 
 def redact_config(data: Mapping[str, Any]) -> dict[str, Any]:
