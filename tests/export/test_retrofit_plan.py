@@ -140,3 +140,50 @@ def test_a_pack_with_another_vocabulary_is_refused(setting, tmp_path, capsys) ->
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("error: ") and "source's own tokenizer" in err
     assert not (tmp_path / "plan").exists()
+
+
+@pytest.mark.parametrize("prelude, core, coda", [
+    ("[0,2]", "[2,9]", "[]"),  # out of range
+    ("[0,3]", "[2,4]", "[4,6]"),  # overlapping
+    ("[]", "[4,2]", "[]"),  # reversed
+    ("[0,2]", "[]", "[4,6]"),  # no core
+])
+def test_an_own_choice_that_the_import_refuses_is_refused_alike(setting, tmp_path, capsys,
+                                                                prelude, core, coda) -> None:
+    """The config's model.init_from choice passes the import's own check (issue 39, class 8:
+    the plan measured and could recommend a choice import-hf then refused): the same one
+    line as the planner's import gives, before any work, nothing written."""
+    from pipeline_lib.errors import ConfigError
+    from pipeline_lib.export.hf_import import resolve_init_from
+    from pipeline_lib.spec.config import load_config
+
+    source, pack, _ = setting
+    overrides = [f"model.init_from.source={source}", f"model.init_from.prelude={prelude}",
+                 f"model.init_from.core={core}", f"model.init_from.coda={coda}",
+                 "model.loops=2", "eval.h_eff=[1,2]"]
+    with pytest.raises(ConfigError) as refused:
+        resolve_init_from(load_config(None, overrides))
+    code = main(["retrofit-plan", "--data", str(pack), "--rows", "6", "--out",
+                 str(tmp_path / "plan"), *overrides])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"error: {refused.value}"]
+    assert "model.init_from." in err[0]
+    assert not (tmp_path / "plan").exists()
+
+
+@pytest.mark.parametrize("layers", [1, 2, 5, 12, 30])
+def test_every_candidate_is_a_choice_the_import_accepts(layers: int) -> None:
+    """Whatever the budget and loops, every candidate the plan could recommend passes
+    import-hf's check (the one LayerChoice.check) and keeps the budget exactly."""
+    from pipeline_lib.export.retrofit_candidates import _core_sizes, enumerate_candidates
+
+    angular = np.zeros((layers + 1, layers + 1))
+    for loops in (2, 3, 4):
+        for budget in range(1, 2 * layers + 1):
+            if not _core_sizes(layers, loops, budget):
+                continue
+            for cand in enumerate_candidates(angular, loops, budget):
+                parts = cand.choice.as_lists()
+                assert layer_choice(layers, *(parts[p] for p in ("prelude", "core", "coda"))
+                                    ) == cand.choice
+                assert cand.applications(loops) == budget

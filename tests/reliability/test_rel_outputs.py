@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.output_rule import write_tiny_config
-from support.rel_messages import assert_one_line_error, entries, run_cli
+from support.rel_messages import assert_one_line_error, command_env, entries, run_cli
 
 SNAPSHOT = Path("results") / "r" / "snapshots" / "step_0000004"
 
@@ -177,8 +177,12 @@ def test_an_emptied_or_garbage_store_is_one_line_before_the_work(work: Path,
     assert _tree(work / "results") == before
 
 
-def test_a_reset_store_is_one_line(work: Path, tracked: Path) -> None:
-    """A store re-created from scratch (another experiment id) is not the one the run knew."""
+def test_a_deleted_and_re_created_store_is_named_so_with_fixes_that_lose_nothing(
+        work: Path, tracked: Path) -> None:
+    """The store file deleted, then a new one made at its path (MLflow makes one on first
+    open; here with another experiment first, so the ids differ): the line says the old
+    store is gone and a new one took its place, and never to put a file back over the new
+    one, which may already hold runs made since (issue 39, class 9)."""
     from mlflow import MlflowClient
 
     db = work / "results" / "mlflow.db"
@@ -187,7 +191,13 @@ def test_a_reset_store_is_one_line(work: Path, tracked: Path) -> None:
     before = _tree(work / "results" / "r")
     result = _heff(work)
     assert result.returncode == 2
-    assert_one_line_error(result, "was reset: it no longer holds experiment", "track-init")
+    line = assert_one_line_error(
+        result, f"tracking store {db} is not the store results/r/tracking.json was written "
+        "against: it holds no experiment 1 ('loopline-default'); that store was deleted or "
+        f"moved, and a new one was made at {db} since; to go back to it, move the new file "
+        "aside (it may hold runs made since) and put the old one back, or to start over in "
+        "the new store run `python -m pipeline_lib track-init --run-dir results/r")
+    assert "reset" not in line and "restore the file" not in line
     assert _tree(work / "results" / "r") == before
 
 
@@ -203,3 +213,86 @@ def test_a_deleted_parent_run_is_recreated_and_said(work: Path) -> None:
     assert new != old
     assert f"parent run {old} of r is not in" in result.stderr
     assert f"created parent run {new}" in result.stderr
+
+
+# ---------------------------------------------------------------- the run's tracking files
+
+
+@pytest.mark.parametrize("name", ["tracking.json", "tracking_files", "tracking_outbox.jsonl"])
+def test_a_tracking_file_of_the_wrong_kind_is_one_line_before_the_work(work: Path,
+                                                                       name: str) -> None:
+    """A directory where tracking.json or the outbox goes, a file where tracking_files/
+    goes: one line naming it, before the sweep (issue 39, class 9: a traceback before)."""
+    path = work / "results" / "r" / name
+    if path.is_dir():
+        shutil.rmtree(path)
+        path.write_text("")
+        found, wanted = "a file", "a directory"
+    else:
+        path.unlink(missing_ok=True)
+        path.mkdir()
+        found, wanted = "a directory", "a file"
+    before = _tree(work / "results")
+    result = _heff(work)
+    assert result.returncode == 2
+    assert_one_line_error(result, f"results/r/{name} is {found}, where loopline's tracking "
+                                  f"keeps {wanted}; move it aside and rerun")
+    assert "H_eff sweep of" not in result.stderr
+    assert _tree(work / "results") == before
+
+
+def test_tracking_files_on_a_read_only_disk_are_one_line_before_the_work(work: Path) -> None:
+    """The run's tracking_files/ on a read-only mount (the sweep's own output elsewhere):
+    refused before the sweep; the stage used to compute it, then fail on headline.json."""
+    import subprocess
+
+    folder = work / "results" / "r" / "tracking_files"
+    mounted = subprocess.run(f"mount --bind '{folder}' '{folder}' && mount -o remount,bind,ro "
+                             f"'{folder}'", shell=True, capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot make a read-only bind mount here: {mounted.stderr.strip()}")
+    try:
+        result = run_cli(work, "heff", "--snapshot", SNAPSHOT, "--data", "data", "--out",
+                         "sweep.json")
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+    assert result.returncode == 2
+    assert_one_line_error(result, "results/r/tracking_files is on a read-only file system",
+                          "tracking.enabled=false")
+    assert "H_eff sweep of" not in result.stderr and not (work / "sweep.json").exists()
+
+
+def test_an_unreadable_tracking_json_is_one_tracking_error_line(work: Path) -> None:
+    """chmod 000 on tracking.json (as root, the check runs as nobody, in a copy under /tmp:
+    the test's own folder is root-only): the store check raises the one-line TrackingError,
+    where a bare PermissionError was a traceback in a Snakemake job's log."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv (util-linux) to drop privileges")
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    root = Path(tempfile.mkdtemp(prefix="unreadable", dir="/tmp"))
+    try:
+        copy = Path(shutil.copytree(work, root / "work", symlinks=True))
+        info = copy / "results" / "r" / "tracking.json"
+        info.write_text(info.read_text().replace(str(work), str(copy)))
+        for folder, _, names in os.walk(root):
+            for entry in [folder, *(os.path.join(folder, n) for n in names)]:
+                os.chown(entry, 65534, 65534)
+        info.chmod(0o000)
+        code = ("from pipeline_lib.spec.config import load_config\n"
+                "from pipeline_lib.tracking.health import check_store\n"
+                "check_store(load_config('c.yaml'), 'results/r')\n")
+        result = subprocess.run([*(as_nobody if os.geteuid() == 0 else []), sys.executable,
+                                 "-c", code], capture_output=True, text=True, cwd=copy,
+                                timeout=120, env=command_env(copy))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "pipeline_lib.errors.TrackingError: results/r/tracking.json cannot be read and "
+        "written by this user; fix its permissions (chmod u+rw), or turn tracking off "
+        "(tracking.enabled=false; --no-track on the command line)")

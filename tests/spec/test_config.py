@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -222,6 +223,19 @@ def test_bad_run_name_and_missing_file(tmp_path: Path):
     bad.write_text("model: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("name", ["base\n", "data\n", "compare\n"])
+def test_a_run_name_with_a_trailing_newline_is_refused_in_one_line(tmp_path: Path,
+                                                                   name: str) -> None:
+    """``re.match`` with ``$`` let "base\\n" through (``$`` matches before a final newline;
+    issue 39, class 8): a quoted YAML key is enough to make one."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"runs:\n  {json.dumps(name)}: {{}}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value) == (f"runs.{name!r}: run names must be identifiers other than "
+                                  "'data' and 'compare' (letters, digits, underscores)")
 
 
 def test_save_and_reload_round_trip_and_hash(tmp_path: Path):

@@ -68,7 +68,8 @@ def test_long_values_are_truncated_to_mlflow_limits(store_uri: str) -> None:
     assert "n" * 250 in params
 
 
-@pytest.mark.parametrize("key", ["", "a//b", "/abs", "a/../b", "bad*name", "x" * 251])
+@pytest.mark.parametrize("key", ["", "a//b", "/abs", "a/../b", "bad*name", "x" * 251,
+                                 "train/loss\n"])  # $ of re.match passed a final newline
 def test_bad_metric_names_are_refused_at_log_time(key: str) -> None:
     with pytest.raises(TrackingError, match="metric name"):
         check_metric_key(key)

@@ -112,3 +112,31 @@ def test_server_dying_mid_stage_fills_the_outbox_and_sync_delivers(
     assert sync_outbox(run_dir, db_uri).metrics == 0
     assert steps_of(db_uri, stage.run_id, "train/loss") == list(range(1, 31))
     assert client(db_uri).get_run(stage.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_server_whose_store_was_wiped_is_named_so_before_the_work(
+        mlflow_server: Server, tmp_path: Path) -> None:
+    """The server's database deleted and the server restarted on a new one: the next stage
+    is refused in one line saying the server's store was deleted or replaced, with fixes
+    that put nothing over the new store (issue 39, class 9; the message said "reset" and
+    "restore the file", though a server has no file of ours)."""
+    from pipeline_lib.errors import TrackingError
+    from pipeline_lib.tracking.health import check_store
+
+    cfg = make_config(mlflow_server.base, "server-wiped")
+    run_dir = tmp_path / "results" / "wiped"
+    info = init_parent_run(cfg, "wiped", run_dir, "d0")
+    check_store(cfg, run_dir)  # the store the run knows: nothing to say
+    mlflow_server.stop()
+    (mlflow_server.root / "server.db").unlink()
+    mlflow_server.start()
+    with pytest.raises(TrackingError) as caught:
+        check_store(cfg, run_dir)
+    assert str(caught.value) == (
+        f"tracking store {mlflow_server.base} holds no experiment {info['experiment_id']} "
+        f"('server-wiped') that {run_dir / 'tracking.json'} names: the server's store was "
+        "deleted or replaced since; point tracking.uri at the store that holds it, or to "
+        f"start over in this one run `python -m pipeline_lib track-init --run-dir {run_dir} "
+        "--data DATA_DIR` and replay outboxes with `python -m pipeline_lib sync-tracking "
+        f"--run-dir {run_dir}`")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from ..output_paths import check_creatable
+from ..spec.names import is_name
 from .fsutil import clean_stale_siblings, tmp_sibling
 from .manifest import MANIFEST_NAME, verify_snapshot
 
@@ -121,7 +122,8 @@ def _check_json(obj: Any, where: str, path: str = "") -> None:
 
 def _check_extra_names(names: list[str]) -> None:
     for name in names:
-        if not _EXTRA_NAME.match(name) or name in RESERVED_NAMES or _RANK_RNG_NAME.match(name):
+        if not is_name(name, _EXTRA_NAME) or name in RESERVED_NAMES \
+                or _RANK_RNG_NAME.match(name):
             raise CheckpointError(f"extra snapshot file name '{name}' is reserved or not a plain "
                                   "file name; use letters, digits, '_', '-', '.' and no slashes")
     if len(set(names)) != len(names):

@@ -45,7 +45,7 @@ from .hf_layout import (
     block_tensor_names,
     gguf_block_prefix,
     hf_block_prefix,
-    layer_choice,
+    init_choice,
     model_fields,
 )
 from .pretrained_source import PretrainedSource, read_source
@@ -79,10 +79,9 @@ def init_model_config(cfg: Config, source: PretrainedSource, choice: LayerChoice
 
 def init_layers(cfg: Config) -> tuple[PretrainedSource, LayerChoice]:
     """The checked source of ``model.init_from.source`` and its checked layer choice."""
-    init = cfg.model.init_from
-    source = read_source(init.source)
-    return source, layer_choice(source.arch.layers, init.prelude or None, init.core or None,
-                                init.coda or None, where="model.init_from.")
+    source = read_source(cfg.model.init_from.source)
+    choice = init_choice(cfg.model.init_from, source.arch.layers)
+    return source, choice or LayerChoice.whole(source.arch.layers)
 
 
 def resolve_init_from(cfg: Config) -> Config:

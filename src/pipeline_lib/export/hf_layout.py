@@ -172,6 +172,27 @@ class LayerChoice:
     def as_lists(self) -> dict[str, list[int]]:
         return {part: list(getattr(self, part)) for part in ("prelude", "core", "coda")}
 
+    def check(self, layers: int, where: str = "--") -> LayerChoice:
+        """This choice, when a source of ``layers`` layers can be imported with it: ranges
+        inside [0, layers), in order (prelude ≤ core ≤ coda, gaps allowed: dropped layers)
+        and a non-empty core; else a ConfigError naming ``{where}{part}``. The one check of a
+        layer choice: import-hf, the planner and retrofit-plan's candidates all pass it."""
+        parts = {"prelude": self.prelude, "core": self.core, "coda": self.coda}
+        for name, (start, end) in parts.items():
+            if not 0 <= start <= end <= layers:
+                raise ConfigError(f"{where}{name} = {start}:{end} is out of range; the source "
+                                  f"has layers 0:{layers} (half-open ranges, start <= end)")
+        if self.core[0] == self.core[1]:
+            raise ConfigError(f"{where}core = {self.core[0]}:{self.core[1]} is empty; the "
+                              "looped core needs at least one layer")
+        for a, b in [("prelude", "core"), ("core", "coda"), ("prelude", "coda")]:
+            (a0, a1), (b0, b1) = parts[a], parts[b]
+            if a1 > b0 and a0 < a1 and b0 < b1:
+                raise ConfigError(f"{where}{a} = {a0}:{a1} overlaps or follows {where}{b} = "
+                                  f"{b0}:{b1}; ranges must be disjoint and in the order "
+                                  "prelude, core, coda")
+        return self
+
 
 def parse_range(text: str | Sequence[int], option: str) -> tuple[int, int]:
     """``"A:B"`` or ``[A, B]`` → (A, B)."""
@@ -190,31 +211,26 @@ def parse_range(text: str | Sequence[int], option: str) -> tuple[int, int]:
 
 def layer_choice(layers: int, prelude: Any = None, core: Any = None, coda: Any = None, *,
                  where: str = "--") -> LayerChoice:
-    """The checked choice: ranges in order (prelude ≤ core ≤ coda), inside [0, layers), a
-    non-empty core; none given = :meth:`LayerChoice.whole`. Gaps are allowed (dropped layers)."""
+    """The parsed choice, checked (:meth:`LayerChoice.check`); none given =
+    :meth:`LayerChoice.whole`, an omitted prelude or coda is empty."""
     if prelude is None and core is None and coda is None:
         return LayerChoice.whole(layers)
-    parts = {}
-    for name, value, default in (("prelude", prelude, (0, 0)), ("core", core, None),
-                                 ("coda", coda, (layers, layers))):
-        if value is None and default is None:
-            raise ConfigError(f"{where}core is missing; give the looped layers as START:END "
-                              f"(of the source's {layers} layers)")
-        parts[name] = default if value is None else parse_range(value, f"{where}{name}")
-    for name, (start, end) in parts.items():
-        if not 0 <= start <= end <= layers:
-            raise ConfigError(f"{where}{name} = {start}:{end} is out of range; the source has "
-                              f"layers 0:{layers} (half-open ranges, start <= end)")
-    if parts["core"][0] == parts["core"][1]:
-        raise ConfigError(f"{where}core = {parts['core'][0]}:{parts['core'][1]} is empty; the "
-                          "looped core needs at least one layer")
-    order = [("prelude", "core"), ("core", "coda"), ("prelude", "coda")]
-    for a, b in order:
-        if parts[a][1] > parts[b][0] and parts[a][0] < parts[a][1] and parts[b][0] < parts[b][1]:
-            raise ConfigError(f"{where}{a} = {parts[a][0]}:{parts[a][1]} overlaps or follows "
-                              f"{where}{b} = {parts[b][0]}:{parts[b][1]}; ranges must be "
-                              "disjoint and in the order prelude, core, coda")
-    return LayerChoice(parts["prelude"], parts["core"], parts["coda"])
+    if core is None:
+        raise ConfigError(f"{where}core is missing; give the looped layers as START:END "
+                          f"(of the source's {layers} layers)")
+    parts = [default if value is None else parse_range(value, f"{where}{name}")
+             for name, value, default in (("prelude", prelude, (0, 0)), ("core", core, None),
+                                          ("coda", coda, (layers, layers)))]
+    return LayerChoice(*parts).check(layers, where)
+
+
+def init_choice(init: Any, layers: int) -> LayerChoice | None:
+    """The checked layer choice of ``model.init_from`` (an ``InitFromConfig``) for a source
+    of ``layers`` layers; None when it names no layers (the whole model, one core)."""
+    if not (init.prelude or init.core or init.coda):
+        return None
+    return layer_choice(layers, init.prelude or None, init.core or None, init.coda or None,
+                        where="model.init_from.")
 
 
 # --------------------------------------------------------------------------- loopline's model section

@@ -93,6 +93,7 @@ def enumerate_candidates(angular: np.ndarray, loops: int, budget: int) -> list[C
     seen: dict[LayerChoice, Candidate] = {}
     for k, m in _core_sizes(layers, loops, budget):
         for choice, (i, j) in _placements(layers, k, m):
-            seen.setdefault(choice, Candidate(choice, float(angular[i, j])))
+            # import-hf's own check: a choice it would refuse is never recommended
+            seen.setdefault(choice.check(layers), Candidate(choice, float(angular[i, j])))
     return sorted(seen.values(), key=lambda c: (round(c.proxy, 9), c.dropped,
                                                 c.choice.core, c.choice.prelude))

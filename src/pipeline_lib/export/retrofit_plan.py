@@ -34,7 +34,7 @@ from ..output_set import output_set
 from ..spec.config import Config
 from ..spec.size import flops_per_token
 from .hf_import import build_imported_model, init_model_config, mapped_state, original_config
-from .hf_layout import LayerChoice
+from .hf_layout import LayerChoice, init_choice
 from .layer_similarity import LayerSimilarity, measure
 from .pretrained_source import PretrainedSource, read_source
 from .retrofit_candidates import Candidate, check_budget, enumerate_candidates
@@ -54,6 +54,8 @@ class PlanInputs:
     h_effs: list[int]
     rows: int
     budget: int
+    own: LayerChoice | None = None  # the config's model.init_from choice, checked
+
 
     def batches(self) -> Iterator[dict[str, torch.Tensor]]:
         return self.data.val_batches(self.rows, self.cfg.eval.batch_rows)
@@ -121,12 +123,9 @@ def score_candidate(inp: PlanInputs, whole: dict[str, Any], cand: Candidate,
 def _to_measure(inp: PlanInputs, ranked: list[Candidate], n: int) -> list[Candidate]:
     """The ``n`` best by pre-score and the config's own choice (when it gives one)."""
     chosen = ranked[:n]
-    init = inp.cfg.model.init_from
-    if init.core:
-        own = LayerChoice(tuple(init.prelude or (0, 0)), tuple(init.core),
-                          tuple(init.coda or (inp.source.arch.layers,) * 2))
-        match = [c for c in ranked if c.choice == own]
-        extra = match[0] if match else Candidate(own, float("nan"))
+    if inp.own is not None:
+        match = [c for c in ranked if c.choice == inp.own]
+        extra = match[0] if match else Candidate(inp.own, float("nan"))
         if extra not in chosen:
             chosen.append(extra)
     return chosen
@@ -166,8 +165,11 @@ def plan(inp: PlanInputs, measure_n: int) -> dict[str, Any]:
 
 def plan_inputs(cfg: Config, source: str | Path, data_dir: Path, *, loops: int,
                 h_effs: list[int], rows: int, budget: int | None) -> PlanInputs:
-    """The checked inputs: the source read and checked, the pack's tokenizer the source's."""
+    """The checked inputs: the source read and checked, the pack's tokenizer the source's,
+    the config's own layer choice checked as import-hf checks it (one line, before any
+    work: a choice the import refuses is never measured nor recommended)."""
     src = read_source(source)
+    own = init_choice(cfg.model.init_from, src.arch.layers)
     data = PackedData(data_dir)
     if data.vocab_size > src.arch.vocab_size:
         raise ConfigError(f"{data_dir}: packed with a {data.vocab_size}-token vocabulary, but "
@@ -178,7 +180,7 @@ def plan_inputs(cfg: Config, source: str | Path, data_dir: Path, *, loops: int,
         raise ConfigError(f"--rows {rows} must be at least 1")
     budget = src.arch.layers if budget is None else budget
     check_budget(src.arch.layers, loops, budget)
-    return PlanInputs(src, data, cfg, loops, h_effs, rows, budget)
+    return PlanInputs(src, data, cfg, loops, h_effs, rows, budget, own)
 
 
 def write_plan(result: dict[str, Any], out: Path) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from .config_files import merge_config_dicts as merge_config_dicts  # the merge 
 from .config_files import merge_config_files as merge_config_files
 from .fields import check_field_constraints
 from .fields import config_field as _f
-from .names import LABELLED_TASKS, REASONING_TASKS
+from .names import LABELLED_TASKS, REASONING_TASKS, is_name
 from .rules import (
     EXIT_CRITERIA,
     FREEZE_PARTS,
@@ -849,6 +848,7 @@ def validate_config(cfg: Config) -> None:
     check_bench_sampling(cfg.bench.sampling)
     check_exit_objective(t, cfg.model)
     for name in cfg.runs:
-        if not re.match(RUN_NAME_PATTERN, name):
-            raise ConfigError(f"runs.{name}: run names must be identifiers other than 'data' "
-                              "and 'compare' (letters, digits, underscores)")
+        if not is_name(name, RUN_NAME_PATTERN):
+            raise ConfigError(f"runs.{name if name.isprintable() else repr(name)}: run names "
+                              "must be identifiers other than 'data' and 'compare' (letters, "
+                              "digits, underscores)")

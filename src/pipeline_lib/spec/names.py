@@ -8,6 +8,8 @@ weights and imports only torch and transformers: it spells :data:`IGNORE_INDEX` 
 
 from __future__ import annotations
 
+import re
+
 # A target no loss counts (document boundaries, padding, non-answer tokens of an answer-only
 # objective): the value torch.nn.functional.cross_entropy ignores by default.
 IGNORE_INDEX = -100
@@ -36,3 +38,11 @@ PACK_TOKENS = "tokens.bin"  # a data pack's documents, back to back
 PACK_LABELS = "labels.bin"  # a labelled pack's label of every token of tokens.bin (int32)
 CONFIG_JSON = "config.json"  # a Hugging Face model's config (export writes it, import reads it)
 MODELING_FILE = "modeling_loopline.py"  # the export's self-contained modelling code
+
+
+def is_name(text: str, pattern: str | re.Pattern[str]) -> bool:
+    """Whether ``pattern`` matches the whole of ``text``: the test of every name checked
+    against a pattern (run names, metric keys, a snapshot's extra file names). Never
+    ``re.match`` with ``$``: ``$`` also matches before a final newline, so ``"base\\n"``
+    passed for a run name."""
+    return isinstance(text, str) and re.fullmatch(pattern, text) is not None

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import TrackingError
+from ..spec.names import is_name
 from .store import call
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ Point = tuple[str, float, int, int]
 
 def check_metric_key(key: str) -> None:
     """Refuse names MLflow would reject, at log time rather than at commit time."""
-    if not key or len(key) > MAX_KEY_LENGTH or not _NAME_RE.match(key) \
+    if not key or len(key) > MAX_KEY_LENGTH or not is_name(key, _NAME_RE) \
             or posixpath.normpath(key) != key or key.startswith("/"):
         raise TrackingError(f"metric name {key!r} is not allowed by MLflow; use letters, digits, "
                             "and _ - . / : or spaces, at most 250 characters")

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from ..credentials import error_line
 from ..errors import Preempted
 from ..fsio import write_text_atomic
 from ..spec.config import Config
@@ -69,7 +70,7 @@ def pipeline_job(cfg: Config, run_dir: Path) -> Iterator[None]:
     """One Snakemake job of ``run_dir``'s pipeline: the parent RUNNING while it runs, FAILED
     if it raises (KILLED on an interrupt, untouched when preempted). Tracking errors here
     are warnings: they never mask the job's own outcome. A store that tracking.json relies on
-    and that is missing, reset or corrupt is refused first (:func:`.health.check_store`,
+    and that is missing, replaced or corrupt is refused first (:func:`.health.check_store`,
     one line): touching it would create a fresh store where the old one was moved away."""
     run_dir = Path(run_dir)
     check_store(cfg, run_dir)
@@ -103,15 +104,14 @@ def _guarded(fn: Callable[[], T]) -> T | None:
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 (status bookkeeping must not fail the job)
-        log.warning("parent run status not updated: %s",
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        log.warning("parent run status not updated: %s", error_line(exc))
         return None
 
 
 def finish_parent(cfg: Config, run_dir: Path, status: str) -> str | None:
     """End the parent run of ``run_dir`` with ``status`` (rule ``track_done``, the Snakefile's
     handlers) and remove the marker; return the parent's id (None with tracking off). An
-    unreachable store gets the status through the outbox; a missing, reset or corrupt one
+    unreachable store gets the status through the outbox; a missing, replaced or corrupt one
     is refused (:func:`.health.check_store`) before it is touched."""
     marker = RunLayout.at(run_dir).parent_open
     if not cfg.tracking.enabled:

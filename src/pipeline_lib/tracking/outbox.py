@@ -33,6 +33,7 @@ from typing import Any
 from ..credentials import redact_uri
 from ..fsio import write_text_atomic
 from ..spec.layout import RunLayout
+from .run_files import tracking_io
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +53,18 @@ class Outbox:
     def append(self, record: dict[str, Any]) -> None:
         """Append one record durably (flock, single write, fsync)."""
         line = json.dumps(record, separators=(",", ":"), allow_nan=True) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            size = os.fstat(fd).st_size
-            if size and _last_byte(self.path) != b"\n":
-                line = "\n" + line  # close a line torn by a crashed writer
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with tracking_io(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                size = os.fstat(fd).st_size
+                if size and _last_byte(self.path) != b"\n":
+                    line = "\n" + line  # close a line torn by a crashed writer
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def lines(self, start: int = 0) -> Iterator[tuple[int, dict[str, Any] | None]]:
         """(line index, record) for every complete line from ``start``; None if unreadable.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -34,6 +35,7 @@ from ..spec.config import (
     save_config,
 )
 from ..spec.layout import RunLayout
+from .run_files import check_tracking_files, tracking_io
 from .runs import DATA_ID_TAG
 from .sink import Sink, get_sink
 from .store import file_lock, resolve_uri
@@ -42,12 +44,14 @@ log = logging.getLogger(__name__)
 
 
 def read_tracking_info(run_dir: Path) -> dict[str, Any] | None:
-    """The run directory's tracking.json, or None if absent or unreadable."""
+    """The run directory's tracking.json, or None if absent or not JSON (a folder there or
+    a file that cannot be read: one TrackingError line, :func:`.run_files.tracking_io`)."""
     path = RunLayout.at(run_dir).tracking_json
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        return json.loads(path.read_text())
+        with tracking_io(path):
+            return json.loads(path.read_text())
     except ValueError:
         log.warning("%s is not valid JSON; the parent run will be looked up again", path)
         return None
@@ -56,8 +60,10 @@ def read_tracking_info(run_dir: Path) -> dict[str, Any] | None:
 def write_tracking_info(run_dir: Path, info: dict[str, Any]) -> None:
     """Write tracking.json atomically, and only if its content differs."""
     path = RunLayout.at(run_dir).tracking_json
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(info, indent=2, sort_keys=True) + "\n", if_changed=True)
+    with tracking_io(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(info, indent=2, sort_keys=True) + "\n",
+                          if_changed=True)
 
 
 def git_state(root: Path = PROJECT_ROOT) -> tuple[str, str]:
@@ -114,6 +120,7 @@ def init_parent_run(cfg: Config, run: str, run_dir: Path, data_id: str | None) -
         cfg = config_for_run(cfg, run)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    check_tracking_files(run_dir)
     if not cfg.tracking.enabled:
         info = {"enabled": False, "tracking_uri": None, "experiment_id": None,
                 "experiment_name": cfg.experiment.name, "parent_run_id": None}

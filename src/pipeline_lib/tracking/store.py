@@ -23,6 +23,7 @@ import random
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,12 +33,15 @@ from ..credentials import (
     PASSWORD_ENV,
     TOKEN_ENV,
     USERNAME_ENV,
+    error_line,
+    redact_text,
     redact_uri,
     split_credentials,
 )
 from ..errors import TrackingError
 from ..spec.config import Config
 from .auth import auth_header, is_server, use_uri_credentials
+from .run_files import tracking_io
 
 log = logging.getLogger(__name__)
 
@@ -89,25 +93,42 @@ def store_uri(uri: str) -> str:
 
 
 def normalize_uri(uri: str) -> str:
-    """Absolute SQLite paths, no trailing slash on servers; refuse stores MLflow 3 refuses."""
+    """Absolute SQLite paths (a query kept), no trailing slash on servers; refuse stores
+    MLflow 3 refuses and server URIs its client cannot use."""
     uri = uri.strip()
     shown = redact_uri(uri)
     if uri.startswith("sqlite:"):
-        if not uri.startswith("sqlite:///") or uri in ("sqlite:///", "sqlite:///:memory:"):
+        path, query = _sqlite_parts(uri)
+        if not uri.startswith("sqlite:///") or path in ("", ":memory:"):
             raise TrackingError(f"tracking.uri = {shown!r} is not a SQLite file; use "
                                 "sqlite:///results/mlflow.db (an in-memory store is not shared)")
-        return f"sqlite:///{Path(uri[len('sqlite:///'):]).absolute()}"
+        return f"sqlite:///{Path(path).absolute()}{query}"
     if re.match(r"^https?://", uri):
-        return uri.rstrip("/")
+        parts = urllib.parse.urlsplit(uri)
+        if parts.query or parts.fragment:
+            raise TrackingError(
+                f"tracking.uri = {shown!r} has a query or fragment, which MLflow's client "
+                "cannot send: it appends its API paths after them, so no request would reach "
+                "the server's API; leave them out and give a token as "
+                f"{TOKEN_ENV} (a bearer header), or a user and password as {USERNAME_ENV} "
+                f"and {PASSWORD_ENV} or user:password@ in the URI (basic auth)")
+        return parts._replace(query="", fragment="").geturl().rstrip("/?#")
     if "://" not in uri or uri.startswith("file:"):
         raise TrackingError(f"tracking.uri = {shown!r} is a plain file store, which MLflow 3 "
                             "refuses; use sqlite:///results/mlflow.db or http://host:port")
     return uri  # postgresql://, mysql://, databricks, …: passed through to MLflow
 
 
+def _sqlite_parts(uri: str) -> tuple[str, str]:
+    """(file path, ``?query`` or "") of a ``sqlite:///`` URI; SQLAlchemy reads the query
+    as driver options, so it is no part of the file's name."""
+    path, sep, query = uri[len("sqlite:///"):].partition("?")
+    return path, sep + query
+
+
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI, else None."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    return Path(_sqlite_parts(uri)[0]) if uri.startswith("sqlite:///") else None
 
 
 def probe(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
@@ -125,25 +146,32 @@ def probe(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     return None
 
 
+def health_url(uri: str) -> str:
+    """The server's ``/health`` endpoint: the URI's path with ``/health`` appended (a server
+    under a path prefix answers there), its query kept, no userinfo."""
+    parts = urllib.parse.urlsplit(split_credentials(uri)[0])
+    return parts._replace(path=parts.path.rstrip("/") + "/health", fragment="").geturl()
+
+
 def _probe_server(uri: str, timeout_s: float) -> str | None:
-    """GET ``/health`` of the bare URI with the credentials MLflow would send (a server
-    behind an authenticating proxy may guard /health too)."""
-    bare, creds = split_credentials(uri)
-    request = urllib.request.Request(f"{bare}/health")
-    header = auth_header(creds)
+    """GET :func:`health_url` with the credentials MLflow would send (a server behind an
+    authenticating proxy may guard /health too). Reasons name the URL redacted."""
+    request = urllib.request.Request(health_url(uri))
+    shown = redact_uri(request.full_url)
+    header = auth_header(split_credentials(uri)[1])
     if header is not None:
         request.add_header("Authorization", header)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            return None if resp.status == 200 else f"{bare}/health answered HTTP {resp.status}"
+            return None if resp.status == 200 else f"{shown} answered HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             given = "were refused" if header else "are needed"
-            return (f"{bare}/health answered HTTP {exc.code}: credentials {given}; set "
+            return (f"{shown} answered HTTP {exc.code}: credentials {given}; set "
                     f"{USERNAME_ENV} and {PASSWORD_ENV} (or {TOKEN_ENV})")
-        return f"{bare}/health answered HTTP {exc.code}"
+        return f"{shown} answered HTTP {exc.code}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        return f"{bare}/health: {getattr(exc, 'reason', exc)}"
+        return redact_text(f"{shown}: {getattr(exc, 'reason', exc)}")
 
 
 def get_client(uri: str) -> Any:
@@ -170,12 +198,12 @@ def get_client(uri: str) -> Any:
     except MlflowException as exc:
         if "out-of-date database schema" in str(exc):
             raise TrackingError(f"{db} was written by an older MLflow; back it up and run "
-                                f"`mlflow db upgrade {uri}`") from None
+                                f"`mlflow db upgrade sqlite:///{db}`") from None
         raise
     except Exception as exc:
         if type(exc).__name__ != "DatabaseError":  # sqlalchemy's: not a database, malformed
             raise
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = error_line(exc)
         raise TrackingError(f"tracking store {db} is not a usable SQLite database ({reason}); "
                             "move it aside and re-create it with `python -m pipeline_lib "
                             "track-init`, then replay outboxes with `sync-tracking`") from None
@@ -215,7 +243,7 @@ def call(fn: Callable[..., T], *args: Any, what: str = "tracking call", **kwargs
                                        ) from exc
             if not is_transient(exc):
                 raise
-            text = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            text = error_line(exc, 300)
             refused = "failed with exception" in text or isinstance(exc, ConnectionError)
             if attempt == RETRY_ATTEMPTS or refused:
                 raise StoreUnavailable(f"{what}: {text}") from exc
@@ -227,9 +255,12 @@ def call(fn: Callable[..., T], *args: Any, what: str = "tracking call", **kwargs
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive advisory lock across processes (``flock`` on ``path``, created if absent)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
+    """Exclusive advisory lock across processes (``flock`` on ``path``, created if absent);
+    a lock file that cannot be made is one TrackingError line."""
+    with tracking_io(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")  # closed below, once the caller's block is done
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

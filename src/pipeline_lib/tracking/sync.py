@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..credentials import redact_uri
+from ..credentials import error_line, redact_uri
 from ..errors import TrackingError
 from ..spec.layout import OUTBOX_FILE, ResultsLayout, RunLayout
 from .commit import commit_points, commit_versioned, latest_steps, log_params_once, set_tags
@@ -215,7 +215,7 @@ def _replay_line(replayer: _Replayer, rec: dict[str, Any] | None, where: str,
             raise
         report.skipped += 1
         log.warning("%s (%s) not replayed: %s", where, rec.get("op"),
-                    str(exc).splitlines()[0][:300])
+                    error_line(exc, 300))
 
 
 def outbox_dirs(results_dir: Path) -> list[Path]:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...credentials import redact_uri
+from ...credentials import error_line, redact_uri
 from ...errors import DataError
 from ...fsio import write_text_atomic
 from ...output_paths import RECORD_JSON, check_output_location
@@ -132,5 +132,5 @@ def close_open_parents(plan: Any, status: str) -> list[str]:
             closed.append(name)
         except Exception as exc:  # noqa: BLE001 (a handler must not mask the run's outcome)
             log.warning("could not set the parent run of %s to %s: %s", name, status,
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                        error_line(exc))
     return closed
