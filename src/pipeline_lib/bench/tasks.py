@@ -164,9 +164,7 @@ def sampled_config(sampling: BenchSamplingConfig) -> dict[str, Any]:
     task file stays byte for byte what it was."""
     cfg: dict[str, Any] = {}
     if sampling.temperature > 0:
-        cfg["generation_kwargs"] = {
-            "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            **({"top_k": sampling.top_k} if sampling.top_k else {})}
+        cfg["generation_kwargs"] = {"do_sample": True, "temperature": sampling.temperature}
     if sampling.repeats > 1:
         cfg["repeats"] = sampling.repeats
     if sampling.k:

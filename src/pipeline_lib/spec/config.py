@@ -521,9 +521,6 @@ class BenchSamplingConfig:
                       "= one greedy answer, as without sampling.", minimum=1)
     temperature: float = _f(0.0, "Sampling temperature; 0 = greedy (every repeat the same "
                             "answer).", minimum=0)
-    top_p: float = _f(1.0, "Nucleus sampling: draw from the smallest set of tokens holding "
-                      "this much probability (1 = no cut).", exclusive_minimum=0, maximum=1)
-    top_k: int = _f(0, "Draw among the top_k most likely tokens only (0 = no cut).", minimum=0)
     k: list[int] = _f([], "pass@k and maj@k reported for each k (each at most repeats), with "
                       "compute per answer = k × loops per sampled answer; empty = none.",
                       items={"minimum": 1})
