@@ -8,7 +8,6 @@ from pathlib import Path
 from pipeline_lib.data.loader import DataCursor
 from pipeline_lib.train import rollback
 
-
 SIG = "0123abcd"
 
 
