@@ -125,7 +125,7 @@ class Trainer:
             raise ConfigError("train.total_steps = 0 reached the trainer: a token budget is "
                               "turned into steps by pipeline_lib.workflow.resolve.resolve_run; "
                               "train the config of the run's RunSpec")
-        model = build_model(cfg, device)  # the same seeded init on every rank
+        model = build_model(cfg, device, world_size)  # same seeded init on every rank
         if cfg.train.freeze:  # before sharding, the optimizer and the EMA see the flags
             frozen = freeze_parts(model, cfg.train.freeze)
             log.info("train.freeze %s: %d parameters fixed", cfg.train.freeze, frozen)
