@@ -55,8 +55,14 @@ def test_the_state_is_counted_exactly_and_scales_with_the_ranks() -> None:
     # four CPU ranks on one host: four whole models at first, each a quarter state later
     four = training_memory(cfg, world_size=4, processes=4)
     assert four.total == 4 * max(4 * p, -(-20 * p // 4)) + 4 * acts
+    assert parts(four) == {
+        "4 ranks' shares of weights, gradients and adamw state (each builds the whole fp32 "
+        "model first)": 4 * 5 * p,
+        "activations of train.micro_batch_rows × data.seq_len = 8 × 32 tokens × 4 processes":
+            4 * acts}
     assert parts(training_memory(cfg, world_size=4, accelerator=True))[
-        "a 1/4 shard of weights, gradients and adamw state"] == 5 * p  # 20p / 4 ≥ 4p
+        "a rank's 1/4 share of weights, gradients and adamw state (each builds the whole fp32 "
+        "model first)"] == 5 * p  # 20p / 4 ≥ 4p
     frozen = parts(training_memory(tiny_config(*ONE_STEP, "train.freeze=[prelude]")))
     assert frozen["gradients"] == frozen["adamw state"] == 0  # the lower bound stays one
     assert parts(training_memory(tiny_config(*ONE_STEP, "train.optimizer=muon")))[

@@ -109,14 +109,16 @@ def training_memory(cfg: Config, *, world_size: int = 1, processes: int = 1,
              ("EMA", FP32 * params if t.ema_decay > 0 else 0)]
     if world_size > 1:  # FSDP shards; each rank built the whole fp32 model first
         share = -(-sum(size for _, size in state) // world_size)
-        state = [(f"a 1/{world_size} shard of weights, gradients and {t.optimizer} state",
+        whose = f"{processes} ranks' shares" if processes > 1 else f"a rank's 1/{world_size} share"
+        state = [(f"{whose} of weights, gradients and {t.optimizer} state (each builds the "
+                  "whole fp32 model first)",
                   max(share, FP32 * params))]
     per_rank = sum(size for _, size in state)
     acts = activation_bytes(m, t.micro_batch_rows, cfg.data.seq_len, gradient_applications(cfg))
     parts = [(label, size * processes) for label, size in state]
     batch = (f"activations of train.micro_batch_rows × data.seq_len = {t.micro_batch_rows} × "
              f"{cfg.data.seq_len} tokens")
-    parts.append((batch + (f" on each of {processes} processes" if processes > 1 else ""),
+    parts.append((batch + (f" × {processes} processes" if processes > 1 else ""),
                   acts * processes))
     if acts > per_rank:
         return MemoryEstimate(tuple(parts), f"train.micro_batch_rows × data.seq_len = "

@@ -11,7 +11,8 @@ counter continues from the snapshot; only the data cursor jumps. The applied rec
 into ``trainer_state.json`` (``rollbacks``) and the spike log (``rollback`` event).
 
 Rolling back by hand: rerun the segment with ``--attempt 2`` (the record must name the
-snapshot given as ``--resume-from``); delete ``rollback.json`` to retry without skipping.
+snapshot given as ``--resume-from``, under the same config); delete ``rollback.json`` to retry
+without skipping.
 """
 
 from __future__ import annotations
