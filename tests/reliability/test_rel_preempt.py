@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))  # the trainer's helpers
 from support.faults import FAULT_ENV  # noqa: E402
 from trainer_helpers import (  # noqa: E402
+    DATA,
     cli,
     config_file,
     make_pack,
@@ -26,7 +27,10 @@ from trainer_helpers import (  # noqa: E402
 )
 
 from pipeline_lib.errors import PREEMPTED_EXIT, Preempted  # noqa: E402
+from pipeline_lib.spec.data_id import data_id  # noqa: E402
+from pipeline_lib.spec.signatures import train_signature  # noqa: E402
 from pipeline_lib.train.job import train_segment  # noqa: E402
+from pipeline_lib.train.segment_start import job_signature  # noqa: E402
 
 WAIT_S = 90
 
@@ -128,6 +132,51 @@ def test_a_resume_point_of_another_job_is_not_used(pack: Path, reference: Path,
     assert not resume_point(run, 6).exists()
     assert ((run / "other" / "step_0000006" / "model.safetensors").read_bytes()
             == (snap(reference, 6) / "model.safetensors").read_bytes())
+
+
+def test_a_resume_point_made_under_another_config_is_not_continued(
+        pack: Path, tmp_path: Path) -> None:
+    """A SIGTERM stops segment 3→6; then train.lr changes, so the run is retrained (segment
+    0→3 again, then this job): the retry must start from its input, not from the resume
+    point made under the old lr, and end as an uninterrupted run under the new config."""
+    run, new = tmp_path / "run", "train.lr=0.001"
+    train_segment(tiny_config(), pack, None, 3, snap(run, 3))
+    marker = tmp_path / "paused"
+    proc = cli(_args(config_file(tmp_path / "old.yaml"), pack, run),
+               env={FAULT_ENV: f"pause_step=5,pause_s=2,pause_file={marker}"}, faulty=True)
+    rc, out = _signal_during_step(proc, marker, signal.SIGTERM)
+    assert rc == PREEMPTED_EXIT and resume_point(run, 6).is_dir(), out
+    old = json.loads((resume_point(run, 6) / "trainer_state.json").read_text())
+    assert old["preemptions"][-1]["signature"] == train_signature(tiny_config(), data_id(DATA))
+
+    train_segment(tiny_config(new), pack, None, 3, snap(run, 3))  # the retrained input
+    retry = cli(_args(config_file(tmp_path / "new.yaml", new), pack, run, attempt=2))
+    out, _ = retry.communicate(timeout=300)
+    assert retry.returncode == 0, out
+    new_signature = train_signature(tiny_config(new), data_id(DATA))
+    assert (f"resume point {resume_point(run, 6)} was made under train signature "
+            f"{old['preemptions'][-1]['signature']}, this job's is {new_signature} (the config "
+            f"changed since it stopped): not continued, removed; the segment starts from "
+            f"{snap(run, 3)}") in out
+    reference = uninterrupted_run(pack, tmp_path / "reference", new)
+    assert (snap(run, 6) / "model.safetensors").read_bytes() == \
+        (snap(reference, 6) / "model.safetensors").read_bytes()
+    assert [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(reference)]
+    final = json.loads((snap(run, 6) / "trainer_state.json").read_text())
+    assert final["preemptions"] == [] and final["segments"][-1]["start_step"] == 3
+    assert not resume_point(run, 6).exists()
+
+
+def test_the_job_signature_is_the_workflow_train_signature(pack: Path) -> None:
+    """What a resume point records is the segment rule's ``params.signature``: the train
+    signature of the completed config and the pack's data id."""
+    cfg = tiny_config()
+    assert job_signature(cfg, pack) == train_signature(cfg, data_id(DATA))
+    assert job_signature(tiny_config("experiment.seed=7"), pack) \
+        != job_signature(cfg, pack)
+    assert job_signature(tiny_config("train.segment_runtime_minutes=1",  # job time: the same
+                                     "train.stop_margin_minutes=0.5"), pack) == \
+        job_signature(cfg, pack)
 
 
 def test_the_deadline_is_runtime_minus_margin_and_off_at_margin_zero() -> None:

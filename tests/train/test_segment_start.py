@@ -11,7 +11,8 @@ from pipeline_lib.data.loader import DataCursor
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.train import rollback
-from pipeline_lib.train.segment_start import segment_start
+from pipeline_lib.train.segment_start import SegmentStart
+from pipeline_lib.train.segment_start import segment_start as start_of
 
 
 def _snapshot(path: Path, step: int, preemptions: list | None = None) -> Path:
@@ -21,12 +22,21 @@ def _snapshot(path: Path, step: int, preemptions: list | None = None) -> Path:
     return path
 
 
-def _record(run: Path, input_snapshot: Path | None, input_step: int) -> None:
+SIG = "5ea1ed0c0ffee"  # the job's train signature
+
+
+def segment_start(run: Path, input_snapshot: Path | None, until: int, *,
+                  signature: str = SIG, **kwargs) -> SegmentStart:
+    return start_of(run, input_snapshot, until, signature=signature, **kwargs)
+
+
+def _record(run: Path, input_snapshot: Path | None, input_step: int,
+            signature: str = SIG) -> None:
     cursor = DataCursor(0, 8)
     rollback.write_record(run, rollback.make_record(
         input_snapshot=input_snapshot, input_step=input_step, abort_step=input_step + 3,
         first_bad_step=input_step + 1, window_start=cursor, window_end=DataCursor(0, 32),
-        resume_cursor=DataCursor(0, 48), skip_steps=2, attempt=1))
+        resume_cursor=DataCursor(0, 48), skip_steps=2, attempt=1, signature=signature))
 
 
 def test_scratch_resume_and_warm_start(tmp_path: Path) -> None:
@@ -49,7 +59,8 @@ def test_resume_and_warm_start_exclude_each_other(tmp_path: Path) -> None:
 def test_a_resume_point_of_this_job_wins_and_a_foreign_one_is_removed(tmp_path: Path) -> None:
     previous = _snapshot(tmp_path / "snapshots" / "step_0000003", 3)
     point = RunLayout.at(tmp_path).resume_point(9)
-    stop = {"input": str(previous), "until_step": 9, "segment_start": 3, "attempt": 1}
+    stop = {"input": str(previous), "until_step": 9, "segment_start": 3, "attempt": 1,
+            "signature": SIG}
     _snapshot(point, 5, [stop])
     _record(tmp_path, previous, 3)  # a resume point comes first even on a retry
     start = segment_start(tmp_path, previous, 9, attempt=2, warm_start=None)
@@ -75,3 +86,25 @@ def test_a_warm_started_retry_rolls_back_too(tmp_path: Path) -> None:
     _record(tmp_path, None, 0)
     start = segment_start(tmp_path, None, 3, attempt=3, warm_start=init)
     assert start.kind == "rollback" and start.warm_start == init and start.load is None
+
+
+def test_state_of_another_signature_is_never_continued(tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A resume point and a rollback record left under another config (the same job after
+    train.lr changed): the retry starts from its input, and says so once."""
+    previous = _snapshot(tmp_path / "snapshots" / "step_0000003", 3)
+    point = RunLayout.at(tmp_path).resume_point(9)
+    stop = {"input": str(previous), "until_step": 9, "segment_start": 3, "attempt": 1,
+            "signature": "01d5"}
+    _snapshot(point, 5, [stop])
+    _record(tmp_path, previous, 3, signature="01d5")
+    start = segment_start(tmp_path, previous, 9, attempt=2)
+    assert (start.kind, start.load, start.stopped, start.rollback) == ("resume", previous,
+                                                                      None, None)
+    assert not point.exists()  # removed: never continued, and the path is this job's own
+    lines = [r.getMessage() for r in caplog.records if str(point) in r.getMessage()]
+    assert lines == [f"resume point {point} was made under train signature 01d5, this job's "
+                     f"is {SIG} (the config changed since it stopped): not continued, removed; "
+                     f"the segment starts from {previous}"]
+    _snapshot(point, 5, [{**stop, "signature": None}])  # stopped before points had one
+    assert segment_start(tmp_path, previous, 9).kind == "resume" and not point.exists()

@@ -403,7 +403,7 @@ def test_a_first_attempt_ignores_and_then_clears_a_stale_rollback_record(
     rollback.write_record(run, rollback.make_record(
         input_snapshot=None, input_step=0, abort_step=3, first_bad_step=2,
         window_start=DataCursor(0, 8), window_end=DataCursor(0, 24),
-        resume_cursor=DataCursor(0, 40), skip_steps=2, attempt=1))
+        resume_cursor=DataCursor(0, 40), skip_steps=2, attempt=1, signature=""))
     train_segment(tiny_config(), pack, None, 3, snap(run, 3), attempt=1)
     assert [m["cursor"] for m in metrics(run)] == [[0, 0], [0, 8], [0, 16]]  # no jump
     assert not rollback.rollback_path(run).exists()

@@ -123,3 +123,30 @@ def test_cli_abort_then_retry_with_attempt_2(pack: Path, tmp_path: Path, inject_
     # 120, i.e. row 10 of epoch 1 (the pack has 110 rows per epoch)
     assert [r["resume_cursor"] for r in state["rollbacks"]] == [[1, 10]]
     assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_rollback_record_of_another_config_is_not_applied(
+        pack: Path, tmp_path: Path, inject_faults, capsys: pytest.CaptureFixture[str]) -> None:
+    """A spike abort leaves rollback.json; then train.lr changes and the job is retried (a
+    second attempt, now without the spike): the data window found under the old lr is not
+    skipped, and the segment ends as an uninterrupted run under the new config."""
+    run, new = tmp_path / "run", "train.lr=0.001"
+    args = ["train", "--data", str(pack), "--resume-from", "none", "--until-step", "6",
+            "--out", str(snap(run, 6))]
+    old_cfg = config_file(tmp_path / "old.yaml", "train.spike.abort_consecutive=2")
+    inject_faults("spike_rows=24:40")  # steps 4 and 5
+    assert main([*args, "--config", str(old_cfg)]) == 2
+    assert "error: spike guard aborted at step 5" in capsys.readouterr().err
+    assert (run / "train" / "rollback.json").is_file()
+    inject_faults("")
+    new_cfg = config_file(tmp_path / "new.yaml", "train.spike.abort_consecutive=2", new)
+    assert main([*args, "--config", str(new_cfg), "--attempt", "2"]) == 0
+    state = json.loads((snap(run, 6) / "trainer_state.json").read_text())
+    assert state["rollbacks"] == []
+    assert [m["cursor"][1] for m in metrics(run)] == [0, 8, 16, 24, 32, 40]  # no jump
+    assert not (run / "train" / "rollback.json").exists()  # stale: cleared at the end
+    reference = tmp_path / "reference"
+    train_segment(tiny_config("train.spike.abort_consecutive=2", new), pack, None, 6,
+                  snap(reference, 6))
+    assert (snap(run, 6) / "model.safetensors").read_bytes() == \
+        (snap(reference, 6) / "model.safetensors").read_bytes()

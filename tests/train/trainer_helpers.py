@@ -36,12 +36,13 @@ def make_pack(out: Path) -> Path:
     return out
 
 
-def uninterrupted_run(pack: Path, run: Path) -> Path:
-    """The reference of the fault tests: segments 0 → 3 → 6 in this process; ``run``."""
+def uninterrupted_run(pack: Path, run: Path, *overrides: str) -> Path:
+    """The reference of the fault tests: segments 0 → 3 → 6 in this process (the tiny config
+    with ``overrides``); ``run``."""
     from pipeline_lib.train.job import train_segment
 
-    train_segment(tiny_config(), pack, None, 3, snap(run, 3))
-    train_segment(tiny_config(), pack, snap(run, 3), 6, snap(run, 6))
+    train_segment(tiny_config(*overrides), pack, None, 3, snap(run, 3))
+    train_segment(tiny_config(*overrides), pack, snap(run, 3), 6, snap(run, 6))
     return run
 
 

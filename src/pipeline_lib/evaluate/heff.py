@@ -173,9 +173,9 @@ def run_heff(snapshot: Path, data_dir: Path, h_effs: Sequence[int], out: Path, *
     _check_out(out)  # before the sweep, not after it
     dev = resolve_device(device)
     amp = Precision.resolve(precision, dev)  # a device that cannot do it fails before loading
-    loaded = load_for_eval(snapshot, use_ema=use_ema, with_tokenizer=False,  # scores token ids
-                           device=dev)
     data = PackedData(data_dir)
+    loaded = load_for_eval(snapshot, use_ema=use_ema, with_tokenizer=False,  # scores token ids
+                           device=dev, batch_rows=min(batch_rows, data.val_rows))
     objective = _check_pack(data, data_dir, snapshot, loaded.config, objective)
     answer_only = objective.startswith("answer_")
     specs = _adaptive_specs(adaptive, h_effs, loaded.model)

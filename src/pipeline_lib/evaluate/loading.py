@@ -24,9 +24,11 @@ from ..checkpoint.manifest import MANIFEST_NAME, describe_non_snapshot, verify_s
 from ..checkpoint.snapshot import load_model_state
 from ..data.tokenizer_identity import check_same_tokenizer, identify, snapshot_identity
 from ..errors import CheckpointError
+from ..memory_check import check_memory
 from ..model.looped import LoopedLM
 from ..spec.data_id import data_id
 from ..spec.layout import ResultsLayout
+from ..spec.memory import inference_memory, model_subject
 from ..spec.names import TOKENIZER_FILE
 
 
@@ -115,15 +117,22 @@ def snapshot_record(path: Path, hash_files: Sequence[str] = ()) -> tuple[int | N
 def load_for_eval(path: Path, *, use_ema: bool = False, tokenizer: Any = None,
                   with_tokenizer: bool = True,
                   tokenizer_option: str = "tokenizer={} in --model_args",
-                  device: torch.device | str = "cpu") -> LoadedModel:
+                  device: torch.device | str = "cpu", batch_rows: int = 0) -> LoadedModel:
     """Verified weights + config (+ tokenizer) of the snapshot at ``path``, as a ready model
     built on ``device`` (weights fp32, as stored).
 
     ``with_tokenizer=False`` skips the tokenizer (loss-only evaluation needs none);
     ``tokenizer_option`` names the caller's way to pass one (see :func:`snapshot_tokenizer`).
+    Before a weight is read, a model (and, with ``batch_rows``, the caller's batches of
+    ``eval.batch_rows`` full rows) too big for ``device`` is refused in one line
+    (:func:`~pipeline_lib.memory_check.check_memory`).
     """
     path = Path(path)
     step, cfg = snapshot_record(path, [TOKENIZER_FILE] if with_tokenizer else [])
+    check_memory(inference_memory(cfg.model, rows=batch_rows, seq_len=cfg.data.seq_len,
+                                  rows_key="eval.batch_rows",
+                                  subject=f"snapshot {path} with {model_subject(cfg.model)}"),
+                 torch.device(device), "evaluating it")
     state = load_model_state(path, which="ema" if use_ema else "model")
     with torch.device(device):  # built where it runs: no CPU copy of every weight first
         model = LoopedLM(cfg.model)

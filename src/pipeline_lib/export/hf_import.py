@@ -37,7 +37,9 @@ from ..errors import ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
 from ..spec.config import Config, config_yaml
 from ..spec.init_source import fingerprint_id, source_fingerprint
+from ..spec.memory import inference_memory
 from ..spec.names import CONFIG_JSON, TOKENIZER_FILE
+from ..spec.size import param_count
 from .hf_layout import (
     GGUF_PERMUTED,
     TOP_TENSORS,
@@ -215,11 +217,31 @@ def original_config(cfg: Config, source: PretrainedSource) -> Config:
     return init_model_config(cfg, source, LayerChoice.whole(source.arch.layers))
 
 
+def check_source_memory(source: PretrainedSource, cfg: Config, what: str) -> None:
+    """Before a tensor is read: the model ``cfg`` takes from ``source`` (its headers' sizes)
+    must fit in this machine's memory (:func:`~pipeline_lib.memory_check.check_memory`),
+    named under the source's file, not loopline's keys."""
+    import torch  # lazy: the Snakefile's plan imports this module
+
+    from ..memory_check import check_memory  # lazy: torch, as above
+
+    where, model = source.path if source.gguf else source.path / CONFIG_JSON, cfg.model
+    subject = (f"the model of {where} ({source.arch.architecture}, {param_count(model) / 1e9:.3g} "
+               f"B parameters: hidden size {model.d_model}, {model.vocab_size} ids)")
+    estimate = dataclasses.replace(
+        inference_memory(model, subject=subject),
+        fix="import fewer of its layers (--prelude/--core/--coda, model.init_from's) or use a "
+            "machine with more memory")
+    check_memory(estimate, torch.device("cpu"), what)
+
+
 def source_teacher(cfg: Config) -> Any:
     """The whole pretrained model of ``model.init_from.source`` (:func:`original_config`),
     read once: the teacher of ``train.distill.teacher = source``."""
     source = read_source(cfg.model.init_from.source)
-    return build_imported_model(original_config(cfg, source),
+    teacher = original_config(cfg, source)
+    check_source_memory(source, teacher, "the distillation teacher (train.distill.teacher)")
+    return build_imported_model(teacher,
                                 mapped_state(source, LayerChoice.whole(source.arch.layers)))
 
 
@@ -255,6 +277,7 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     choice = choice or LayerChoice.whole(arch.layers)
     _check_out(out, source)
     cfg = init_model_config(cfg, src, choice, adapter)
+    check_source_memory(src, cfg, "importing it")
     tok_cfg = cfg.data.tokenizer
     own = tok_cfg.type == "file" and tok_cfg.path
     tok, info = tokenizer_from_source(Path(tok_cfg.path).expanduser() if own else source,

@@ -29,7 +29,7 @@ from .metrics import TrainLog
 from .preempt import StopRequest
 from .run_logs import check_run_logs, claim_run_logs
 from .run_tracking import SegmentTracking
-from .segment_start import SegmentStart, check_start_inputs, segment_start
+from .segment_start import SegmentStart, check_start_inputs, job_signature, segment_start
 from .trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     if rank == 0 and tracking is not None and cfg.tracking.enabled:  # a lost or corrupt store
         check_store(cfg, run_dir)
     start = segment_start(run_dir, resume_from, until_step, attempt=attempt,
-                          warm_start=warm_start)
+                          warm_start=warm_start, signature=job_signature(cfg, data_dir))
     trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank,
                             build_source=build_source)
     trainer.restore(start)
@@ -163,7 +163,7 @@ def _stop(trainer: Trainer, train_log: TrainLog, point: Path, reason: str, *,
     step = trainer.state.step
     trainer.save_resume_point(point, train_log, {
         "step": step, "reason": reason, "attempt": attempt, "until_step": until_step,
-        "segment_start": job_start,
+        "segment_start": job_start, "signature": trainer.signature,
         "input": None if trainer.input_snapshot is None else str(trainer.input_snapshot)})
     train_log.commit(step)
     raise Preempted(f"segment {job_start}→{until_step} stopped by {reason} after step {step}: "

@@ -47,7 +47,7 @@ from .job import check_segment_outputs, train_segment
 from .lease import run_lease
 from .preempt import STOP_SIGNALS, latched_signal
 from .run_tracking import SegmentTracking
-from .segment_start import usable_resume_point
+from .segment_start import job_signature, stop_record
 
 if TYPE_CHECKING:  # only a type here; the teacher is built in the segment job
     from .distill import SourceBuilder
@@ -171,19 +171,21 @@ def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step
         config_path.unlink(missing_ok=True)
     if rc != 0:
         reason = failure_line(tail) or f"no error line in its output (exit status {rc})"
-        if _stopped_with_resume_point(run_dir or run_dir_of(Path(out)), resume_from,
-                                      until_step, attempt):
+        if _stopped_with_resume_point(run_dir or run_dir_of(Path(out)), until_step, attempt,
+                                      job_signature(cfg, data_dir)):
             raise Preempted(reason.removeprefix("stopped: "))
         raise TrainingError(f"{cfg.train.nproc}-process training to step {until_step} failed: "
                             f"{reason}; the full output is in the job log")
     return Path(out)
 
 
-def _stopped_with_resume_point(run_dir: Path, resume_from: Path | None, until_step: int,
-                               attempt: int) -> bool:
-    point = RunLayout.at(run_dir).resume_point(until_step)
-    record = usable_resume_point(point, resume_from, until_step)
-    return record is not None and int(record.get("attempt", 0)) == attempt
+def _stopped_with_resume_point(run_dir: Path, until_step: int, attempt: int,
+                               signature: str) -> bool:
+    """Whether the workers stopped this attempt with a resume point (read, never removed:
+    judging it is the next attempt's :func:`~.segment_start.segment_start`)."""
+    record = stop_record(RunLayout.at(run_dir).resume_point(until_step))
+    return (record is not None and int(record.get("attempt", 0)) == attempt
+            and record.get("signature") == signature)
 
 
 def _forward_stops(proc: subprocess.Popen) -> dict[int, Any]:

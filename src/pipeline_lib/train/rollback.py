@@ -4,12 +4,15 @@ When the guard aborts a segment, the job writes ``{run}/train/rollback.json`` an
 with a message naming the last good snapshot (its input). When the same job runs again as
 a retry (Snakemake ``retries:``, ``attempt > 1``) from that same input snapshot, it
 resumes from it with the data cursor moved past the window that caused the abort plus
-``train.rollback_skip_steps`` more steps (the prototype's RESUME_SKIP_STEPS). The step
+``train.rollback_skip_steps`` more steps (the prototype's RESUME_SKIP_STEPS), provided the
+config's train signature is still the one the record was made under (a window found under
+another ``train.lr`` or seed says nothing about this config's run). The step
 counter continues from the snapshot; only the data cursor jumps. The applied record goes
 into ``trainer_state.json`` (``rollbacks``) and the spike log (``rollback`` event).
 
 Rolling back by hand: rerun the segment with ``--attempt 2`` (the record must name the
-snapshot given as ``--resume-from``); delete ``rollback.json`` to retry without skipping.
+snapshot given as ``--resume-from``, under the same config); delete ``rollback.json`` to retry
+without skipping.
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ def rollback_path(run_dir: Path) -> Path:
 
 def make_record(*, input_snapshot: Path | None, input_step: int, abort_step: int,
                 first_bad_step: int, window_start: DataCursor, window_end: DataCursor,
-                resume_cursor: DataCursor, skip_steps: int, attempt: int) -> dict[str, Any]:
-    """The rollback record of an aborted segment (plain JSON)."""
+                resume_cursor: DataCursor, skip_steps: int, attempt: int,
+                signature: str) -> dict[str, Any]:
+    """The rollback record of an aborted segment (plain JSON); ``signature``: the job's
+    train signature (:func:`~.segment_start.job_signature`)."""
     return {
         "input_snapshot": None if input_snapshot is None else str(input_snapshot),
         "input_step": input_step,
+        "signature": signature,
         "abort_step": abort_step,
         "window_steps": [first_bad_step, abort_step],
         "window_cursor": [window_start.to_json(), window_end.to_json()],
@@ -83,8 +89,8 @@ def _same_snapshot(recorded: str | None, given: Path | None) -> bool:
         return a.name == b.name
 
 
-def matching_record(run_dir: Path, input_snapshot: Path | None,
-                    input_step: int) -> dict[str, Any] | None:
+def _record_of_input(run_dir: Path, input_snapshot: Path | None,
+                     input_step: int) -> dict[str, Any] | None:
     """The rollback record written by an aborted attempt from this very input, else None."""
     path = rollback_path(run_dir)
     if not path.is_file():
@@ -104,10 +110,26 @@ def matching_record(run_dir: Path, input_snapshot: Path | None,
     return record
 
 
+def matching_record(run_dir: Path, input_snapshot: Path | None, input_step: int,
+                    signature: str) -> dict[str, Any] | None:
+    """The rollback record written by an aborted attempt from this very input under the
+    train ``signature``, else None (a record of another signature is left to
+    :func:`clear_record`)."""
+    record = _record_of_input(run_dir, input_snapshot, input_step)
+    if record is None or record.get("signature") == signature:
+        return record
+    log.warning("rollback record %s was made under train signature %s, this job's is %s (the "
+                "config changed since the abort): not applied; the segment resumes %s as it is",
+                rollback_path(run_dir), record.get("signature", "(none recorded)"), signature,
+                input_snapshot or "from scratch")
+    return None
+
+
 def clear_record(run_dir: Path, input_snapshot: Path | None, input_step: int) -> bool:
     """Remove the record once a segment from its input has finished (applied, it lives on
-    in ``trainer_state.json``; not applied, it is stale). Returns whether one was removed."""
-    if matching_record(run_dir, input_snapshot, input_step) is None:
+    in ``trainer_state.json``; not applied, of this signature or another, it is stale).
+    Returns whether one was removed."""
+    if _record_of_input(run_dir, input_snapshot, input_step) is None:
         return False
     rollback_path(run_dir).unlink(missing_ok=True)
     return True

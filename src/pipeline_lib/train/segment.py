@@ -19,6 +19,7 @@ import torch
 
 from ..data.loader import DataCursor, PackedData
 from ..errors import CheckpointError, ConfigError, DataError
+from ..memory_check import check_training_memory
 from ..model.looped import LoopedLM
 from ..spec.config import Config
 from ..spec.rules import check_exit_gate_trained
@@ -107,8 +108,11 @@ def set_determinism(enabled: bool, device: torch.device, *, compiled: bool = Fal
         torch._C._set_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
-def build_model(cfg: Config, device: torch.device) -> LoopedLM:
-    """The model, initialised from ``experiment.seed`` (on the CPU, then moved)."""
+def build_model(cfg: Config, device: torch.device, world_size: int = 1) -> LoopedLM:
+    """The model, initialised from ``experiment.seed`` (on the CPU, then moved); a config
+    whose training cannot fit in memory is refused first, before anything is allocated
+    (:func:`~pipeline_lib.memory_check.check_training_memory`)."""
+    check_training_memory(cfg, device, world_size)
     seed = cfg.experiment.seed
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -89,6 +89,7 @@ class Trainer:
     world_size: int = 1
     rank: int = 0
     input_snapshot: Path | None = None  # the snapshot this segment resumed (its last good one)
+    signature: str = ""  # the job's train signature (its rollback record carries it)
     resume_step: int = 0
     rollback: dict[str, Any] | None = None  # a rollback record waiting for its step
     rollback_applied: bool = False
@@ -124,7 +125,7 @@ class Trainer:
             raise ConfigError("train.total_steps = 0 reached the trainer: a token budget is "
                               "turned into steps by pipeline_lib.workflow.resolve.resolve_run; "
                               "train the config of the run's RunSpec")
-        model = build_model(cfg, device)  # the same seeded init on every rank
+        model = build_model(cfg, device, world_size)  # same seeded init on every rank
         if cfg.train.freeze:  # before sharding, the optimizer and the EMA see the flags
             frozen = freeze_parts(model, cfg.train.freeze)
             log.info("train.freeze %s: %d parameters fixed", cfg.train.freeze, frozen)
@@ -193,7 +194,7 @@ class Trainer:
         """Begin as ``start`` says (:func:`~.segment_start.segment_start` decided it): load
         its input snapshot or this job's resume point (neither: fresh), copy a warm start's
         weights, hold a rollback record until its step."""
-        self.input_snapshot = start.input
+        self.input_snapshot, self.signature = start.input, start.signature
         self.guard.last_good_snapshot = None if start.input is None else str(start.input)
         if start.load is not None:
             snap = self._load(start.load)
@@ -333,7 +334,7 @@ class Trainer:
             input_snapshot=self.input_snapshot, input_step=self.resume_step, abort_step=step,
             first_bad_step=first_bad, window_start=cursors[first_bad], window_end=next_cursor,
             resume_cursor=self.data.advance(next_cursor, skip, self.plan.global_batch_rows),
-            skip_steps=skip, attempt=attempt)
+            skip_steps=skip, attempt=attempt, signature=self.signature)
         path = rollback.write_record(run_dir, record)
         log.error("spike guard abort at step %d: rollback record %s (a retry resumes from %s "
                   "at cursor %s)", step, path, self.input_snapshot or "scratch",
