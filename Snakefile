@@ -1,5 +1,6 @@
 # loopline: pack a corpus, train a looped transformer in segments, sweep test-time depth,
 # run downstream benchmarks, track everything in MLflow. All logic lives in src/pipeline_lib.
+from snakemake.logging import logger
 from snakemake.utils import min_version
 
 from pipeline_lib.workflow.cluster_job import enter_cluster_job
@@ -42,8 +43,10 @@ include: "workflow/rules/report.smk"
 # stopped segment exits 75 (pipeline_lib.workflow.cluster_job).
 if workflow.remote_exec:
     enter_cluster_job(workflow, PLAN)
-if not IN_JOB:  # the main call: its digests go to its jobs
+if not IN_JOB:  # the main call: its digests go to its jobs; what retention did not do
     export_digests(workflow, PLAN.spec_digests())
+    for note in PLAN.retention_notes():
+        logger.warning(note)
 
 
 rule all:

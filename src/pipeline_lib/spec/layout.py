@@ -13,6 +13,7 @@
         snapshots/step_{step:07d}/           # kept snapshots
         snapshots/transient/step_{step:07d}/  # temporary ones (Snakemake temp())
         snapshots/index.json  snapshots/final  snapshots/best/
+        snapshots/retention.json             # where each written snapshot went (kept or not)
         specs/{digest}.yaml                  # the run's completed config, one per digest
         train/metrics.jsonl  train/spike_events.jsonl  train/rollback.json  tensorboard/
         train/owners.json                    # loose snapshots only: whose logs these are
@@ -46,6 +47,7 @@ BEST_DIR = "best"  # the best snapshot's copy (checkpoint.best), under snapshots
 INDEX_FILE = "index.json"  # the kept snapshots (checkpoint.index), under snapshots/
 FINAL_LINK = "final"  # beside the index: a link to the last kept snapshot
 SPECS_DIR = "specs"  # the run's completed configs by digest (spec.run_spec)
+RETENTION_FILE = "retention.json"  # how each written snapshot was kept (spec.retention)
 TRACKING_JSON = "tracking.json"
 TRACKING_LOCK = ".tracking.lock"
 TRACKING_FILES_DIR = "tracking_files"  # resolved configs logged as parent-run artifacts
@@ -163,6 +165,11 @@ class RunLayout:
     @property
     def index(self) -> Path:
         return self.snapshots_dir / INDEX_FILE
+
+    @property
+    def retention(self) -> Path:
+        """Where each snapshot written was put, kept or temporary (spec.retention)."""
+        return self.snapshots_dir / RETENTION_FILE
 
     @property
     def final(self) -> Path:

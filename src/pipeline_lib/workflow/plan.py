@@ -4,7 +4,8 @@ Runs (:class:`~pipeline_lib.workflow.run_plan.RunPlan`: the resolved spec and it
 which every job's params name, the signatures, segment ends and kept snapshot steps), data
 ids, and the paths of each (from :mod:`pipeline_lib.spec.layout`). Kept snapshots are
 outputs; the others are temporary outputs that Snakemake deletes once the next segment
-consumed them, so a finished run re-run finds nothing to do. Torch-free and cheap: Snakemake
+consumed them, so a finished run re-run finds nothing to do; which is which is decided when a
+snapshot is written (:mod:`pipeline_lib.spec.retention`). Torch-free and cheap: Snakemake
 evaluates this on every call, dry runs included, and the per-segment functions once per
 segment job: lookups.
 """
@@ -110,6 +111,10 @@ class WorkflowPlan:
     def spec_ref(self, run: str) -> SpecRef:
         """``params.spec`` of every job of ``run``: the spec it reads and checks."""
         return self.runs[run].spec_ref
+
+    def retention_notes(self) -> list[str]:
+        """Where the kept snapshots differ from the snapshots settings, one line each."""
+        return [note for plan in self.runs.values() for note in plan.retention_notes()]
 
     # ------------------------------------------------------------------ runs and data
 

@@ -1,5 +1,5 @@
 """One run of the Snakefile's plan: its spec (and that spec's digest), its train signature,
-its segment ends and the segment ends whose snapshots are kept.
+its segment ends and where each segment's snapshot goes (kept or temporary).
 
 Torch-free and cheap, like :mod:`pipeline_lib.workflow.plan`, which holds one per run.
 """
@@ -11,31 +11,35 @@ from functools import cached_property
 
 from ..spec.config import Config
 from ..spec.layout import RunLayout
+from ..spec.retention import Retention, retention
 from ..spec.run_spec import RunSpec, SpecRef
 from ..spec.signatures import train_signature
-from ..spec.snapshots import anchor_steps, kept_steps, segment_ends
+from ..spec.snapshots import anchor_steps, segment_ends
 
 
 @dataclass(frozen=True)
 class RunPlan:
     """One variant of the experiment: its :class:`RunSpec` (the completed config), the
-    digest of its spec file, its train signature, and the steps its segments end at and keep."""
+    digest of its spec file, its train signature, and the steps its segments end at and keep
+    (:func:`pipeline_lib.spec.retention.retention`: the settings decide the snapshots not
+    written yet)."""
 
     spec: RunSpec
     digest: str
     train_signature: str
     segment_ends: list[int]
-    kept_steps: list[int]
+    retention: Retention
 
     @classmethod
     def of(cls, spec: RunSpec, layout: RunLayout, digest: str | None = None) -> RunPlan:
-        """The plan of ``spec``, whose run directory is ``layout``'s; ``digest``: its spec
-        file's, when read from one (else computed)."""
+        """The plan of ``spec``, whose run directory is ``layout``'s (read for the snapshots
+        written); ``digest``: its spec file's, when read from one (else computed)."""
         cfg = spec.config
         ends = segment_ends(cfg.train.total_steps, cfg.train.steps_per_segment)
-        return cls(spec=spec, digest=digest or spec.digest,
-                   train_signature=train_signature(cfg, spec.data_id), segment_ends=ends,
-                   kept_steps=kept_steps(ends, cfg.snapshots))
+        signature = train_signature(cfg, spec.data_id)
+        return cls(spec=spec, digest=digest or spec.digest, train_signature=signature,
+                   segment_ends=ends,
+                   retention=retention(layout, ends, cfg.snapshots, signature))
 
     @property
     def name(self) -> str:
@@ -55,6 +59,10 @@ class RunPlan:
         return SpecRef(self.name, self.digest)
 
     @property
+    def kept_steps(self) -> list[int]:
+        return self.retention.kept
+
+    @property
     def final_step(self) -> int:
         return self.segment_ends[-1]
 
@@ -71,3 +79,25 @@ class RunPlan:
     @cached_property
     def kept_set(self) -> frozenset[int]:
         return frozenset(self.kept_steps)
+
+    def retention_notes(self) -> list[str]:
+        """One line per way the kept snapshots differ from the settings (none when they
+        agree): what a changed ``snapshots.keep_last``/``keep_every`` did not do."""
+        notes, r = [], self.retention
+        if r.lost:
+            notes.append(f"run {self.name}: snapshots.keep_last/keep_every now keep step(s) "
+                         f"{_steps(r.lost)}, written as temporary snapshots (deleted once the "
+                         "next segment has read them): they cannot come back without "
+                         "retraining, so they stay temporary and out of snapshots/index.json; "
+                         "nothing retrains")
+        if r.held:
+            notes.append(f"run {self.name}: step(s) {_steps(r.held)} were written as kept "
+                         "snapshots and stay kept (listed in snapshots/index.json), though "
+                         "snapshots.keep_last/keep_every no longer keep them: the settings "
+                         "decide only the snapshots written from now on")
+        return notes
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:10])) + (f" and {len(steps) - 10} more"
+                                              if len(steps) > 10 else "")
