@@ -145,12 +145,12 @@ def test_changing_keep_last_retrains_nothing(finished: Path, tmp_path: Path, kee
     result = snakemake(work, "--cores", "2", configs=(keep,))
     assert result.returncode == 0, failure_report(work, result)
     out = result.stdout + result.stderr
-    notes = [line for line in out.splitlines() if line.startswith(f"run {RUN}: ")]
-    assert len(notes) == 1 and says in notes[0], notes
     jobs = job_counts(out)
     # the parent run takes the new config (track_config) and is finished again: no
     # segment, no sweep, no benchmark, no index
     assert set(jobs) == {"track_config", "track_done", "all"}, jobs
+    notes = [line for line in out.splitlines() if line.startswith(f"run {RUN}: ")]
+    assert len(notes) == 1 and says in notes[0], notes
     assert _snapshot_state(work) == before and _metrics(work) == metrics
     snaps = work / "results" / RUN / "snapshots"
     index = json.loads((snaps / "index.json").read_text())
