@@ -1,9 +1,11 @@
 # loopline: pack a corpus, train a looped transformer in segments, sweep test-time depth,
 # run downstream benchmarks, track everything in MLflow. All logic lives in src/pipeline_lib.
+from snakemake.logging import logger
 from snakemake.utils import min_version
 
 from pipeline_lib.workflow.cluster_job import enter_cluster_job
 from pipeline_lib.workflow.plan import plan_for_snakemake
+from pipeline_lib.workflow.run_specs import export_digests
 from pipeline_lib.workflow.slurm_status import check_status_command
 from pipeline_lib.workflow.stages.parent_runs import close_open_parents
 
@@ -17,10 +19,14 @@ min_version("9.0")
 # workflow/schemas is generated from the same dataclasses and bounds (it documents them), and
 # it would reject Snakemake's string-valued --config entries that the loader converts.
 # Each run's config is completed once here (pipeline_lib.workflow.resolve.resolve_run) and
-# written to {run}/run_spec.yaml by onstart, before the first job: the jobs read that file
-# instead of planning the experiment again; a cluster job's own Snakemake reads it too.
+# written to {run}/specs/{digest}.yaml by onstart, before the first job; every job's
+# params.spec names that digest, and the job reads and checks exactly that file instead of
+# planning the experiment again. A job's own Snakemake (a cluster job's, or one a job spawns)
+# plans with the same files: the digests travel in its environment
+# (pipeline_lib.workflow.run_specs).
+IN_JOB = workflow.remote_exec or workflow.subprocess_exec
 PLAN = plan_for_snakemake(config, workflow.config_settings.configfiles,
-                          workflow.config_settings.config, saved_specs=workflow.remote_exec)
+                          workflow.config_settings.config, in_job=IN_JOB)
 
 
 include: "workflow/rules/common.smk"
@@ -37,6 +43,10 @@ include: "workflow/rules/report.smk"
 # stopped segment exits 75 (pipeline_lib.workflow.cluster_job).
 if workflow.remote_exec:
     enter_cluster_job(workflow, PLAN)
+if not IN_JOB:  # the main call: its digests go to its jobs; what retention did not do
+    export_digests(workflow, PLAN.spec_digests())
+    for note in PLAN.retention_notes():
+        logger.warning(note)
 
 
 rule all:
@@ -46,10 +56,10 @@ rule all:
 
 
 # Under the SLURM executor: a cluster whose sacct cannot report jobs (no accounting storage)
-# ends here in one line naming the fix, before any job is submitted. Then every run's
-# run_spec.yaml is written (where it changed), before any job reads it. Not a rule: a rule
-# keyed on the config would, when it must rerun, mask every job below it from Snakemake's
-# own params checks (see track.smk's track_config), and a changed train.lr would not retrain.
+# ends here in one line naming the fix, before any job is submitted. Then every run's spec
+# file is written (where missing), before any job reads it. Not a rule: a rule keyed on the
+# config would, when it must rerun, mask every job below it from Snakemake's own params
+# checks (see track.smk's track_config), and a changed train.lr would not retrain.
 onstart:
     check_status_command(workflow)
     PLAN.write_run_specs()

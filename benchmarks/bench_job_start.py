@@ -4,18 +4,20 @@ Start-up: from the start of the Snakemake call that runs the job to the start of
 stage's first step (the moment the first line of ``train/metrics.jsonl`` appears, less that
 step's own ``step_time_s``): Snakemake's parse and plan, the job's spawn, the script's
 imports, its config (before issue 28 every job planned the whole experiment again; now it
-reads ``{run}/run_spec.yaml``), the trainer's build. Two ways a job starts:
+reads the spec file its params name, ``{run}/specs/{digest}.yaml``), the trainer's build.
+Two ways a job starts:
 
 - ``local``: ``snakemake --cores 1 TARGET``, the first segment's snapshot missing (local
   executor: the script runs in a child process);
 - ``cluster``: the command a cluster executor runs on the node, ``snakemake --mode remote
   --target-jobs train_segment:run=r0,step=0000001 …`` (its own Snakemake parses the
-  Snakefile and builds the plan before the job; run here without a cluster).
+  Snakefile and builds the plan before the job, from the specs the main call names in
+  ``LOOPLINE_RUN_SPECS``, which a cluster job inherits; run here without a cluster).
 
 The experiment has ``--runs`` variants of a tiny model (two one-step segments, every
 snapshot kept, tracking off): the old path's cost grows with them. Each side gets its own
 working directory, prepared once (pack, bookkeeping, the first segment trained as a
-warm-up; the main call writes run_spec.yaml there); the measurements alternate between the
+warm-up; the main call writes the runs' specs there); the measurements alternate between the
 sides, best of ``--repeats``. Imported by :mod:`bench_plan` (its ``--baseline``); alone:
 ``python benchmarks/bench_job_start.py [--baseline REV] [--runs R] [--repeats N]``.
 """
@@ -64,8 +66,12 @@ def checkout(revision: str) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def _env(root: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(root / "src")}
+def _env(root: Path, work: Path | None = None) -> dict[str, str]:
+    """The environment of a call: this tree's library, and in ``work`` the spec digests the
+    main call hands its cluster jobs (each run's one spec file; none before they existed)."""
+    specs = sorted(work.glob("results/*/specs/*.yaml")) if work is not None else []
+    digests = ",".join(f"{p.parent.parent.name}={p.stem}" for p in specs)
+    return {**os.environ, "PYTHONPATH": str(root / "src"), "LOOPLINE_RUN_SPECS": digests}
 
 
 def _run(cmd: list[str], root: Path, work: Path) -> None:
@@ -105,7 +111,7 @@ def start_up(root: Path, work: Path, how: str) -> float:
     metrics = work / "results" / RUN / "train" / "metrics.jsonl"
     started = time.perf_counter()
     proc = subprocess.Popen(_command(root, work, how), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=_env(root), cwd=work)
+                            stderr=subprocess.PIPE, text=True, env=_env(root, work), cwd=work)
     seen, line = None, ""
     while seen is None and proc.poll() is None:
         with contextlib.suppress(OSError):

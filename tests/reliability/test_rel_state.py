@@ -8,6 +8,9 @@
   current values, the config artifact) and tags the stage runs it replaced
   ``loopline.superseded = true``.
 - Every attempt of a job keeps its own log (a Snakemake retry used to overwrite it).
+- Changing only the retention (``snapshots.keep_last``) retrains nothing: a grown one cannot
+  bring back a deleted temporary snapshot (one line says so), a shrunk one leaves the kept
+  snapshots kept and listed; no snapshot lies outside the index.
 """
 
 from __future__ import annotations
@@ -114,6 +117,48 @@ def test_deleted_kept_and_final_snapshots_are_rebuilt(finished: Path, tmp_path: 
     assert not parent.data.tags.get("loopline.params_changed")  # (nothing changed)
     again = snakemake(work, "--cores", "1", "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+# ------------------------------------------------------------------ retention
+
+
+def _snapshot_state(work: Path) -> dict[str, int]:
+    """Every file under the run's snapshots/ with its mtime (what a retraining rewrites)."""
+    snaps = work / "results" / RUN / "snapshots"
+    return {str(p.relative_to(snaps)): p.stat().st_mtime_ns for p in snaps.rglob("*")
+            if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep_last, says", [
+    (3, "now keep step(s) 2, written as temporary snapshots (deleted once the next segment "
+        "has read them): they cannot come back without retraining"),
+    (1, "step(s) 4 were written as kept snapshots and stay kept (listed in "
+        "snapshots/index.json), though snapshots.keep_last/keep_every no longer keep them"),
+])
+def test_changing_keep_last_retrains_nothing(finished: Path, tmp_path: Path, keep_last: int,
+                                             says: str) -> None:
+    work = _clone(finished, tmp_path / "work")
+    before, metrics = _snapshot_state(work), _metrics(work)
+    keep = tmp_path / "keep.yaml"
+    keep.write_text(f"snapshots: {{keep_last: {keep_last}}}\n")
+    result = snakemake(work, "--cores", "2", configs=(keep,))
+    assert result.returncode == 0, failure_report(work, result)
+    out = result.stdout + result.stderr
+    jobs = job_counts(out)
+    # the parent run takes the new config (track_config) and is finished again: no
+    # segment, no sweep, no benchmark, no index
+    assert set(jobs) == {"track_config", "track_done", "all"}, jobs
+    notes = [line for line in out.splitlines() if line.startswith(f"run {RUN}: ")]
+    assert len(notes) == 1 and says in notes[0], notes
+    assert _snapshot_state(work) == before and _metrics(work) == metrics
+    snaps = work / "results" / RUN / "snapshots"
+    index = json.loads((snaps / "index.json").read_text())
+    on_disk = sorted(int(p.name.removeprefix("step_")) for p in snaps.glob("step_*"))
+    assert [e["step"] for e in index["kept"]] == on_disk == KEPT  # no snapshot outside it
+    assert not list((snaps / "transient").glob("step_*"))
+    again = snakemake(work, "--cores", "1", "-n", configs=(keep,))
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
 
 
 # ------------------------------------------------------------------ stale tracking

@@ -35,6 +35,38 @@ def test_kept_and_temporary_snapshot_paths():
     assert plan.anchors(run) == []  # short temporary chains need none
 
 
+def test_snapshots_written_keep_their_paths_when_the_retention_changes(tmp_path):
+    """A finished run (kept 40, 50 of five segments; keep_last 2): growing keep_last leaves
+    the deleted temporary ones temporary (no target to rebuild, the next segment's input path
+    unchanged), shrinking it leaves the kept ones kept and listed; one line says each."""
+    results = tmp_path / "results"
+    common = ["train.total_steps=50", "train.steps_per_segment=10",
+              f"experiment.results_dir={results}"]
+    run = _plan(*common).run_names[0]
+    for step in (40, 50):
+        (results / run / "snapshots" / f"step_{step:07d}").mkdir(parents=True)
+    finished = _plan(*common, "snapshots.keep_last=2")
+    assert finished.runs[run].kept_steps == [40, 50] and finished.retention_notes() == []
+    grown = _plan(*common, "snapshots.keep_last=4")
+    assert grown.runs[run].kept_steps == [40, 50]
+    assert [grown.snapshot_path(run, s) for s in (20, 30, 40)] == \
+        [finished.snapshot_path(run, s) for s in (20, 30, 40)]
+    assert grown.previous_snapshot(run, 40)[0].endswith("snapshots/transient/step_0000030")
+    assert grown.kept_snapshots(run) == finished.kept_snapshots(run)
+    (note,) = grown.retention_notes()
+    assert note.startswith(f"run {run}: snapshots.keep_last/keep_every now keep step(s) 20, 30,")
+    shrunk = _plan(*common, "snapshots.keep_last=1")
+    assert shrunk.runs[run].kept_steps == [40, 50]
+    assert shrunk.snapshot_path(run, 40).endswith("snapshots/step_0000040")
+    assert shrunk.heff_results(run) == finished.heff_results(run)
+    (note,) = shrunk.retention_notes()
+    assert note.startswith(f"run {run}: step(s) 40 were written as kept snapshots and stay kept")
+    # a run not started yet follows the settings
+    fresh = _plan(*common[:2], f"experiment.results_dir={tmp_path / 'other'}",
+                  "snapshots.keep_last=4")
+    assert fresh.runs[run].kept_steps == [20, 30, 40, 50]
+
+
 def test_long_temporary_chains_get_anchors_and_targets_come_in_step_order():
     plan = _plan("train.total_steps=3000", "train.steps_per_segment=10", "snapshots.keep_last=1",
                  "snapshots.keep_every=0", "experiment.results_dir=out")

@@ -62,8 +62,9 @@ def test_second_call_has_nothing_to_do(tiny_pipeline: Path):
 
 
 def test_each_run_has_the_spec_the_main_call_resolved(tiny_pipeline: Path):
-    """``{run}/run_spec.yaml`` holds the run as the Snakefile's plan resolved it (written by
-    onstart before the first job); the segments trained that config."""
+    """``{run}/specs/{digest}.yaml`` holds the run as the Snakefile's plan resolved it
+    (written by onstart before the first job, named by the digest every job's params carry);
+    the segments trained that config."""
     from pipeline_lib.checkpoint.compat import snapshot_config
     from pipeline_lib.spec.config import load_config, to_dict
     from pipeline_lib.spec.run_spec import read_run_spec
@@ -71,9 +72,12 @@ def test_each_run_has_the_spec_the_main_call_resolved(tiny_pipeline: Path):
 
     plan = WorkflowPlan(to_dict(load_config(TINY)))
     for run in RUNS:
-        spec = read_run_spec(tiny_pipeline / "results" / run)
+        run_dir = tiny_pipeline / "results" / run
+        digest = plan.runs[run].digest
+        assert sorted(p.name for p in (run_dir / "specs").iterdir()) == [f"{digest}.yaml"]
+        spec = read_run_spec(run_dir, digest)
         assert spec == plan.runs[run].spec
-        trained = snapshot_config(tiny_pipeline / "results" / run / "snapshots" / "final")
+        trained = snapshot_config(run_dir / "snapshots" / "final")
         assert to_dict(trained.train) == to_dict(spec.config.train)
         assert trained.model.loops == spec.config.model.loops
 

@@ -12,6 +12,7 @@ rule bench_downstream:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
         signature=lambda wc: PLAN.bench_signature(wc.run),
     log:
         RUN.log("bench_downstream", STEP),
@@ -40,6 +41,7 @@ rule summarize_bench:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
     log:
         RUN.log("summarize_bench"),
     resources:

@@ -7,6 +7,11 @@ from pipeline_lib.spec.layout import job_benchmark, job_log
 RUN = PLAN.run_layout("{run}")
 STEP = "{step}"
 
+# Every job of a run reads its completed config from the spec file its params.spec names
+# (PLAN.spec_ref(run): the run and the spec's digest) and checks it before any work. The
+# digest changes with any key, but it is no object Snakemake's params trigger records: the
+# signatures among the params decide what reruns, and finished runs stay finished.
+
 
 # SLURM resources of every submitted rule, from the config's resources: and train: sections
 # (pipeline_lib.workflow.cluster_resources decides); override one rule with Snakemake's own

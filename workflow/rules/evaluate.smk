@@ -12,6 +12,7 @@ rule eval_heff:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
         signature=lambda wc: PLAN.eval_signature(wc.run),
     log:
         RUN.log("eval_heff", STEP),
@@ -54,6 +55,7 @@ rule summarize_heff:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
     log:
         RUN.log("summarize_heff"),
     resources:
@@ -79,6 +81,7 @@ rule eval_trajectories:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
     log:
         RUN.log("eval_trajectories", STEP),
     benchmark:

@@ -12,6 +12,7 @@ rule export:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
         use_ema=lambda wc: PLAN.runs[wc.run].config.eval.use_ema,
     log:
         RUN.log("export"),

@@ -33,6 +33,7 @@ rule track_init:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
     log:
         RUN.log("track_init"),
     conda:
@@ -54,6 +55,7 @@ rule track_config:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
         data_id=lambda wc: PLAN.runs[wc.run].data_id,
         signature=lambda wc: PLAN.config_signature(wc.run),
     log:
@@ -75,6 +77,7 @@ rule track_done:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
     log:
         RUN.log("track_done"),
     conda:

@@ -13,6 +13,7 @@ rule import_init:
     params:
         run=lambda wc: wc.run,
         run_dir=lambda wc: PLAN.run_dir(wc.run),
+        spec=lambda wc: PLAN.spec_ref(wc.run),
         signature=lambda wc: PLAN.init_signature(wc.run),
     log:
         RUN.log("import_init"),
@@ -33,6 +34,7 @@ rule train_segment:
     params:
         run="{run}",  # a string, not a function: Snakemake fills in the wildcard cheaply
         run_dir=lambda wc: PLAN.run_dir(wc.run),  # (snakemake --lint wants no path prefix)
+        spec=lambda wc: PLAN.spec_ref(wc.run),
         signature=lambda wc: PLAN.train_signature(wc.run),
     log:
         RUN.log("train_segment", STEP),

@@ -20,4 +20,5 @@ with run_job(snakemake, snakemake.threads) as cfg:
                 int(snakemake.wildcards.step), Path(snakemake.output.snapshot),
                 Path(snakemake.params.run_dir),
                 attempt=current_attempt(snakemake.log[0]),  # > 1: a retry (a rollback)
-                warm_start=Path(init[0]) if init else None)
+                warm_start=Path(init[0]) if init else None,
+                signature=snakemake.params.signature)  # where the snapshot went, under it

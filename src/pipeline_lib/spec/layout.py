@@ -13,6 +13,8 @@
         snapshots/step_{step:07d}/           # kept snapshots
         snapshots/transient/step_{step:07d}/  # temporary ones (Snakemake temp())
         snapshots/index.json  snapshots/final  snapshots/best/
+        snapshots/retention.json             # where each written snapshot went (kept or not)
+        specs/{digest}.yaml                  # the run's completed config, one per digest
         train/metrics.jsonl  train/spike_events.jsonl  train/rollback.json  tensorboard/
         train/owners.json                    # loose snapshots only: whose logs these are
         train/resume/step_{step:07d}/          # a stopped segment job's resume point
@@ -44,7 +46,8 @@ TEMP_SNAPSHOTS_DIR = "transient"  # temporary snapshots, under snapshots/
 BEST_DIR = "best"  # the best snapshot's copy (checkpoint.best), under snapshots/
 INDEX_FILE = "index.json"  # the kept snapshots (checkpoint.index), under snapshots/
 FINAL_LINK = "final"  # beside the index: a link to the last kept snapshot
-RUN_SPEC_FILE = "run_spec.yaml"  # the run's completed config (spec.run_spec)
+SPECS_DIR = "specs"  # the run's completed configs by digest (spec.run_spec)
+RETENTION_FILE = "retention.json"  # how each written snapshot was kept (spec.retention)
 TRACKING_JSON = "tracking.json"
 TRACKING_LOCK = ".tracking.lock"
 TRACKING_FILES_DIR = "tracking_files"  # resolved configs logged as parent-run artifacts
@@ -164,6 +167,11 @@ class RunLayout:
         return self.snapshots_dir / INDEX_FILE
 
     @property
+    def retention(self) -> Path:
+        """Where each snapshot written was put, kept or temporary (spec.retention)."""
+        return self.snapshots_dir / RETENTION_FILE
+
+    @property
     def final(self) -> Path:
         return self.snapshots_dir / FINAL_LINK
 
@@ -218,9 +226,13 @@ class RunLayout:
         return self.run_dir / "tensorboard"
 
     @property
-    def run_spec(self) -> Path:
-        """The run's completed config, written once per Snakemake call (spec.run_spec)."""
-        return self.run_dir / RUN_SPEC_FILE
+    def specs_dir(self) -> Path:
+        return self.run_dir / SPECS_DIR
+
+    def spec(self, digest: str) -> Path:
+        """The run's completed config of digest ``digest``: written by the Snakemake call
+        that planned it, never rewritten with other content (spec.run_spec)."""
+        return self.specs_dir / f"{digest}.yaml"
 
     # ------------------------------------------------------------------ tracking
 

@@ -1,12 +1,25 @@
-"""A run's completed config, decided once per Snakemake call and read by every job.
+"""A run's completed config, decided once per Snakemake call, stored under its digest and
+read back, verified, by every job.
 
 :class:`RunSpec` is what one run directory trains and evaluates: the ``runs:`` variant merged
 over the other sections, the model section completed from ``model.init_from.source``,
 ``train.total_steps`` filled in (the token budget decided), the data pack's id and the
 vocabulary the plan counted with. :func:`pipeline_lib.workflow.resolve.resolve_run` is the
-one function that makes one; the workflow writes it to ``{run}/run_spec.yaml``
-(:func:`write_run_spec`) before any job starts, and each job reads it back
-(:func:`read_run_spec`) instead of planning the experiment again.
+one function that makes one.
+
+The contract between the plan and its jobs:
+
+- **Content-addressed.** The workflow stores a spec as ``{run}/specs/{digest}.yaml``
+  (:func:`write_run_spec`, before any job starts), ``digest`` being the start of the sha256
+  of the file's text (:func:`spec_digest`). A file is never rewritten with other content, so
+  no Snakemake call changes a spec that another call's jobs read (another run's call, or the
+  same run's after a config change).
+- **Named in the job's params.** Each job is given its run's digest (:class:`SpecRef`) by the
+  plan that computed its signatures, and reads exactly that file (:func:`read_run_spec`).
+- **Verified, never completed.** The text must hash to the digest (an edited or truncated
+  file is refused), and its keys must be exactly the ones this code writes: a missing key is
+  refused, never filled in with a dataclass default. Every refusal is one line naming the file
+  and the fix.
 
 The file holds the config as :func:`~pipeline_lib.config.config_yaml` writes it: without the
 credentials of ``tracking.uri``. A job puts them back from its own copy of the config
@@ -16,6 +29,8 @@ credentials of ``tracking.uri``. A job puts them back from its own copy of the c
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +43,14 @@ from ..fsio import write_text_atomic
 from .config import Config, config_from_dict, public_dict
 from .layout import RunLayout
 
-RUN_SPEC_FORMAT = 1
+RUN_SPEC_FORMAT = 2  # 1: {run}/run_spec.yaml, rewritten by every call, keys completed on read
+DIGEST_CHARS = 16  # hex digits of the sha256 that name a spec file (64 bits)
+SPEC_KEYS = ("format", "run", "data_id", "vocab_size", "config")
+
+
+def spec_digest(text: str) -> str:
+    """The name of a spec file whose text is ``text``: its sha256, first 16 hex digits."""
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
 
 
 @dataclass(frozen=True)
@@ -46,6 +68,11 @@ class RunSpec:
                "vocab_size": self.vocab_size, "config": public_dict(self.config)}
         return yaml.safe_dump(doc, sort_keys=False)
 
+    @property
+    def digest(self) -> str:
+        """The digest of :meth:`to_yaml`: the name of this spec's file."""
+        return spec_digest(self.to_yaml())
+
     def with_tracking_uri(self, uri: str | None) -> RunSpec:
         """This spec with ``uri`` as its ``tracking.uri`` when ``uri`` names the same store
         (only its credentials differ); else unchanged."""
@@ -57,48 +84,101 @@ class RunSpec:
         return dataclasses.replace(self, config=cfg)
 
 
-def run_spec_path(run_dir: str | Path) -> Path:
-    """Where the run's spec lies (:attr:`~.layout.RunLayout.run_spec`)."""
-    return RunLayout.at(run_dir).run_spec
+@dataclass(frozen=True)
+class SpecRef:
+    """The spec a job runs (a rule's ``params.spec``): its run and digest.
+
+    Deliberately not a plain value: Snakemake's params trigger leaves out params that are not
+    builtins, so the digest, which changes with any key (``eval.*`` too), reruns nothing and
+    records nothing; the signatures among the params decide what reruns, as before."""
+
+    run: str
+    digest: str
+
+    def __str__(self) -> str:
+        return self.digest
+
+
+def spec_path(run_dir: str | Path, digest: str) -> Path:
+    """Where the spec of digest ``digest`` lies (:meth:`~.layout.RunLayout.spec`)."""
+    return RunLayout.at(run_dir).spec(digest)
 
 
 def write_run_spec(spec: RunSpec, run_dir: str | Path) -> bool:
-    """Write ``spec`` to ``{run_dir}/run_spec.yaml`` atomically (a reader sees the old file or
-    the new one, never half of one) when its text changed; returns whether it wrote."""
-    path, text = run_spec_path(run_dir), spec.to_yaml()
-    try:
-        if path.read_text() == text:
-            return False  # unchanged: its mtime stays
-    except (OSError, UnicodeDecodeError):
-        pass
+    """Store ``spec`` as ``{run_dir}/specs/{digest}.yaml`` (atomically: a reader sees the
+    whole file or none) unless that file already holds it; returns whether it wrote. A file
+    of that name with other text (damaged) is written again: its content is fixed by its name."""
+    text = spec.to_yaml()
+    path = spec_path(run_dir, spec_digest(text))
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, text)
-    return True
+    return write_text_atomic(path, text, if_changed=True)
 
 
-def read_run_spec(run_dir: str | Path) -> RunSpec:
-    """The spec in ``{run_dir}/run_spec.yaml``; ConfigError (one line) when it is missing
-    or not a spec this code wrote."""
-    path = run_spec_path(run_dir)
+def read_run_spec(run_dir: str | Path, digest: str) -> RunSpec:
+    """The spec of digest ``digest`` in ``{run_dir}/specs/``: its text hashed and its keys
+    checked (see the module docstring); ConfigError, one line, when it is not that spec."""
+    path = spec_path(run_dir, digest)
+    again = "run snakemake again, which writes the spec of the config it plans"
     try:
-        doc: Any = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode()
     except FileNotFoundError:
-        raise ConfigError(f"{path} does not exist: Snakemake writes it before the first job "
-                          "of the run (its onstart handler); run the job through snakemake, "
-                          "not with --no-hooks") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        raise ConfigError(f"{path} cannot be read ({problem}); delete it and rerun snakemake, "
-                          "which writes it again") from None
-    if not isinstance(doc, dict) or doc.get("format") != RUN_SPEC_FORMAT:
-        raise ConfigError(f"{path} is not a run spec of format {RUN_SPEC_FORMAT}; delete it "
-                          "and rerun snakemake, which writes it again")
+        raise ConfigError(f"{path} does not exist: the Snakemake call that planned this job "
+                          "writes its specs before the first job (onstart), and a changed "
+                          f"config is another spec; {again} (not with --no-hooks)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} cannot be read ({exc}); {again}") from None
+    if spec_digest(text) != digest:
+        raise ConfigError(f"{path} was changed after it was written (its text no longer has "
+                          f"digest {digest}); delete it and {again}")
     try:
-        return RunSpec(name=str(doc["run"]), config=config_from_dict(doc["config"], str(path)),
-                       data_id=str(doc["data_id"]), vocab_size=int(doc["vocab_size"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{path} lacks or mangles {exc}; delete it and rerun snakemake, "
-                          "which writes it again") from None
+        doc: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError(f"{path} cannot be read ({problem}); delete it and {again}") from None
+    return _spec_from_doc(doc, path, again)
 
 
-__all__ = ["RunSpec", "read_run_spec", "run_spec_path", "write_run_spec"]
+def _spec_from_doc(doc: Any, path: Path, again: str) -> RunSpec:
+    """The spec in ``doc`` (a parsed spec file) if its keys are exactly those this code
+    writes; ConfigError naming the first key missing or unknown."""
+    if not isinstance(doc, dict) or doc.get("format") != RUN_SPEC_FORMAT:
+        raise ConfigError(f"{path} is not a run spec of format {RUN_SPEC_FORMAT} (written by "
+                          f"other code); {again}")
+    key = _key_difference(dict.fromkeys(SPEC_KEYS), doc)
+    if key is None:
+        try:
+            cfg = config_from_dict(doc["config"], str(path))
+            spec = RunSpec(name=str(doc["run"]), config=cfg, data_id=str(doc["data_id"]),
+                           vocab_size=int(doc["vocab_size"]))
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path} is not a spec this code reads ({exc}); {again}") \
+                from None
+        key = _key_difference(public_dict(cfg), doc["config"], "config.")
+        if key is None:
+            return spec
+    raise ConfigError(f"{path} {key}: a spec is complete as written, never completed with "
+                      f"defaults; {again}")
+
+
+def _key_difference(wanted: Mapping[str, Any], got: Any, prefix: str = "") -> str | None:
+    """The first key that ``got`` lacks or has beyond ``wanted`` (mappings compared key by key,
+    lists item by item), as ``lacks key K`` / ``has unknown key K``; None when they agree."""
+    if isinstance(wanted, Mapping) and isinstance(got, Mapping):
+        for key in wanted:
+            if key not in got:
+                return f"lacks key {prefix}{key}"
+            inner = _key_difference(wanted[key], got[key], f"{prefix}{key}.")
+            if inner:
+                return inner
+        extra = [k for k in got if k not in wanted]
+        return f"has unknown key {prefix}{extra[0]}" if extra else None
+    if isinstance(wanted, list) and isinstance(got, list) and len(wanted) == len(got):
+        for i, (w, g) in enumerate(zip(wanted, got, strict=True)):
+            inner = _key_difference(w, g, f"{prefix.rstrip('.')}[{i}].")
+            if inner:
+                return inner
+    return None
+
+
+__all__ = ["RUN_SPEC_FORMAT", "RunSpec", "SpecRef", "read_run_spec", "spec_digest",
+           "spec_path", "write_run_spec"]

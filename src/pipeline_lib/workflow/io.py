@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import PREEMPTED_EXIT, ConfigError, PipelineError, Preempted
 from ..spec.config import Config
-from ..spec.run_spec import RunSpec, read_run_spec, run_spec_path
+from ..spec.run_spec import RunSpec, SpecRef, read_run_spec, spec_path
 from .attempt_log import open_attempt_log
 
 
@@ -65,14 +65,21 @@ def script_logging(log_path: str | Path, threads: int | None = None,
 
 
 def run_spec(snakemake: Any) -> RunSpec:
-    """The rule's run as the Snakefile resolved it: ``{params.run_dir}/run_spec.yaml``
-    (written before the first job; no job plans the experiment again), with the
-    credentials of ``tracking.uri`` put back from the job's config."""
-    spec = read_run_spec(snakemake.params.run_dir)
-    if spec.name != snakemake.params.run:
-        raise ConfigError(f"{run_spec_path(snakemake.params.run_dir)} is the spec of run "
-                          f"{spec.name!r}, not of {snakemake.params.run!r}; delete it and rerun "
-                          "snakemake, which writes it again")
+    """The rule's run as the plan that made the job resolved it: the spec file its
+    ``params.spec`` names (``{params.run_dir}/specs/{digest}.yaml``, verified against the
+    digest; no job plans the experiment again), with the credentials of ``tracking.uri``
+    put back from the job's config. ConfigError (one line) before any work when the file is
+    not that spec or not the run's."""
+    ref = getattr(snakemake.params, "spec", None)
+    if not isinstance(ref, SpecRef) or ref.run != snakemake.params.run:
+        raise ConfigError(f"rule {getattr(snakemake, 'rule', '?')} gives no spec of run "
+                          f"{snakemake.params.run!r} in params.spec ({ref!r}); every rule "
+                          "of a run's job passes PLAN.spec_ref(run)")
+    spec = read_run_spec(snakemake.params.run_dir, ref.digest)
+    if spec.name != ref.run:
+        raise ConfigError(f"{spec_path(snakemake.params.run_dir, ref.digest)} is the spec of "
+                          f"run {spec.name!r}, not of {ref.run!r}; point the run's params.run_dir "
+                          "at its own run directory")
     return spec.with_tracking_uri(_tracking_uri(snakemake.config, spec.name))
 
 

@@ -1,43 +1,34 @@
 """What the Snakefile needs to know, computed once from the Snakemake config dict.
 
-Runs, their resolved configs, data ids, segment ends and the kept snapshot steps, and the
-paths of each (from :mod:`pipeline_lib.spec.layout`). Kept snapshots are outputs; the others
-are temporary outputs that Snakemake deletes once the next segment consumed them, so a
-finished run re-run finds nothing to do. Torch-free and cheap: Snakemake evaluates this on
-every call, dry runs included, and the per-segment functions once per segment job: lookups.
+Runs (:class:`~pipeline_lib.workflow.run_plan.RunPlan`: the resolved spec and its digest,
+which every job's params name, the signatures, segment ends and kept snapshot steps), data
+ids, and the paths of each (from :mod:`pipeline_lib.spec.layout`). Kept snapshots are
+outputs; the others are temporary outputs that Snakemake deletes once the next segment
+consumed them, so a finished run re-run finds nothing to do; which is which is decided when a
+snapshot is written (:mod:`pipeline_lib.spec.retention`). Torch-free and cheap: Snakemake
+evaluates this on every call, dry runs included, and the per-segment functions once per
+segment job: lookups.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PipelineError
-from ..spec.config import (
-    DEFAULT_CONFIG_PATH,
-    Config,
-    DataConfig,
-    config_from_dict,
-    config_hash,
-    to_dict,
-)
+from ..spec.config import DEFAULT_CONFIG_PATH, DataConfig, config_from_dict, config_hash, to_dict
 from ..spec.config_files import merge_user_config
 from ..spec.init_source import source_files
 from ..spec.layout import ResultsLayout, RunLayout
-from ..spec.run_spec import RunSpec, read_run_spec
-from ..spec.signatures import (
-    bench_signature,
-    init_signature,
-    precision_signature,
-    train_signature,
-)
-from ..spec.snapshots import anchor_steps, kept_steps, previous_end, segment_ends
+from ..spec.run_spec import SpecRef, read_run_spec
+from ..spec.signatures import bench_signature, init_signature, precision_signature
+from ..spec.snapshots import previous_end
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads, segment_time
-from .resolve import DEFAULT_RUN, resolve_run, write_run_specs
+from .resolve import DEFAULT_RUN, resolve_run
+from .run_plan import RunPlan
+from .run_specs import planned_digests, write_run_specs
 
 
 def _check_results_dir(results: Path) -> None:
@@ -53,57 +44,12 @@ def _check_results_dir(results: Path) -> None:
             return
 
 
-@dataclass(frozen=True)
-class RunPlan:
-    """One variant of the experiment: its :class:`RunSpec` (the completed config) and the
-    steps its segments end at and keep."""
-
-    spec: RunSpec
-    segment_ends: list[int]
-    kept_steps: list[int]
-
-    @classmethod
-    def of(cls, spec: RunSpec) -> RunPlan:
-        ends = segment_ends(spec.config.train.total_steps, spec.config.train.steps_per_segment)
-        return cls(spec=spec, segment_ends=ends, kept_steps=kept_steps(ends, spec.config.snapshots))
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def config(self) -> Config:
-        return self.spec.config
-
-    @property
-    def data_id(self) -> str:
-        return self.spec.data_id
-
-    @property
-    def final_step(self) -> int:
-        return self.segment_ends[-1]
-
-    @cached_property
-    def anchor_steps(self) -> list[int]:
-        """Temporary segment ends with an anchor target (long temporary chains only)."""
-        return anchor_steps(self.segment_ends, self.kept_steps)
-
-    @cached_property
-    def previous_ends(self) -> dict[int, int | None]:
-        """Each segment end's previous one (None for the first): one lookup per job."""
-        return dict(zip(self.segment_ends, [None, *self.segment_ends[:-1]], strict=True))
-
-    @cached_property
-    def kept_set(self) -> frozenset[int]:
-        return frozenset(self.kept_steps)
-
-
 class WorkflowPlan:
     """Runs, data packs and snapshot steps of one Snakemake invocation."""
 
     def __init__(self, config: Mapping[str, Any], source: str = "Snakemake config", *,
-                 saved_specs: bool = False):
-        self._saved_specs = saved_specs
+                 planned: Mapping[str, str] | None = None):
+        self._planned = dict(planned or {})
         self.config = config_from_dict(config, source)
         self.results = Path(self.config.experiment.results_dir)
         _check_results_dir(self.results)
@@ -113,7 +59,6 @@ class WorkflowPlan:
         self._check_nodes()
         self._bench_inputs: dict[str, list[str]] = {}
         self._check_bench()
-        self._train_signatures: dict[str, str] = {}  # a param of every segment job
 
     def _check_nodes(self) -> None:
         """The rule's SLURM resources come from the base config: variants keep its nodes."""
@@ -140,21 +85,36 @@ class WorkflowPlan:
             self._bench_inputs[name] = checked[key]
 
     def _plan_run(self, name: str) -> RunPlan:
-        """The run's :class:`RunSpec`: resolved (:func:`resolve_run`), or, inside a cluster
-        job (``saved_specs``), the one the main Snakemake process wrote for this invocation
-        (no pretrained-source or tokenizer file read again in every job)."""
-        if self._saved_specs:
-            try:
-                spec = read_run_spec(self.layout.run(name).run_dir)
-                if spec.name == name:
-                    return RunPlan.of(spec.with_tracking_uri(self.config.tracking.uri))
-            except ConfigError:
-                pass  # not written by this invocation: resolve it here
-        return RunPlan.of(resolve_run(self.config, name if self.config.runs else None))
+        """The run's :class:`RunPlan`: its spec resolved (:func:`resolve_run`), or, inside a
+        cluster job, read from the file of the digest the main call ``planned`` for it (no
+        pretrained-source or tokenizer file read again in every job; see
+        :mod:`pipeline_lib.workflow.run_specs`)."""
+        layout = self.layout.run(name)
+        digest = self._planned.get(name)
+        if digest is None:
+            return RunPlan.of(resolve_run(self.config, name if self.config.runs else None),
+                              layout)
+        spec = read_run_spec(layout.run_dir, digest)
+        if spec.name != name:
+            raise ConfigError(f"{layout.spec(digest)} is the spec of run {spec.name!r}, not "
+                              f"of {name!r}; run snakemake again, which writes the specs")
+        return RunPlan.of(spec.with_tracking_uri(self.config.tracking.uri), layout, digest)
 
     def write_run_specs(self) -> list[str]:
-        """Every run's ``{run}/run_spec.yaml`` (where it changed): what the jobs read."""
+        """Every run's ``{run}/specs/{digest}.yaml`` (where missing): what the jobs read."""
         return write_run_specs((p.spec, self.run_dir(n)) for n, p in self.runs.items())
+
+    def spec_digests(self) -> dict[str, str]:
+        """Each run's spec digest: what a cluster job's plan reads (``run_specs``)."""
+        return {name: plan.digest for name, plan in self.runs.items()}
+
+    def spec_ref(self, run: str) -> SpecRef:
+        """``params.spec`` of every job of ``run``: the spec it reads and checks."""
+        return self.runs[run].spec_ref
+
+    def retention_notes(self) -> list[str]:
+        """Where the kept snapshots differ from the snapshots settings, one line each."""
+        return [note for plan in self.runs.values() for note in plan.retention_notes()]
 
     # ------------------------------------------------------------------ runs and data
 
@@ -339,11 +299,7 @@ class WorkflowPlan:
 
     def train_signature(self, run: str) -> str:
         """What determines the weights: :func:`~pipeline_lib.spec.signatures.train_signature`."""
-        if run in self._train_signatures:  # asked once per segment job
-            return self._train_signatures[run]
-        signature = train_signature(self.runs[run].config, self.runs[run].data_id)
-        self._train_signatures[run] = signature
-        return signature
+        return self.runs[run].train_signature
 
     def config_signature(self, run: str) -> str:
         """Hash of the run's whole resolved config: a param of ``track_config``, so any
@@ -366,14 +322,15 @@ class WorkflowPlan:
 
 def plan_for_snakemake(config: dict[str, Any], configfiles: Sequence[Any] = (),
                        overrides: Mapping[str, Any] | None = None, *,
-                       saved_specs: bool = False) -> WorkflowPlan:
+                       in_job: bool = False) -> WorkflowPlan:
     """The Snakefile's plan, ``config`` rebuilt in place by loopline's rules (not Snakemake's
     recursive merge, which adds a later file's ``runs:`` to the earlier ones): the default ←
     ``configfiles`` in order, as the commands' ``--config A --config B`` ← ``overrides``
     (``--config``; without files ``config`` is all the user gave). A user error ends Snakemake
     with the one line the commands print (``error: …``, naming the file or the ``runs:``
-    variant), never with a traceback or a dump of the JSON schema. ``saved_specs`` (inside a
-    cluster job): read each run's spec from its ``run_spec.yaml`` (:meth:`WorkflowPlan._plan_run`)."""
+    variant), never with a traceback or a dump of the JSON schema. ``in_job`` (a job's own
+    Snakemake, a cluster job's): each run's spec is the one the main call exported
+    (:func:`~pipeline_lib.workflow.run_specs.planned_digests`), where it did."""
     names = [_shown(Path(f)) for f in configfiles] + (["--config"] if overrides else [])
     try:
         last = (overrides or {}) if configfiles else config
@@ -381,7 +338,7 @@ def plan_for_snakemake(config: dict[str, Any], configfiles: Sequence[Any] = (),
         config.clear()
         config.update(merged)
         return WorkflowPlan(config, " + ".join(names) or "config/config.yaml",
-                            saved_specs=saved_specs)
+                            planned=planned_digests() if in_job else None)
     except PipelineError as exc:
         raise SystemExit(f"error: {exc}") from None
 

@@ -6,9 +6,10 @@ model section taken from ``model.init_from.source`` (its headers only:
 :func:`~pipeline_lib.export.hf_import.resolve_init_from`), the exit-gate rule that needs
 both, the vocabulary the plan counts with, ``train.total_steps`` (the token budget decided),
 and the data pack's id. The workflow's plan resolves each run once per Snakemake call and
-writes the result to ``{run}/run_spec.yaml`` (:func:`write_run_specs`, before the first
-job); the jobs read that file, the ``train`` command resolves through here too, and the
-trainer takes the completed config as it is.
+writes the result to ``{run}/specs/{digest}.yaml`` (:func:`~pipeline_lib.workflow.run_specs.
+write_run_specs`, before the first job); the jobs read the file their params name, the
+``train`` command resolves through here too, and the trainer takes the completed config as
+it is.
 
 It lives on the workflow floor, not in :mod:`pipeline_lib.spec`, because two of its steps
 read files through the engines' torch-free header readers (a pretrained source's headers,
@@ -18,7 +19,6 @@ a tokenizer file's size), which sit above the spec floor. Torch-free all the sam
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from pathlib import Path
 
 from ..checkpoint.compat import snapshot_config
@@ -30,7 +30,7 @@ from ..spec.config import Config, DataConfig, config_for_run
 from ..spec.data_id import data_id as compute_data_id
 from ..spec.names import BYTE_VOCAB_SIZE
 from ..spec.rules import check_exit_gate_trained
-from ..spec.run_spec import RunSpec, write_run_spec
+from ..spec.run_spec import RunSpec
 
 DEFAULT_RUN = "default"
 
@@ -87,11 +87,4 @@ def snapshot_run(cfg: Config, run: str | None = None) -> RunSpec:
                    vocab_size=cfg.model.vocab_size)
 
 
-def write_run_specs(specs: Iterable[tuple[RunSpec, str]]) -> list[str]:
-    """Write each (spec, run directory) to ``{run_dir}/run_spec.yaml`` where it changed
-    (atomic; an unchanged file is left alone); returns the run directories written."""
-    return [run_dir for spec, run_dir in specs if write_run_spec(spec, run_dir)]
-
-
-__all__ = ["DEFAULT_RUN", "planned_vocab_size", "resolve_run",
-           "snapshot_run", "write_run_specs"]
+__all__ = ["DEFAULT_RUN", "planned_vocab_size", "resolve_run", "snapshot_run"]

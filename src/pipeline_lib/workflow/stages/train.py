@@ -19,6 +19,7 @@ from ...export.hf_import import source_teacher  # train.distill.teacher = source
 from ...model.kernels import kernel_tags
 from ...spec.config import Config, ModelConfig, flatten, public_dict
 from ...spec.layout import RunLayout
+from ...spec.retention import record_written
 from ...spec.size import flops_per_token, param_count
 from ...tracking import StageRun, start_stage
 from ...train.distributed import launched_by_torchrun
@@ -73,14 +74,29 @@ def train_values(model: ModelConfig, seq_len: int, tokens_seen: int,
 
 def train_stage(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
                 out: Path, run_dir: Path | None = None, attempt: int = 1, *,
-                warm_start: Path | None = None) -> tuple[Path, int]:
+                warm_start: Path | None = None,
+                signature: str | None = None) -> tuple[Path, int]:
     """Train from ``resume_from`` (None: from scratch, or from ``warm_start``'s weights) to
     ``until_step`` and write the snapshot ``out``, tracked as the ``train`` child run (none
     with ``tracking.enabled: false``). ``attempt`` > 1 is a retry (a rollback record or a
-    resume point of an earlier attempt is applied). Returns (out, this process's rank)."""
+    resume point of an earlier attempt is applied). ``signature`` (the workflow's train
+    signature): record in the run's retention ledger whether ``out`` is a kept or a temporary
+    segment snapshot (:func:`~pipeline_lib.spec.retention.record_written`). Returns (out,
+    this process's rank)."""
     job = (cfg, data_dir, resume_from, until_step, out, run_dir, attempt)
     if launched_by_torchrun():  # one worker of a torchrun job: join it, train this rank
         return train_in_process(*job, warm_start=warm_start, tracking=TrainTracking(),
                                 build_source=source_teacher)
-    return run_training_job(*job, warm_start=warm_start, tracking=TrainTracking(),
-                            build_source=source_teacher), 0
+    written = run_training_job(*job, warm_start=warm_start, tracking=TrainTracking(),
+                               build_source=source_teacher)
+    if run_dir is not None and signature:
+        _record_placement(RunLayout.at(run_dir), until_step, Path(out), signature)
+    return written, 0
+
+
+def _record_placement(layout: RunLayout, step: int, out: Path, signature: str) -> None:
+    """Note where the segment snapshot ``out`` went, kept or temporary (nothing for a
+    snapshot outside the run's layout)."""
+    for kept in (True, False):
+        if out.absolute() == layout.snapshot(step, kept=kept).absolute():
+            record_written(layout, step, kept=kept, signature=signature)
