@@ -220,7 +220,7 @@ class HolderFile:
 def file_problem(exc: OSError, doing: str) -> str:
     """One line for a file system error ``exc`` while ``doing`` (e.g. "write the lock X"):
     what the system said and what to do about it."""
-    where = Path(exc.filename2 or exc.filename or ".")
+    where = Path(exc.filename2 or exc.filename or ".").absolute()
     if exc.errno == errno.EISDIR:
         fix = f"{where} is a directory where a file belongs: move it away"
     elif exc.errno in (errno.EACCES, errno.EPERM):
