@@ -96,7 +96,9 @@ def test_signal_mid_segment_then_retry_is_exact(pack: Path, reference: Path, tmp
     final = json.loads((snap(run, 6) / "trainer_state.json").read_text())
     assert [p["step"] for p in final["preemptions"]] == [stop_at]
     assert final["segments"][-1]["start_step"] == 3
-    assert not resume_point(run, 6).exists()  # removed once the segment is done
+    # the resume point gave way to the finished segment: its files, under a second name
+    kept = resume_point(run, 6) / "model.safetensors"
+    assert kept.stat().st_ino == (snap(run, 6) / "model.safetensors").stat().st_ino
 
 
 def test_time_limit_stops_with_a_resume_point(pack: Path, reference: Path,
@@ -125,7 +127,8 @@ def test_a_resume_point_of_another_job_is_not_used(pack: Path, reference: Path,
     # the same end step from another input (scratch): the leftover must not be continued
     train_segment(tiny_config(), pack, None, 6, run / "other" / "step_0000006", run_dir=run)
     assert "is not a resume point of this job" in caplog.text
-    assert not resume_point(run, 6).exists()
+    kept = json.loads((resume_point(run, 6) / "trainer_state.json").read_text())
+    assert kept["preemptions"] == [] and kept["segments"][-1]["input"] is None  # the new job's
     assert ((run / "other" / "step_0000006" / "model.safetensors").read_bytes()
             == (snap(reference, 6) / "model.safetensors").read_bytes())
 

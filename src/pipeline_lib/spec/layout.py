@@ -4,6 +4,7 @@
 
     {results}/
       mlflow.db  .tracking/store.json        # default tracking store; its creation marker
+      .workflow_lock.json                    # the Snakemake workflow using this directory
       demo_time.json                         # wall time of `make demo`
       data/{data_id}/                        # one pack per distinct data config
       compare/                               # cross-run table and plots
@@ -15,7 +16,9 @@
         snapshots/index.json  snapshots/final  snapshots/best/
         train/metrics.jsonl  train/spike_events.jsonl  train/rollback.json  tensorboard/
         train/owners.json                    # loose snapshots only: whose logs these are
-        train/resume/step_{step:07d}/          # a stopped segment job's resume point
+        train/resume/step_{step:07d}/          # a stopped segment's resume point, or the
+                                             # finished one's files (hard links)
+        train/lease.json                     # the segment job training the run now
         train/launch/step_{step:07d}.yaml      # config read by a multi-process job's workers
         train/anchors/step_{step:07d}.tsv      # a long temporary chain's anchor (its benchmark)
         eval/heff/step_{step:07d}.json  eval/heff{,_adaptive}.{parquet,png}
@@ -112,6 +115,12 @@ class ResultsLayout:
         return self.root / "demo_time.json"
 
     @property
+    def workflow_lock(self) -> Path:
+        """Which Snakemake workflow (working directory, processes) uses this directory now
+        (pipeline_lib.workflow.results_lock)."""
+        return self.root / ".workflow_lock.json"
+
+    @property
     def tracking_marker(self) -> Path:
         """Written once the tracking store and experiment exist (rule tracking_store)."""
         return self.root / ".tracking" / "store.json"
@@ -187,8 +196,9 @@ class RunLayout:
         return self.train_dir / "owners.json"
 
     def resume_point(self, step: int | str) -> Path:
-        """Where a stopped segment job ending at ``step`` leaves its resume point (outside
-        the job's declared outputs: only a retry of that job reads it)."""
+        """Where a stopped segment job ending at ``step`` leaves its resume point, and a
+        finished one its snapshot's files (outside the job's declared outputs: only a later
+        job of that segment reads it; pipeline_lib.train.finished)."""
         return self.train_dir / "resume" / step_dir_name(step)
 
     @property

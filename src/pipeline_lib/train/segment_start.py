@@ -5,7 +5,9 @@ A segment job has one input (the previous snapshot, or none) and may begin in fi
 * **scratch**: no input; a freshly seeded model at step 0;
 * **resume**: the input snapshot, exactly (weights, optimizer, cursor, RNG, guard);
 * **resume point**: a stopped attempt of this very job left ``train/resume/step_{until}``
-  (same input, same end step): continue from there, not from the input;
+  (same input snapshot, path and files; same end step; same train signature:
+  :func:`same_segment`): continue from there, not from the input (the same slot holds a
+  finished segment's files afterwards, which the launcher adopts: :mod:`.finished`);
 * **rollback**: a retry (attempt > 1) whose input is the one a spike-guard abort recorded in
   ``train/rollback.json``: resume it and jump the data cursor past the bad window;
 * **warm start**: no input but another snapshot's weights only (the imported ``init/`` of a
@@ -17,6 +19,7 @@ log, not a Snakemake resource) go in; the trainer restores from the one value th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -25,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..spec.config import Config
 from ..spec.layout import RunLayout
+from ..spec.names import MANIFEST_NAME, PACK_METADATA
+from ..spec.signatures import train_signature
 from . import rollback
 
 log = logging.getLogger(__name__)
@@ -59,28 +65,95 @@ class SegmentStart:
         return self.point if self.stopped is not None else self.input
 
 
-def usable_resume_point(path: Path, resume_from: Path | None,
-                        until_step: int) -> dict[str, Any] | None:
-    """The stop record of the resume point at ``path`` when it was left by an attempt of
-    this very job (same input snapshot, same end step); else None (and a stale one is
-    removed)."""
-    if not path.exists():
+def same_input(recorded: str | None, input_snapshot: Path | None) -> bool:
+    """Whether a record's input snapshot is ``input_snapshot`` (paths compared resolved: a
+    job may name it relative to Snakemake's directory, its torchrun workers absolute)."""
+    if recorded is None or input_snapshot is None:
+        return recorded is None and input_snapshot is None
+    return Path(recorded).resolve() == Path(input_snapshot).resolve()
+
+
+def input_digest(input_snapshot: Path | None) -> str | None:
+    """The sha256 of the input snapshot's ``MANIFEST.json`` (which holds every file's):
+    the same path rebuilt by another training is another input."""
+    if input_snapshot is None:
         return None
     try:
-        record = json.loads((path / "trainer_state.json").read_text())["preemptions"][-1]
-        same = (record["input"] == (None if resume_from is None else str(resume_from))
-                and int(record["until_step"]) == until_step)
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        same = False
-    if same:
+        return hashlib.sha256((Path(input_snapshot) / MANIFEST_NAME).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def same_segment(record: dict[str, Any], input_snapshot: Path | None, until_step: int,
+                 signature: str | None) -> bool:
+    """Whether a stop or segment record (``input``, ``input_manifest``, ``until_step`` or
+    ``end_step``, ``signature``) is of this job: the same input snapshot (path and files),
+    the same end step, the same train signature (a record written before digests and
+    signatures were recorded is judged without them)."""
+    try:
+        end = int(record["until_step"] if "until_step" in record else record["end_step"])
+        recorded, digest = record.get("signature"), record.get("input_manifest")
+        return (same_input(record["input"], input_snapshot) and end == until_step
+                and (recorded is None or signature is None or recorded == signature)
+                and (digest is None or digest == input_digest(input_snapshot)))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def read_state(snapshot: Path) -> dict[str, Any] | None:
+    """``trainer_state.json`` of ``snapshot`` (None when missing or unreadable)."""
+    try:
+        state = json.loads((snapshot / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def finished_record(state: dict[str, Any] | None, until_step: int) -> dict[str, Any] | None:
+    """The last segment record of a snapshot that ends at ``until_step`` (a finished
+    segment kept in its resume point's place, see :mod:`.finished`), else None."""
+    try:
+        segment = state["segments"][-1] if state and state["step"] == until_step else None
+    except (KeyError, IndexError, TypeError):
+        return None
+    return segment if isinstance(segment, dict) else None
+
+
+def usable_resume_point(path: Path, resume_from: Path | None, until_step: int,
+                        signature: str | None = None) -> dict[str, Any] | None:
+    """The stop record of the resume point at ``path`` when it was left by an attempt of
+    this very job (same input snapshot, same end step, same train signature); else None.
+    Anything else there is removed, except this job's own finished segment (which the
+    launcher adopts: :func:`.finished.adopt_finished`)."""
+    if not path.exists():
+        return None
+    state = read_state(path)
+    done = finished_record(state, until_step)
+    if done is not None and same_segment(done, resume_from, until_step, signature):
+        return None
+    stops = (state or {}).get("preemptions") if done is None else None
+    record = stops[-1] if isinstance(stops, list) and stops else None
+    if isinstance(record, dict) and same_segment(record, resume_from, until_step, signature):
         return record
-    log.warning("removing %s: it is not a resume point of this job (input %s, until step %d)",
-                path, resume_from, until_step)
+    log.warning("removing %s: it is not a resume point of this job, nor its finished segment "
+                "(input %s, until step %d, signature %s)", path, resume_from, until_step,
+                signature)
     shutil.rmtree(path, ignore_errors=True)
     return None
 
 
-def _snapshot_step(snapshot: Path) -> int | None:
+def segment_signature(cfg: Config, data_dir: Path) -> str:
+    """The job's train signature: what the workflow's ``params.signature`` holds
+    (:func:`~pipeline_lib.spec.signatures.train_signature` of the config and the pack's
+    ``data_id``), recorded with each stop and each finished segment."""
+    try:
+        data_id = json.loads((Path(data_dir) / PACK_METADATA).read_text())["data_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        data_id = Path(data_dir).name  # results/data/{data_id}; a damaged pack fails later
+    return train_signature(cfg, str(data_id))
+
+
+def snapshot_step(snapshot: Path) -> int | None:
     """The step ``snapshot`` recorded (None when unreadable: restoring it names the fault)."""
     try:
         return int(json.loads((snapshot / "trainer_state.json").read_text())["step"])
@@ -96,18 +169,20 @@ def check_start_inputs(input_snapshot: Path | None, warm_start: Path | None) -> 
 
 
 def segment_start(run_dir: Path, input_snapshot: Path | None, until_step: int, *,
-                  attempt: int = 1, warm_start: Path | None = None) -> SegmentStart:
+                  attempt: int = 1, warm_start: Path | None = None,
+                  signature: str | None = None) -> SegmentStart:
     """The one decision of how the segment to ``until_step`` begins (a stale resume point
-    of another job is removed here)."""
+    of another job is removed here); ``signature``: the job's train signature
+    (:func:`segment_signature`)."""
     check_start_inputs(input_snapshot, warm_start)
     point = RunLayout.at(run_dir).resume_point(until_step)
-    stopped = usable_resume_point(point, input_snapshot, until_step)
+    stopped = usable_resume_point(point, input_snapshot, until_step, signature)
     start = SegmentStart(input=input_snapshot, until_step=until_step, attempt=attempt,
                          point=point, stopped=stopped,
                          warm_start=warm_start if stopped is None else None)
     if stopped is not None or attempt < 2:
         return start
-    input_step = 0 if input_snapshot is None else _snapshot_step(input_snapshot)
+    input_step = 0 if input_snapshot is None else snapshot_step(input_snapshot)
     record = (None if input_step is None
               else rollback.matching_record(run_dir, input_snapshot, input_step))
     if record is None:
@@ -117,4 +192,7 @@ def segment_start(run_dir: Path, input_snapshot: Path | None, until_step: int, *
                         rollback={**record, "applied_attempt": attempt})
 
 
-__all__ = ["SegmentStart", "check_start_inputs", "segment_start", "usable_resume_point"]
+__all__ = ["SegmentStart", "check_start_inputs", "finished_record", "input_digest", "read_state",
+           "same_input",
+           "same_segment", "segment_signature", "segment_start", "snapshot_step",
+           "usable_resume_point"]
