@@ -61,10 +61,18 @@ def _unlock(workdir: Path, target: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def killed_twice(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def killed_twice(tmp_path_factory: pytest.TempPathFactory):
     workdir = tmp_path_factory.mktemp("orphan") / "wd"
     workdir.mkdir()
     (workdir / "orphan.yaml").write_text(CONFIG)
+    try:
+        yield _kill_twice(workdir)
+    finally:  # nothing of this test outlives it, whatever failed
+        for job in segment_pids(workdir):
+            os.kill(job, signal.SIGKILL)
+
+
+def _kill_twice(workdir: Path) -> dict:
     target = f"results/{RUN}/snapshots/step_0000020"
     args = ("--cores", "1", target)
     extra = (workdir / "orphan.yaml",)
@@ -84,9 +92,11 @@ def killed_twice(tmp_path_factory: pytest.TempPathFactory) -> dict:
     _unlock(workdir, target)
     # 3. the rerun waits for the held job, which then goes on, and adopts segment 20
     third = start_snakemake(workdir, *args, extra_configs=extra)
-    _wait("the rerun's job waiting", lambda: "waiting for it to end" in _logs(workdir, 20),
-          third)
-    os.kill(seen["orphan"], signal.SIGCONT)
+    try:
+        _wait("the rerun's job waiting", lambda: "waiting for it to end" in _logs(workdir, 20),
+              third)
+    finally:
+        os.kill(seen["orphan"], signal.SIGCONT)
     seen["rc"] = third.wait(timeout=WAIT_S)
     seen["third"] = (workdir / "snakemake.2.log").read_text()
     return seen

@@ -46,7 +46,7 @@ def _lock_record(results: Path) -> dict | None:
 
 
 @pytest.fixture(scope="module")
-def side_by_side(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def side_by_side(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("results_lock")
     first, other = root / "first", root / "other"
     for workdir in (first, other):
@@ -60,6 +60,16 @@ def side_by_side(tmp_path_factory: pytest.TempPathFactory) -> dict:
                       extra_configs=(first / "c.yaml",))
     assert ready.returncode == 0, ready.stderr[-3000:]
     proc = start_snakemake(first, "--cores", "1", TARGET, extra_configs=(first / "c.yaml",))
+    try:
+        yield _beside(first, other, results, proc)
+    finally:  # nothing of this test outlives it, whatever failed
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for job in segment_pids(first):
+            os.kill(job, signal.SIGKILL)
+
+
+def _beside(first: Path, other: Path, results: Path, proc) -> dict:
     deadline = time.monotonic() + WAIT_S
     while not segment_pids(first):  # the workflow is under way: its segment job trains
         assert proc.poll() is None, (first / "snakemake.0.log").read_text()[-3000:]
