@@ -4,10 +4,9 @@ from snakemake.logging import logger
 from snakemake.utils import min_version
 
 from pipeline_lib.workflow.cluster_job import enter_cluster_job
+from pipeline_lib.workflow.hooks import end_workflow, start_workflow
 from pipeline_lib.workflow.plan import plan_for_snakemake
 from pipeline_lib.workflow.run_specs import export_digests
-from pipeline_lib.workflow.slurm_status import check_status_command
-from pipeline_lib.workflow.stages.parent_runs import close_open_parents
 
 min_version("9.0")
 
@@ -55,21 +54,23 @@ rule all:
     default_target: True
 
 
-# Under the SLURM executor: a cluster whose sacct cannot report jobs (no accounting storage)
-# ends here in one line naming the fix, before any job is submitted. Then every run's spec
-# file is written (where missing), before any job reads it. Not a rule: a rule keyed on the
+# Before any job (pipeline_lib.workflow.hooks): under the SLURM executor, a cluster whose
+# sacct cannot report jobs (no accounting storage) ends here in one line naming the fix;
+# then the results directory is held (another working directory's workflow using it ends
+# this one in one line: pipeline_lib.workflow.results_lock); then every run's spec file is
+# written (where missing), before any job reads it. Not a rule: a rule keyed on the
 # config would, when it must rerun, mask every job below it from Snakemake's own params
 # checks (see track.smk's track_config), and a changed train.lr would not retrain.
 onstart:
-    check_status_command(workflow)
-    PLAN.write_run_specs()
+    start_workflow(workflow, PLAN)
 
 
 # MLflow parent runs a stage opened and no track_done closed (only some targets asked for, a
-# failed or killed stage) end with the invocation (no cost when none is open).
+# failed or killed stage) end with the invocation (no cost when none is open); then the
+# results directory is let go.
 onsuccess:
-    close_open_parents(PLAN, "FINISHED")
+    end_workflow(PLAN, "FINISHED")
 
 
 onerror:
-    close_open_parents(PLAN, "FAILED")
+    end_workflow(PLAN, "FAILED")

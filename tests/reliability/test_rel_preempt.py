@@ -30,7 +30,7 @@ from pipeline_lib.errors import PREEMPTED_EXIT, Preempted  # noqa: E402
 from pipeline_lib.spec.data_id import data_id  # noqa: E402
 from pipeline_lib.spec.signatures import train_signature  # noqa: E402
 from pipeline_lib.train.job import train_segment  # noqa: E402
-from pipeline_lib.train.segment_start import job_signature  # noqa: E402
+from pipeline_lib.train.segment_start import segment_signature  # noqa: E402
 
 WAIT_S = 90
 
@@ -100,7 +100,9 @@ def test_signal_mid_segment_then_retry_is_exact(pack: Path, reference: Path, tmp
     final = json.loads((snap(run, 6) / "trainer_state.json").read_text())
     assert [p["step"] for p in final["preemptions"]] == [stop_at]
     assert final["segments"][-1]["start_step"] == 3
-    assert not resume_point(run, 6).exists()  # removed once the segment is done
+    # the resume point gave way to the finished segment: its files, under a second name
+    kept = resume_point(run, 6) / "model.safetensors"
+    assert kept.stat().st_ino == (snap(run, 6) / "model.safetensors").stat().st_ino
 
 
 def test_time_limit_stops_with_a_resume_point(pack: Path, reference: Path,
@@ -129,7 +131,8 @@ def test_a_resume_point_of_another_job_is_not_used(pack: Path, reference: Path,
     # the same end step from another input (scratch): the leftover must not be continued
     train_segment(tiny_config(), pack, None, 6, run / "other" / "step_0000006", run_dir=run)
     assert "is not a resume point of this job" in caplog.text
-    assert not resume_point(run, 6).exists()
+    kept = json.loads((resume_point(run, 6) / "trainer_state.json").read_text())
+    assert kept["preemptions"] == [] and kept["segments"][-1]["input"] is None  # the new job's
     assert ((run / "other" / "step_0000006" / "model.safetensors").read_bytes()
             == (snap(reference, 6) / "model.safetensors").read_bytes())
 
@@ -164,19 +167,20 @@ def test_a_resume_point_made_under_another_config_is_not_continued(
     assert [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(reference)]
     final = json.loads((snap(run, 6) / "trainer_state.json").read_text())
     assert final["preemptions"] == [] and final["segments"][-1]["start_step"] == 3
-    assert not resume_point(run, 6).exists()
+    slot = json.loads((resume_point(run, 6) / "trainer_state.json").read_text())  # the finished
+    assert slot["segments"][-1]["signature"] == new_signature  # segment's files, not the old point
 
 
-def test_the_job_signature_is_the_workflow_train_signature(pack: Path) -> None:
+def test_the_segment_signature_is_the_workflow_train_signature(pack: Path) -> None:
     """What a resume point records is the segment rule's ``params.signature``: the train
     signature of the completed config and the pack's data id."""
     cfg = tiny_config()
-    assert job_signature(cfg, pack) == train_signature(cfg, data_id(DATA))
-    assert job_signature(tiny_config("experiment.seed=7"), pack) \
-        != job_signature(cfg, pack)
-    assert job_signature(tiny_config("train.segment_runtime_minutes=1",  # job time: the same
+    assert segment_signature(cfg, pack) == train_signature(cfg, data_id(DATA))
+    assert segment_signature(tiny_config("experiment.seed=7"), pack) \
+        != segment_signature(cfg, pack)
+    assert segment_signature(tiny_config("train.segment_runtime_minutes=1",  # job time: the same
                                      "train.stop_margin_minutes=0.5"), pack) == \
-        job_signature(cfg, pack)
+        segment_signature(cfg, pack)
 
 
 def test_the_deadline_is_runtime_minus_margin_and_off_at_margin_zero() -> None:

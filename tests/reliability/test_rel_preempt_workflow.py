@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.workflow_runs import segment_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
@@ -32,21 +33,6 @@ def _env(workdir: Path) -> dict[str, str]:
            "HF_HOME": str(workdir / ".hf"), "OMP_NUM_THREADS": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     return env
-
-
-def _segment_pids(workdir: Path) -> list[int]:
-    """The python processes running this workdir's train_segment script."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
-            cwd = os.readlink(proc / "cwd")
-        except OSError:
-            continue
-        if proc.name.isdigit() and "train_segment" in cmd and "snakemake\0" not in cmd \
-                and cwd == str(workdir) and "python" in cmd:
-            pids.append(int(proc.name))
-    return pids
 
 
 def _steps_logged(metrics: Path) -> int:
@@ -71,7 +57,7 @@ def test_sigterm_under_snakemake_retries_from_the_resume_point(tmp_path: Path) -
         assert proc.poll() is None, f"snakemake ended early: {proc.stdout.read()[-4000:]}"
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
-    pids = _segment_pids(workdir)
+    pids = segment_pids(workdir)
     assert pids, "no train_segment process found"
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
@@ -82,7 +68,11 @@ def test_sigterm_under_snakemake_retries_from_the_resume_point(tmp_path: Path) -
     assert [p["reason"] for p in state["preemptions"]] == ["SIGTERM"], state["preemptions"]
     stopped = state["preemptions"][0]["step"]
     assert 20 < stopped < 30
-    assert not list((workdir / "results" / RUN / "train" / "resume").glob("step_*"))
+    # no resume point left: the last segment's slot holds its snapshot's files (hard links)
+    slots = list((workdir / "results" / RUN / "train" / "resume").glob("step_*"))
+    assert [p.name for p in slots] == [final.name]
+    assert (slots[0] / "model.safetensors").stat().st_ino == \
+        (final / "model.safetensors").stat().st_ino
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
     assert steps == list(range(1, 31))
 

@@ -11,7 +11,12 @@ from pipeline_lib.data.loader import DataCursor
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.train import rollback
-from pipeline_lib.train.segment_start import SegmentStart
+from pipeline_lib.train.segment_start import (
+    SegmentStart,
+    input_digest,
+    same_segment,
+    segment_signature,
+)
 from pipeline_lib.train.segment_start import segment_start as start_of
 
 
@@ -108,3 +113,40 @@ def test_state_of_another_signature_is_never_continued(tmp_path: Path,
                      f"the segment starts from {previous}"]
     _snapshot(point, 5, [{**stop, "signature": None}])  # stopped before points had one
     assert segment_start(tmp_path, previous, 9).kind == "resume" and not point.exists()
+
+
+def test_a_record_is_this_jobs_by_input_files_end_step_and_signature(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    previous = _snapshot(tmp_path / "snapshots" / "step_0000003", 3)
+    (previous / "MANIFEST.json").write_text('{"files": "first training"}')
+    record = {"input": str(previous), "input_manifest": input_digest(previous),
+              "until_step": 9, "signature": "s1"}
+    assert same_segment(record, previous, 9, "s1")
+    monkeypatch.chdir(tmp_path)  # a job may name its input relative to its directory
+    assert same_segment(record, Path("snapshots/step_0000003"), 9, "s1")
+    assert not same_segment(record, previous, 9, "s2")  # another train signature
+    assert not same_segment(record, previous, 12, "s1")  # another end step
+    assert not same_segment({**record, "input": None}, previous, 9, "s1")  # from scratch
+    (previous / "MANIFEST.json").write_text('{"files": "rebuilt"}')  # the same path retrained
+    assert not same_segment(record, previous, 9, "s1")
+
+
+def test_the_jobs_signature_is_the_workflows(tmp_path: Path) -> None:
+    """What a segment records is the rule's ``params.signature``, from the run spec the job
+    reads and from the YAML a multi-process job's workers read."""
+    from pipeline_lib.spec.config import config_yaml, load_config
+    from pipeline_lib.spec.run_spec import read_run_spec, write_run_spec
+    from pipeline_lib.workflow.plan import plan_for_snakemake
+
+    tiny = Path(__file__).resolve().parents[2] / "config" / "experiments" / "tiny.yaml"
+    plan = plan_for_snakemake({}, [tiny])
+    for name, run in plan.runs.items():
+        write_run_spec(run.spec, tmp_path / name)
+        cfg = read_run_spec(tmp_path / name, plan.spec_ref(name).digest).config
+        pack = tmp_path / "data" / run.data_id
+        pack.mkdir(parents=True, exist_ok=True)
+        (pack / "metadata.json").write_text(json.dumps({"data_id": run.data_id}))
+        (tmp_path / "w.yaml").write_text(config_yaml(cfg))
+        assert segment_signature(cfg, pack) == plan.train_signature(name)
+        assert segment_signature(load_config(tmp_path / "w.yaml", []), pack) == \
+            plan.train_signature(name)

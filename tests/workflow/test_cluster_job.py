@@ -51,6 +51,8 @@ def test_stopped_means_no_snapshot_and_a_resume_point_of_this_attempt(tmp_path: 
     (point / "trainer_state.json").write_text("{}")
     assert stopped_since(run, 20, out, started)
     assert not stopped_since(run, 20, out, time.time() + 60)  # an older attempt's
+    (point / "trainer_state.json").write_text('{"step": 20}')  # the finished segment's files
+    assert not stopped_since(run, 20, out, started)
     out.mkdir(parents=True)
     assert not stopped_since(run, 20, out, started)  # the segment finished after all
 

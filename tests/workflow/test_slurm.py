@@ -5,7 +5,8 @@ slurmdbd + mariadb on this machine, two partitions, an account), as a cluster us
 One module, one workdir, the steps in order (each a defect a real scheduler showed):
 Ctrl-C during the first local rules, then a run whose segments are signalled (SIGUSR1,
 SIGTERM to the job's steps as at a preemption, ``scontrol requeue``), then ``kill -9`` of
-Snakemake while a segment runs and an immediate rerun, then the run that finishes; in a
+Snakemake while a segment runs and an immediate rerun (which waits for the old job and adopts
+its segment), then the run that finishes; in a
 second workdir, a segment that outlasts its time limit. The end: weights, H_eff results and
 depth_check.json identical to the same config run locally, every MLflow step exactly once,
 every job in the configured partition and account with the configured resources. And a
@@ -131,6 +132,12 @@ def _steps_logged(workdir: Path) -> int:
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
+def _segment_log(workdir: Path, step: int) -> str:
+    """Every attempt's log of the segment ending at ``step``."""
+    folder = workdir / "logs" / "train_segment" / RUN
+    return "".join(p.read_text() for p in sorted(folder.glob(f"step_{step:07d}.attempt*.log")))
+
+
 def _wait(what: str, ok, proc: subprocess.Popen | None = None, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while not ok():
@@ -209,14 +216,19 @@ def cluster_run(slurm, local: Path, tmp_path_factory: pytest.TempPathFactory) ->
     seen["usr1"] = _signal_segment(workdir, 1, ["scancel", "--signal=USR1"])
     seen["term"] = _signal_segment(workdir, 2, ["scancel", "--signal=TERM"])
     seen["requeue"] = _signal_segment(workdir, 3, ["scontrol", "requeue"], requeued=True)
-    # 3. the last segment's job held, Snakemake killed (a lost login session), a rerun at once
+    # 3. the last segment's job held, Snakemake killed (a lost login session), a rerun at once:
+    # its segment job waits for the held one, which then goes on; the rerun adopts its segment
     seen["orphan"] = _signal_segment(workdir, 4, ["scontrol", "suspend"])
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     unlocked = _finish(workdir, "--unlock")  # what a killed Snakemake leaves: its lock
     assert unlocked.returncode == 0, unlocked.stderr[-3000:]
-    seen["rerun"] = _finish(workdir, timeout=600)
+    rerun = _start(workdir)
+    _wait("the rerun's segment job waiting",
+          lambda: "waiting for it to end" in _segment_log(workdir, STEPS), rerun)
     subprocess.run(["scontrol", "resume", seen["orphan"]], check=True, timeout=60)
+    seen["rerun"] = rerun.wait(timeout=900)
+    seen["rerun_log"] = _segment_log(workdir, STEPS)
     wait_gone(seen["orphan"])
     # 4. the run that finishes
     seen["final"] = _finish(workdir)
@@ -229,13 +241,15 @@ def test_the_interrupted_run_finishes(cluster_run: dict) -> None:
     assert final.returncode == 0, final.stdout[-5000:] + final.stderr[-3000:]
 
 
-def test_a_rerun_beside_a_live_orphan_job_refuses_in_one_line(cluster_run: dict) -> None:
-    rerun = cluster_run["rerun"]
-    out = rerun.stdout + rerun.stderr
-    assert rerun.returncode != 0
-    lease = [line for line in out.splitlines() if "is being trained by SLURM job" in line]
-    assert lease, out[-5000:]
-    assert f"scancel {cluster_run['orphan']}" in lease[0]
+def test_a_rerun_beside_a_live_orphan_job_waits_for_it_and_adopts_its_segment(
+        cluster_run: dict) -> None:
+    log = cluster_run["rerun_log"]
+    assert cluster_run["rerun"] == 0, log[-5000:]
+    lease = [line for line in log.splitlines() if "is being trained by SLURM job" in line]
+    assert lease, log[-5000:]
+    assert f"`scancel {cluster_run['orphan']}`" in lease[0]
+    assert log.count(f"segment {STEPS - SEGMENT}→{STEPS} done") == 1  # the orphan's own
+    assert log.count("adopted its snapshot") == 1  # the rerun's job trained nothing
 
 
 def _bytes(path: Path) -> bytes:

@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
 from ..spec.layout import BEST_DIR
-from .fsutil import clean_stale_siblings, tmp_sibling
+from .fsutil import clean_stale_siblings, link_or_copy, tmp_sibling
 from .manifest import staged_snapshot, verify_snapshot, write_bytes_file
 
 log = logging.getLogger(__name__)
@@ -53,13 +51,6 @@ def _source_step(step_dir: Path) -> int | None:
     except (OSError, ValueError, TypeError, AttributeError):
         name = step_dir.name
         return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # filesystems without hard links, or a cross-device path
-        shutil.copy2(src, dst)
 
 
 def update_best_snapshot(snapshots_dir: str | Path, step_dir: str | Path,
@@ -95,7 +86,7 @@ def update_best_snapshot(snapshots_dir: str | Path, step_dir: str | Path,
                         if name != BEST_INFO})
         for name in list(records):  # names may be nested (a sharded snapshot's DCP dirs)
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(step_dir / name, tmp / name)
+            link_or_copy(step_dir / name, tmp / name)
         info = {"step": _source_step(step_dir), "source": step_dir.name, "val_loss": val_loss}
         records[BEST_INFO] = write_bytes_file(
             tmp / BEST_INFO, (json.dumps(info, indent=1) + "\n").encode(), "extra_file")

@@ -20,6 +20,8 @@ import shutil
 import socket
 from pathlib import Path
 
+from ..holders import pid_alive
+
 log = logging.getLogger(__name__)
 
 _TMP_MARK = ".tmp-"
@@ -58,17 +60,6 @@ def _owner_alive(name: str, mark: str) -> bool:
     except ValueError:
         return False
     return pid != os.getpid() and pid_alive(pid)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (one that is not ours to signal counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale_siblings(target: Path) -> list[Path]:
@@ -133,3 +124,27 @@ def publish_dir(tmp: Path, target: Path) -> None:
     os.rename(tmp, target)
     fsync_dir(target.parent)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link to ``src`` (no copy), or a copy where links are impossible."""
+    try:
+        os.link(src, dst)
+    except OSError:  # filesystems without hard links, or a cross-device path
+        shutil.copy2(src, dst)
+
+
+def link_tree(src: Path, dst: Path, *, skip: tuple[str, ...] = ()) -> None:
+    """Make the new directory ``dst`` hold every file under ``src`` (but the names in
+    ``skip``) as hard links: a second name for the same files, no extra disk. OSError when
+    a link cannot be made (no hard links on this file system); ``dst`` is then removed."""
+    try:
+        for root, _dirs, files in os.walk(src):
+            here = Path(dst) / Path(root).relative_to(src)
+            here.mkdir(parents=True, exist_ok=True)
+            for name in files:
+                if name not in skip:
+                    os.link(Path(root) / name, here / name)
+    except OSError:
+        shutil.rmtree(dst, ignore_errors=True)
+        raise

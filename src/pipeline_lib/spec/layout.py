@@ -4,7 +4,7 @@
 
     {results}/
       mlflow.db  .tracking/store.json        # default tracking store; its creation marker
-      demo_time.json                         # wall time of `make demo`
+      .workflow_lock.json  demo_time.json    # the workflow using it; `make demo`'s wall time
       data/{data_id}/                        # one pack per distinct data config
       compare/                               # cross-run table and plots
       {run}/
@@ -16,8 +16,8 @@
         snapshots/retention.json             # where each written snapshot went (kept or not)
         specs/{digest}.yaml                  # the run's completed config, one per digest
         train/metrics.jsonl  train/spike_events.jsonl  train/rollback.json  tensorboard/
-        train/owners.json                    # loose snapshots only: whose logs these are
-        train/resume/step_{step:07d}/          # a stopped segment job's resume point
+        train/owners.json  train/lease.json  # loose snapshots' logs; the job training it now
+        train/resume/step_{step:07d}/          # resume point, or the finished segment (links)
         train/launch/step_{step:07d}.yaml      # config read by a multi-process job's workers
         train/anchors/step_{step:07d}.tsv      # a long temporary chain's anchor (its benchmark)
         eval/heff/step_{step:07d}.json  eval/heff{,_adaptive}.{parquet,png}
@@ -115,6 +115,11 @@ class ResultsLayout:
         return self.root / "demo_time.json"
 
     @property
+    def workflow_lock(self) -> Path:
+        """The Snakemake workflow using this directory now (workflow.results_lock)."""
+        return self.root / ".workflow_lock.json"
+
+    @property
     def tracking_marker(self) -> Path:
         """Written once the tracking store and experiment exist (rule tracking_store)."""
         return self.root / ".tracking" / "store.json"
@@ -195,8 +200,8 @@ class RunLayout:
         return self.train_dir / "owners.json"
 
     def resume_point(self, step: int | str) -> Path:
-        """Where a stopped segment job ending at ``step`` leaves its resume point (outside
-        the job's declared outputs: only a retry of that job reads it)."""
+        """A stopped segment's resume point, or the finished one's files (train.finished):
+        outside the job's outputs; only a later job of that segment reads it."""
         return self.train_dir / "resume" / step_dir_name(step)
 
     @property

@@ -4,7 +4,9 @@
 ``train_segment`` rule) runs on every rank. A SIGTERM/SIGUSR1 or the job's time limit
 (:mod:`.preempt`) ends the step loop after a whole step: the job then writes a resume point
 (``{run}/train/resume/step_{until}``), commits the metrics of the steps done and raises
-:class:`~pipeline_lib.errors.Preempted`; a retry of the job continues from there.
+:class:`~pipeline_lib.errors.Preempted`; a retry of the job continues from there. A finished
+segment's snapshot takes the resume point's place as hard links (:mod:`.finished`), so a
+job of the same segment whose output Snakemake deleted adopts it instead of training again.
 """
 
 from __future__ import annotations
@@ -25,11 +27,18 @@ from ..spec.names import TOKENIZER_FILE
 from ..tracking.health import check_store
 from . import rollback
 from .distill import SourceBuilder
+from .finished import keep_finished, stage_finished
 from .metrics import TrainLog
 from .preempt import StopRequest
 from .run_logs import check_run_logs, claim_run_logs
 from .run_tracking import SegmentTracking
-from .segment_start import SegmentStart, check_start_inputs, job_signature, segment_start
+from .segment_start import (
+    SegmentStart,
+    check_start_inputs,
+    input_digest,
+    segment_signature,
+    segment_start,
+)
 from .trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -96,8 +105,9 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
         check_run_logs(run_dir, out, resume_from)
     if rank == 0 and tracking is not None and cfg.tracking.enabled:  # a lost or corrupt store
         check_store(cfg, run_dir)
+    signature = segment_signature(cfg, data_dir)
     start = segment_start(run_dir, resume_from, until_step, attempt=attempt,
-                          warm_start=warm_start, signature=job_signature(cfg, data_dir))
+                          warm_start=warm_start, signature=signature)
     trainer = Trainer.build(cfg, data_dir, world_size=world_size, rank=rank,
                             build_source=build_source)
     trainer.restore(start)
@@ -107,7 +117,7 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
     stage = tracking.start(trainer, run_dir, data_dir) if rank == 0 and tracking else None
     try:
         _run(trainer, until_step, out, run_dir, attempt, stage, tracking, point=start.point,
-             job_start=job_start, wall_start=wall_start)
+             job_start=job_start, wall_start=wall_start, signature=signature)
     except BaseException as exc:
         if stage is not None:
             stage.end("KILLED" if isinstance(exc, (KeyboardInterrupt, Preempted)) else "FAILED")
@@ -116,7 +126,6 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
         stage.end("FINISHED")
     if rank == 0:
         rollback.clear_record(run_dir, resume_from, job_start)
-        shutil.rmtree(start.point, ignore_errors=True)
     log.info("segment %d→%d done in %.1f s (%.1f s in steps): %s", job_start, until_step,
              time.perf_counter() - wall_start, trainer.step_time_s, out)
     return out
@@ -124,8 +133,9 @@ def train_segment(cfg: Config, data_dir: Path, resume_from: Path | None, until_s
 
 def _run(trainer: Trainer, until_step: int, out: Path, run_dir: Path, attempt: int,
          stage: Any, tracking: SegmentTracking | None, *, point: Path, job_start: int,
-         wall_start: float) -> None:
-    """The step loop and the save (or the resume point when asked to stop)."""
+         wall_start: float, signature: str) -> None:
+    """The step loop and the save (or the resume point when asked to stop); the saved
+    snapshot is kept in the resume point's place too (:mod:`.finished`)."""
     if trainer.rank == 0:
         claim_run_logs(run_dir, out)
     train_log = TrainLog(run_dir, trainer.state.step, stage=stage, enabled=trainer.rank == 0)
@@ -141,8 +151,9 @@ def _run(trainer: Trainer, until_step: int, out: Path, run_dir: Path, attempt: i
                 raise
         if reason is not None:
             _stop(trainer, train_log, point, reason, until_step=until_step,
-                  job_start=job_start, attempt=attempt)
+                  job_start=job_start, attempt=attempt, signature=signature)
         segment = {"start_step": job_start, "end_step": until_step, "attempt": attempt,
+                   **_identity(trainer, signature),
                    "rollback": trainer.rollback_applied,
                    "step_time_s": round(trainer.step_time_s, 4),
                    "loop_time_s": round(trainer.loop_time_s, 4),
@@ -150,21 +161,30 @@ def _run(trainer: Trainer, until_step: int, out: Path, run_dir: Path, attempt: i
                    "eval_time_s": round(trainer.eval_time_s, 4),
                    "wall_before_save_s": round(time.perf_counter() - wall_start, 4)}
         trainer.save(out, train_log, segment)
+        staged = stage_finished(out, point) if trainer.rank == 0 else None
         train_log.commit(until_step)
+        if trainer.rank == 0:
+            keep_finished(staged, point)
         if stage is not None and tracking is not None:
             tracking.saved(stage, trainer, out, run_dir)
     finally:
         train_log.close()
 
 
+def _identity(trainer: Trainer, signature: str) -> dict[str, Any]:
+    """What a later job of this segment compares (:func:`.segment_start.same_segment`)."""
+    source = trainer.input_snapshot
+    return {"input": None if source is None else str(source),
+            "input_manifest": input_digest(source), "signature": signature}
+
+
 def _stop(trainer: Trainer, train_log: TrainLog, point: Path, reason: str, *,
-          until_step: int, job_start: int, attempt: int) -> None:
+          until_step: int, job_start: int, attempt: int, signature: str) -> None:
     """Write the resume point, commit the steps done, raise :class:`Preempted`."""
     step = trainer.state.step
     trainer.save_resume_point(point, train_log, {
         "step": step, "reason": reason, "attempt": attempt, "until_step": until_step,
-        "segment_start": job_start, "signature": trainer.signature,
-        "input": None if trainer.input_snapshot is None else str(trainer.input_snapshot)})
+        "segment_start": job_start, **_identity(trainer, signature)})
     train_log.commit(step)
     raise Preempted(f"segment {job_start}→{until_step} stopped by {reason} after step {step}: "
                     f"resume point {point} written; rerun the job (Snakemake retries it) to "

@@ -43,11 +43,12 @@ from ..spec.config import Config, config_yaml
 from ..spec.layout import RunLayout, run_dir_of
 from ..tracking import resolve_uri
 from .distributed import destroy_process_group, init_process_group, launched_by_torchrun
+from .finished import adopt_finished, drop_consumed
 from .job import check_segment_outputs, train_segment
 from .lease import run_lease
 from .preempt import STOP_SIGNALS, latched_signal
 from .run_tracking import SegmentTracking
-from .segment_start import job_signature, stop_record
+from .segment_start import segment_signature, snapshot_step, stop_record
 
 if TYPE_CHECKING:  # only a type here; the teacher is built in the segment job
     from .distill import SourceBuilder
@@ -135,12 +136,21 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
                      tracking: SegmentTracking | None = None,
                      build_source: SourceBuilder | None = None) -> Path:
     """Train one segment with ``train.nproc`` × ``train.nnodes`` processes; returns ``out``.
-    The run's training lease (:mod:`.lease`) is held throughout: a second job training the
-    same run at once is refused in one line. ``tracking``: see :func:`.job.train_segment`
-    (the workers of a multi-process job are ``train`` commands, tracked unless it is None)."""
+    The run's training lease (:mod:`.lease`) is held throughout: a second job of the run
+    waits for the first to end. Holding it, the job adopts the segment when an earlier job
+    of it finished unseen (:func:`.finished.adopt_finished`) rather than training it again.
+    ``tracking``: see :func:`.job.train_segment` (the workers of a multi-process job are
+    ``train`` commands, tracked unless it is None)."""
 
     check_segment_outputs(out, run_dir)  # before torchrun starts (or anything is built)
-    with run_lease(Path(run_dir or run_dir_of(Path(out))), until_step):
+    home = Path(run_dir or run_dir_of(Path(out)))
+    signature = segment_signature(cfg, data_dir)
+    segment = {"input": None if resume_from is None else str(resume_from),
+               "signature": signature, "out": str(out)}
+    with run_lease(home, until_step, segment):
+        drop_consumed(home, None if resume_from is None else snapshot_step(resume_from))
+        if adopt_finished(home, resume_from, until_step, signature, Path(out)):
+            return Path(out)
         return _train_job(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
                           warm_start=warm_start, tracking=tracking, build_source=build_source)
 
@@ -172,7 +182,7 @@ def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step
     if rc != 0:
         reason = failure_line(tail) or f"no error line in its output (exit status {rc})"
         if _stopped_with_resume_point(run_dir or run_dir_of(Path(out)), until_step, attempt,
-                                      job_signature(cfg, data_dir)):
+                                      segment_signature(cfg, data_dir)):
             raise Preempted(reason.removeprefix("stopped: "))
         raise TrainingError(f"{cfg.train.nproc}-process training to step {until_step} failed: "
                             f"{reason}; the full output is in the job log")

@@ -8,8 +8,9 @@ that the step loop honours after the step it is in: the trainer then writes a *r
 point* (a complete snapshot under ``{run}/train/resume/step_{until}``, outside the job's
 declared outputs, so Snakemake's cleanup of the failed job leaves it), commits the metrics
 of the steps done, and raises :class:`~pipeline_lib.errors.Preempted`. A retry of the same
-job (same input snapshot, same end step) continues from the resume point and ends
-bit-identical to an uninterrupted segment; a finished segment removes it.
+job (same input snapshot, same end step, same train signature) continues from the resume
+point and ends bit-identical to an uninterrupted segment; the finished segment's files then
+take its place (:mod:`.finished`).
 
 Several ranks agree on stopping every step (one collective), so all of them stop after the
 same step.

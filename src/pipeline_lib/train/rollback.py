@@ -41,7 +41,7 @@ def make_record(*, input_snapshot: Path | None, input_step: int, abort_step: int
                 resume_cursor: DataCursor, skip_steps: int, attempt: int,
                 signature: str) -> dict[str, Any]:
     """The rollback record of an aborted segment (plain JSON); ``signature``: the job's
-    train signature (:func:`~.segment_start.job_signature`)."""
+    train signature (:func:`~.segment_start.segment_signature`)."""
     return {
         "input_snapshot": None if input_snapshot is None else str(input_snapshot),
         "input_step": input_step,

@@ -23,6 +23,7 @@ rule's script); both read the Snakefile, which calls :func:`enter_cluster_job`. 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import signal
@@ -57,13 +58,15 @@ def target_segment(argv: Sequence[str]) -> tuple[str, int] | None:
 
 def stopped_since(run_dir: Path, step: int, output: Path, started: float) -> bool:
     """Whether the segment ending at ``step`` stopped in this attempt: no ``output``
-    snapshot, and a resume point for it written after ``started`` (a time.time())."""
-    point = RunLayout.at(run_dir).resume_point(step)
+    snapshot, and a resume point for it written after ``started`` (a time.time()), not the
+    finished segment's files kept in its place (pipeline_lib.train.finished)."""
+    state = RunLayout.at(run_dir).resume_point(step) / "trainer_state.json"
     try:
-        written = (point / "trainer_state.json").stat().st_mtime
-    except OSError:
+        written = state.stat().st_mtime
+        finished = json.loads(state.read_text()).get("step") == step
+    except (OSError, ValueError, AttributeError):
         return False
-    return not output.exists() and written >= started
+    return not output.exists() and written >= started and not finished
 
 
 def _ignore(signum: int, frame: Any) -> None:

@@ -3,8 +3,9 @@
 The executor polls ``sacct`` by default. On a cluster without accounting storage (no
 slurmdbd: many small clusters) ``sacct`` only answers "Slurm accounting storage is
 disabled"; the plugin logs that at debug level and keeps polling, so no job is ever seen to
-finish and Snakemake waits for ever. The Snakefile's ``onstart`` calls
-:func:`check_status_command`, which turns that into one line naming the fix: the executor's
+finish and Snakemake waits for ever. The Snakefile's ``onstart``
+(:func:`~pipeline_lib.workflow.hooks.start_workflow`) calls :func:`status_command_problem`,
+which turns that into one line naming the fix: the executor's
 ``squeue`` status command (``--slurm-status-command squeue``, or ``slurm-status-command:
 squeue`` in the profile), which sees finished jobs for ``MinJobAge`` seconds.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from ..errors import ConfigError, PipelineError
+from ..errors import ConfigError
 
 
 def sacct_problem() -> str | None:
@@ -31,15 +32,6 @@ def sacct_problem() -> str | None:
         return None
     lines = (out.stderr or out.stdout).strip().splitlines()
     return lines[-1] if lines else f"sacct exited with status {out.returncode}"
-
-
-def check_status_command(workflow: Any) -> None:
-    """The Snakefile's ``onstart``: :func:`status_command_problem` ends Snakemake with its
-    one ``error:`` line."""
-    try:
-        status_command_problem(workflow)
-    except PipelineError as exc:
-        raise SystemExit(f"error: {exc}") from None
 
 
 def status_command_problem(workflow: Any) -> None:

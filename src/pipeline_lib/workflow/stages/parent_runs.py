@@ -2,7 +2,8 @@
 (with the data pack as its ``pack`` child run), kept up to date with the config, closed when
 the run's targets are built; and the Snakefile's onsuccess/onerror handler.
 
-Torch-free: the Snakefile imports :func:`close_open_parents` from here.
+Torch-free: the Snakefile's handlers (:mod:`pipeline_lib.workflow.hooks`) import
+:func:`close_open_parents` from here.
 """
 
 from __future__ import annotations
