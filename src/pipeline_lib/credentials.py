@@ -11,7 +11,7 @@ send one at all, and a database driver's options are the user's own config), whi
 list misses the next spelling of a secret. The result still names the same store, so
 stored URIs compare equal whatever the credentials. :func:`redact_config` does the same for
 a config's ``tracking.uri`` before a config is dumped (snapshot ``config.yaml``,
-``run_spec.yaml``, parent-run params and artifact, the config hash); :func:`redact_text`
+``specs/{digest}.yaml``, parent-run params and artifact, the config hash); :func:`redact_text`
 and :func:`error_line` for free text that may quote a URI (an error of MLflow or a database
 driver, an override list quoted back).
 

@@ -27,10 +27,12 @@ from support.rel_state_helpers import (
     CONFIG,
     KEPT,
     RUN,
+    clone,
     failure_report,
     runs_by_stage,
     snakemake,
     store,
+    workdir_after,
 )
 from support.workflow_runs import ROOT, SNAKEMAKE, job_counts
 
@@ -49,19 +51,7 @@ def _no_env_store(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A working directory where the one-variant pipeline has finished."""
-    workdir = tmp_path_factory.mktemp("rel_state") / "base"
-    workdir.mkdir()
-    (workdir / "config.yaml").write_text(CONFIG)
-    result = snakemake(workdir, "--cores", "2")
-    if result.returncode != 0:
-        pytest.fail(f"pipeline failed:\n{failure_report(workdir, result)}")
-    return workdir
-
-
-def _clone(workdir: Path, dest: Path) -> Path:
-    """A copy of the finished working directory (mtimes and the `final` link kept)."""
-    shutil.copytree(workdir, dest, symlinks=True)
-    return dest
+    return workdir_after(tmp_path_factory.mktemp("rel_state") / "base", CONFIG)
 
 
 def _snapshot_dir(workdir: Path, step: int) -> Path:
@@ -78,7 +68,7 @@ def _metrics(workdir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_deleted_kept_and_final_snapshots_are_rebuilt(finished: Path, tmp_path: Path) -> None:
-    work = _clone(finished, tmp_path / "work")
+    work = clone(finished, tmp_path / "work")
     snaps = work / "results" / RUN / "snapshots"
     data_dir = next(p for p in (work / "results" / "data").iterdir() if p.is_dir())
     untouched = {p: p.stat().st_mtime_ns for p in (data_dir / "tokens.bin",
@@ -138,7 +128,7 @@ def _snapshot_state(work: Path) -> dict[str, int]:
 ])
 def test_changing_keep_last_retrains_nothing(finished: Path, tmp_path: Path, keep_last: int,
                                              says: str) -> None:
-    work = _clone(finished, tmp_path / "work")
+    work = clone(finished, tmp_path / "work")
     before, metrics = _snapshot_state(work), _metrics(work)
     keep = tmp_path / "keep.yaml"
     keep.write_text(f"snapshots: {{keep_last: {keep_last}}}\n")
@@ -167,7 +157,7 @@ def test_changing_keep_last_retrains_nothing(finished: Path, tmp_path: Path, kee
 @pytest.mark.slow
 def test_config_change_updates_the_parent_and_supersedes_replaced_runs(
         finished: Path, tmp_path: Path) -> None:
-    work = _clone(finished, tmp_path / "work")
+    work = clone(finished, tmp_path / "work")
     before, _ = runs_by_stage(work)
     first_lr = before.data.params["train.lr"]
     # (the clone's store keeps the original's artifact location, which other clones share)

@@ -3,9 +3,12 @@ the smallest one-variant pipeline, a Snakemake runner, an MLflow reader."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from . import workflow_runs
 
@@ -55,6 +58,24 @@ def failure_report(workdir: Path, result: subprocess.CompletedProcess) -> str:
     logs = "\n".join(f"== {p}\n{p.read_text()[-2000:]}"
                      for p in sorted((workdir / "logs").rglob("*.log")))
     return f"{result.stderr[-5000:]}\n{logs[-10000:]}"
+
+
+def workdir_after(base: Path, config: str, *targets: str) -> Path:
+    """``base`` (a new directory) holding ``config.yaml`` and what ``snakemake targets``
+    made there (the whole pipeline without targets); the test fails with the report."""
+    base.mkdir()
+    (base / "config.yaml").write_text(config)
+    result = snakemake(base, "--cores", "2", *targets)
+    if result.returncode != 0:
+        pytest.fail(f"snakemake {' '.join(targets) or 'all'} failed:\n"
+                    f"{failure_report(base, result)}")
+    return base
+
+
+def clone(workdir: Path, dest: Path) -> Path:
+    """A copy of a working directory (mtimes and the `final` link kept)."""
+    shutil.copytree(workdir, dest, symlinks=True)
+    return dest
 
 
 def store(workdir: Path) -> Any:

@@ -69,6 +69,11 @@ def side_by_side(tmp_path_factory: pytest.TempPathFactory):
             os.kill(job, signal.SIGKILL)
 
 
+def _specs(run_dir: Path) -> dict[str, int]:
+    """The run's spec files (``specs/{digest}.yaml``) and when each was last written."""
+    return {p.name: p.stat().st_mtime_ns for p in sorted((run_dir / "specs").glob("*.yaml"))}
+
+
 def _beside(first: Path, other: Path, results: Path, proc) -> dict:
     deadline = time.monotonic() + WAIT_S
     while not segment_pids(first):  # the workflow is under way: its segment job trains
@@ -78,10 +83,10 @@ def _beside(first: Path, other: Path, results: Path, proc) -> dict:
     (job,) = segment_pids(first)
     os.kill(job, signal.SIGSTOP)  # held while the others try
     seen = {"first": first, "pid": proc.pid, "results": results,
-            "spec": (results / "loops2" / "run_spec.yaml").stat().st_mtime_ns}
+            "spec": _specs(results / "loops2")}
     try:
         seen["other"] = snakemake(other, "--cores", "1", extra_configs=(other / "c.yaml",))
-        seen["spec_after"] = (results / "loops2" / "run_spec.yaml").stat().st_mtime_ns
+        seen["spec_after"] = _specs(results / "loops2")
         seen["lock"] = _lock_record(results)
         seen["dry"] = snakemake(other, "-n", extra_configs=(other / "c.yaml",))
         seen["same_dir"] = snakemake(first, "--cores", "1", READY,
@@ -104,6 +109,7 @@ def test_another_working_directory_is_refused_in_one_line(side_by_side: dict) ->
         f"directory {first} (since ")
     assert "give it another experiment.results_dir" in line
     assert not _started_jobs(other)  # refused before any job
+    assert side_by_side["spec"]  # the running call's spec, written before its first job
     assert side_by_side["spec_after"] == side_by_side["spec"]  # the run specs left alone
 
 
@@ -133,7 +139,8 @@ def test_the_lock_goes_when_the_workflow_ends(side_by_side: dict) -> None:
 @pytest.mark.slow
 def test_onstart_file_problems_are_one_line(side_by_side: dict) -> None:
     first, results = side_by_side["first"], side_by_side["results"]
-    lock, spec = results / ".workflow_lock.json", results / "loops1" / "run_spec.yaml"
+    lock = results / ".workflow_lock.json"
+    (spec,) = (results / "loops1" / "specs").glob("*.yaml")
     lock.mkdir()
     try:
         result = snakemake(first, "--cores", "1", extra_configs=(first / "c.yaml",))

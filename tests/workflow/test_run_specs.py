@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.rel_state_helpers import CONFIG, RUN, failure_report, snakemake
+from support.rel_state_helpers import (
+    CONFIG,
+    RUN,
+    clone,
+    failure_report,
+    snakemake,
+    workdir_after,
+)
 from support.workflow_runs import ROOT, SNAKEMAKE
 
 pytestmark = pytest.mark.slow
@@ -35,18 +42,8 @@ LR = 0.002  # the default train.lr, which CONFIG keeps
 def first_segment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A working directory where the pack is made and the first segment trained (no
     tracking store: nothing here is about MLflow)."""
-    workdir = tmp_path_factory.mktemp("run_specs") / "base"
-    workdir.mkdir()
-    (workdir / "config.yaml").write_text(CONFIG + "tracking: {enabled: false}\n")
-    result = snakemake(workdir, "--cores", "2", FIRST)
-    if result.returncode != 0:
-        pytest.fail(f"first segment failed:\n{failure_report(workdir, result)}")
-    return workdir
-
-
-def _clone(workdir: Path, dest: Path) -> Path:
-    shutil.copytree(workdir, dest, symlinks=True)
-    return dest
+    return workdir_after(tmp_path_factory.mktemp("run_specs") / "base",
+                         CONFIG + "tracking: {enabled: false}\n", FIRST)
 
 
 def _spec_file(work: Path) -> Path:
@@ -79,7 +76,7 @@ def _lr_file(tmp_path: Path, lr: float) -> Path:
 
 def test_no_hooks_after_a_config_change_stops_in_one_line(first_segment: Path,
                                                           tmp_path: Path) -> None:
-    work = _clone(first_segment, tmp_path / "work")
+    work = clone(first_segment, tmp_path / "work")
     result = snakemake(work, "--cores", "1", "--no-hooks", SECOND,
                        configs=(_lr_file(tmp_path, 0.004),))
     assert result.returncode != 0, result.stdout[-3000:]
@@ -93,7 +90,7 @@ def test_no_hooks_after_a_config_change_stops_in_one_line(first_segment: Path,
 
 def test_a_spec_edited_after_planning_stops_the_job_until_written_again(
         first_segment: Path, tmp_path: Path) -> None:
-    work = _clone(first_segment, tmp_path / "work")
+    work = clone(first_segment, tmp_path / "work")
     spec = _spec_file(work)
     text = spec.read_text()
     assert f"lr: {LR}\n" in text
@@ -122,7 +119,7 @@ def _remote_job(work: Path, environ: dict[str, str]) -> subprocess.CompletedProc
 
 def test_a_cluster_job_plans_with_the_spec_its_call_named(first_segment: Path,
                                                           tmp_path: Path) -> None:
-    work = _clone(first_segment, tmp_path / "work")
+    work = clone(first_segment, tmp_path / "work")
     digest = _spec_file(work).stem
     config = work / "config.yaml"
     assert "\ntrain:\n" in config.read_text()
