@@ -269,3 +269,17 @@ def test_bf16_fsdp_segment_is_judged_by_the_bf16_tolerance(tmp_path, capsys) -> 
     fsdp = result["checks"]["fsdp_segment"]
     assert rc == 0 and fsdp["status"] == "pass", fsdp
     assert fsdp["sharded"] is True and 0 < fsdp["max_weight_diff"] <= 3e-2
+
+
+def test_the_check_runs_where_lm_eval_mlflow_and_snakemake_are_missing() -> None:
+    """A GPU machine's own Python has torch but not the bench, tracking or workflow extras
+    (scripts/device_check_from_source.sh): the command imports without them and its lm_eval
+    check skips with the reason (the first H200 run stopped at ``import lm_eval``)."""
+    code = ("import sys\n"
+            "for m in ('lm_eval', 'mlflow', 'snakemake'): sys.modules[m] = None\n"
+            "from pipeline_lib.diagnostics.evaluation import lm_eval\n"
+            "import pipeline_lib.commands.device_check, pipeline_lib.diagnostics.runner\n"
+            "print(lm_eval(None).detail)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "lm-eval is not installed (the bench extra)"

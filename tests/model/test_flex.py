@@ -81,6 +81,9 @@ def test_compiled_flex_equals_sdpa_without_recompiling_across_lengths(twins, mak
             seen.append(graphs())
     # the probe compiled the two graphs (static, then dynamic lengths); no length added one
     assert seen == [2, 2, 2, 2, 2]
+    # room for the graphs of a process (grad modes, dtypes, head widths): past dynamo's default
+    # 8, flex would run uncompiled (on an H200 the device check's ninth graph did)
+    assert torch._dynamo.config.recompile_limit >= flex.FLEX_GRAPHS
     assert kernel_tags() == {"loopline.attention_kernel": "flex"}
     with torch.no_grad():  # on the CPU the batch size is static: a new one compiles once
         model.logits_at(make_batch([[50]] * 3), 3)
@@ -113,6 +116,16 @@ def test_training_on_cpu_falls_back_once_with_a_warning_and_a_tag(twins, make_ba
     assert tags["loopline.attention_kernel"] == "sdpa"
     assert tags["loopline.attention_fallback"].startswith("probe on cpu/float32: ")
     assert resolve_attention_kernel("flex", torch.device("cpu")) == "sdpa"  # decided for good
+
+
+def test_the_probe_judges_16_bit_differences_against_the_values_size() -> None:
+    """bf16 gradients of the probe's objective reach ~10, where one bf16 step is 0.06: the
+    tolerance is relative to the reference's largest value (absolute below 1)."""
+    ref = torch.tensor([0.5, -12.0])
+    assert flex._relative_diff(ref + torch.tensor([0.0, 0.0625]), ref) == pytest.approx(0.0625 / 12)
+    assert flex._relative_diff(ref + torch.tensor([0.02, 0.0]), ref) == pytest.approx(0.02 / 12)
+    small = torch.tensor([0.25])
+    assert flex._relative_diff(small + 0.04, small) == pytest.approx(0.04)  # absolute below 1
 
 
 def test_the_probe_draws_no_random_numbers() -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from ..bench.runner import run_benchmarks
 from ..data.tokenizer import eos_id, load_tokenizer
 from ..device import resolve_device
 from ..evaluate.heff import run_heff
@@ -77,6 +76,8 @@ def lm_eval(ctx: Context) -> CheckResult:
         import lm_eval as _  # noqa: F401  (a probe: the bench extra may be absent)
     except ImportError:
         return CheckResult("lm_eval", "skip", detail="lm-eval is not installed (the bench extra)")
+    from ..bench.runner import run_benchmarks  # imports lm-eval: only once it is there
+
 
     per_level, levels, h_effs, gen_tokens = ctx.sizes.bench
     bench = BenchConfig(tasks=list(BUILTIN_TASK_NAMES), h_eff=list(h_effs), examples_per_level=per_level,
