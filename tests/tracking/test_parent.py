@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from tracking_helpers import client
 
-from pipeline_lib.spec.config import Config, config_hash, flatten, to_dict
+from pipeline_lib.spec.config import Config
+from pipeline_lib.spec.config_write import config_hash, flatten, to_dict
 from pipeline_lib.tracking import init_parent_run, read_tracking_info, start_stage
 from pipeline_lib.tracking.parent import git_state
 

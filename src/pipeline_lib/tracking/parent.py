@@ -25,15 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from ..fsio import write_text_atomic
-from ..spec.config import (
-    PROJECT_ROOT,
-    Config,
-    config_for_run,
-    config_hash,
-    flatten,
-    public_dict,
-    save_config,
-)
+from ..spec.config import Config
+from ..spec.config_load import PROJECT_ROOT, config_for_run
+from ..spec.config_write import config_hash, flatten, public_dict, save_config
 from ..spec.layout import RunLayout
 from .run_files import check_tracking_files, tracking_io
 from .runs import DATA_ID_TAG
