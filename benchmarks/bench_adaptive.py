@@ -56,7 +56,8 @@ from pipeline_lib.evaluate.exit.spec import ExitSpec  # noqa: E402
 from pipeline_lib.evaluate.heff import sweep_losses  # noqa: E402
 from pipeline_lib.evaluate.sweep_pass import sweep_pass  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402
-from pipeline_lib.spec.config import DataConfig, EvalConfig, SourceConfig, load_config  # noqa: E402
+from pipeline_lib.spec.config import DataConfig, EvalConfig, SourceConfig
+from pipeline_lib.spec.config_load import load_config  # noqa: E402
 from pipeline_lib.spec.rules import EXIT_CRITERIA  # noqa: E402
 
 WORST_THRESHOLDS = (0.0, 1e-30)

@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from pipeline_lib.diagnostics.timing import alternated
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 
 MODES = ("none", "loop", "block")
 

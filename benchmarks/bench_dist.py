@@ -34,7 +34,9 @@ import torch  # noqa: E402
 
 from pipeline_lib.checkpoint import state_io  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
-from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
+from pipeline_lib.spec.config import Config, DataConfig, SourceConfig
+from pipeline_lib.spec.config_load import load_config
+from pipeline_lib.spec.config_write import config_yaml  # noqa: E402
 from pipeline_lib.train.launch import run_training_job  # noqa: E402
 from pipeline_lib.train.segment_start import segment_start  # noqa: E402
 from pipeline_lib.train.trainer import Trainer  # noqa: E402
@@ -89,7 +91,7 @@ def restored_trainer(cfg: Config, pack: Path, snapshot: Path, world: int, rank: 
 
 def save_worker(args: argparse.Namespace) -> None:
     """Under torchrun: time sharded snapshot writes; rank 0 writes the times as JSON."""
-    from pipeline_lib.spec.config import load_config as load
+    from pipeline_lib.spec.config_load import load_config as load
     from pipeline_lib.train.distributed import destroy_process_group, init_process_group
 
     torch.set_num_threads(1)

@@ -73,7 +73,7 @@ from pipeline_lib.evaluate.generation import CacheOptions, Depth, encode_prompts
 from pipeline_lib.model.generate import CachedNextIds, greedy_decode, greedy_generate
 from pipeline_lib.model.looped import LoopedLM
 from pipeline_lib.provenance import cpu_model, git_output
-from pipeline_lib.spec.config import load_config
+from pipeline_lib.spec.config_load import load_config
 
 BYTE_VOCAB = 258
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,8 @@ from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.diagnostics.timing import alternated
 from pipeline_lib.evaluate.heff import sweep_losses
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import DataConfig, SourceConfig, load_config
+from pipeline_lib.spec.config import DataConfig, SourceConfig
+from pipeline_lib.spec.config_load import load_config
 
 H_EFFS = [1, 2, 4, 8]
 

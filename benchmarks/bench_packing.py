@@ -29,7 +29,7 @@ import numpy as np
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.data.packing import fill_ratio, pack_documents
 from pipeline_lib.diagnostics.timing import best_s
-from pipeline_lib.spec.config import load_config
+from pipeline_lib.spec.config_load import load_config
 
 SEQ_LEN = 1024
 

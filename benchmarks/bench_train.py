@@ -44,7 +44,9 @@ from pipeline_lib.checkpoint.snapshot import load_snapshot  # noqa: E402
 from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402
-from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, config_yaml, load_config  # noqa: E402
+from pipeline_lib.spec.config import Config, DataConfig, SourceConfig
+from pipeline_lib.spec.config_load import load_config
+from pipeline_lib.spec.config_write import config_yaml  # noqa: E402
 from pipeline_lib.spec.size import resolved_ffn_hidden  # noqa: E402
 from pipeline_lib.train.job import train_segment  # noqa: E402
 from pipeline_lib.train.segment_start import segment_start  # noqa: E402

@@ -32,7 +32,7 @@ from pipeline_lib.data import verify  # noqa: E402
 from pipeline_lib.data.loader import PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.diagnostics.timing import best_s  # noqa: E402
-from pipeline_lib.spec.config import load_config  # noqa: E402
+from pipeline_lib.spec.config_load import load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

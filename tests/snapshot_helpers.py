@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline_lib.spec.config import Config, ModelConfig, SourceConfig, save_config
+from pipeline_lib.spec.config import Config, SourceConfig
+from pipeline_lib.spec.config_model import ModelConfig
+from pipeline_lib.spec.config_write import save_config
 
 PATTERN = "0123456789"
 SEQ_LEN = 24

@@ -82,7 +82,9 @@ def _variant(root: Path, name: str, core_layers: int, loops: int, deeper_gain: f
     import numpy as np
 
     from pipeline_lib.evaluate.heff_stats import DocumentLosses
-    from pipeline_lib.spec.config import Config, ModelConfig, save_config
+    from pipeline_lib.spec.config import Config
+    from pipeline_lib.spec.config_model import ModelConfig
+    from pipeline_lib.spec.config_write import save_config
 
     run = root / name
     (run / "eval").mkdir(parents=True)
@@ -106,7 +108,7 @@ def _variant(root: Path, name: str, core_layers: int, loops: int, deeper_gain: f
 
 
 def test_intervals_sizes_and_paired_findings(tmp_path: Path):
-    from pipeline_lib.spec.config import ModelConfig
+    from pipeline_lib.spec.config_model import ModelConfig
     from pipeline_lib.spec.size import flops_per_token, param_count
 
     inputs = {"loop1": _variant(tmp_path, "loop1", 1, 1, 0.0, 0),
@@ -169,7 +171,9 @@ def make_run_dir(results: Path, name: str, core_layers: int | None, loops: int,
     config, H_eff table and plot, final bench JSON (per-example scores ``at`` H_eff, doc_id =
     position, ``levels`` per example) and heatmap, training log. ``core_layers`` None: the
     snapshot has no config (unknown kind)."""
-    from pipeline_lib.spec.config import Config, ModelConfig, save_config
+    from pipeline_lib.spec.config import Config
+    from pipeline_lib.spec.config_model import ModelConfig
+    from pipeline_lib.spec.config_write import save_config
 
     run = results / name
     snap = run / "snapshots" / f"step_{step:07d}"

@@ -228,13 +228,10 @@ def test_targets_that_cannot_be_checked_say_why():
 
 def test_sampled_loop_counts_make_a_variant_looped(tmp_path: Path):
     from pipeline_lib.compare.runs import _model_shape
-    from pipeline_lib.spec.config import (
-        Config,
-        LoopSamplingConfig,
-        ModelConfig,
-        TrainConfig,
-        save_config,
-    )
+    from pipeline_lib.spec.config import Config
+    from pipeline_lib.spec.config_model import ModelConfig
+    from pipeline_lib.spec.config_train import LoopSamplingConfig, TrainConfig
+    from pipeline_lib.spec.config_write import save_config
 
     model = ModelConfig(vocab_size=64, d_model=32, n_heads=2, core_layers=1, loops=1)
     kinds = {}

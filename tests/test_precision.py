@@ -13,7 +13,7 @@ import torch
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.model.looped import LoopedLM
 from pipeline_lib.precision import Precision, fp32
-from pipeline_lib.spec.config import load_config
+from pipeline_lib.spec.config_load import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -59,7 +59,7 @@ def test_bad_precision_stops_a_stage_before_it_starts(tmp_path: Path) -> None:
 
 
 def _model() -> LoopedLM:
-    from pipeline_lib.spec.config import ModelConfig
+    from pipeline_lib.spec.config_model import ModelConfig
 
     torch.manual_seed(0)
     return LoopedLM(ModelConfig(vocab_size=40, d_model=16, n_heads=2, loops=2, init_std=0.2,

@@ -31,11 +31,9 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
-from .spec.config import PROJECT_ROOT, Config
+from .spec.config import Config
+from .spec.config_load import PROJECT_ROOT
 
-# the config machinery itself: validation, merge, schema, this table; not a use of a key
-CONFIG_MODULES = frozenset({"spec.config", "spec.fields", "spec.rules", "spec.config_errors",
-                            "spec.config_files", "spec.schema", "config_readers"})
 # calls that take a section whole (serialise, hash, compare or copy every key)
 WHOLE_SECTION_CALLS = frozenset({"to_dict", "public_dict", "asdict", "astuple", "config_yaml",
                                  "config_hash", "save_config", "flatten", "model_signature",
@@ -379,7 +377,7 @@ def keys_markdown(root: Path = PROJECT_ROOT) -> str:
              "-->", "",
              f"{len(keys)} keys. *read by*: the modules (`train.optim` is "
              "`src/pipeline_lib/train/optim.py`) and workflow files that read the key itself; "
-             "`spec.config`, `spec.rules` and `spec.fields` validate it.", "",
+             "`spec.rules` (`validate_config`) and `spec.fields` validate it.", "",
              "| key | read by |", "|---|---|"]
     lines += [f"| `{key}` | {_cell(reads.keys.get(key, set()))} |" for key in keys]
     lines += ["", "Sections taken whole (serialised, hashed or compared key by key: the train "

@@ -22,7 +22,8 @@ from pipeline_lib.bench.runner import adaptive_settings, run_benchmarks
 from pipeline_lib.bench.scoring import SUMMARY_COLUMNS, bench_metrics, summarize_bench
 from pipeline_lib.bench.tasks import GENERATION_STOPS
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import AdaptiveExitConfig, BenchConfig, Config, validate_config
+from pipeline_lib.spec.config import AdaptiveExitConfig, BenchConfig, Config
+from pipeline_lib.spec.rules import validate_config
 from pipeline_lib.tracking.commit import check_metric_key
 
 pytestmark = pytest.mark.slow

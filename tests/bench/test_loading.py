@@ -7,7 +7,7 @@ from snapshot_helpers import write_tiny_snapshot
 
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.evaluate.loading import load_for_eval as load_for_bench
-from pipeline_lib.spec.config import load_config
+from pipeline_lib.spec.config_load import load_config
 from pipeline_lib.spec.data_id import data_id
 
 

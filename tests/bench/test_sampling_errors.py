@@ -10,7 +10,8 @@ import yaml
 
 from pipeline_lib.cli import main
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import BenchConfig, load_config
+from pipeline_lib.spec.config import BenchConfig
+from pipeline_lib.spec.config_load import load_config
 from pipeline_lib.task_catalog import check_bench_tasks
 
 

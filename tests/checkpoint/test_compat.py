@@ -17,7 +17,8 @@ from pipeline_lib.checkpoint.compat import (
 )
 from pipeline_lib.checkpoint.snapshot import write_snapshot
 from pipeline_lib.errors import CheckpointError
-from pipeline_lib.spec.config import Config, SourceConfig, to_dict
+from pipeline_lib.spec.config import Config, SourceConfig
+from pipeline_lib.spec.config_write import to_dict
 
 
 def _replace(cfg: Config, section: str, **changes) -> Config:

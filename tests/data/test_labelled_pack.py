@@ -16,7 +16,8 @@ from pipeline_lib.data.loader import PackedData, assemble_rows
 from pipeline_lib.data.pack import is_pack_dir, pack_corpus
 from pipeline_lib.data.tokenizer import load_tokenizer
 from pipeline_lib.errors import ConfigError, DataError
-from pipeline_lib.spec.config import SourceConfig, TokenizerConfig, config_from_dict
+from pipeline_lib.spec.config import SourceConfig, TokenizerConfig
+from pipeline_lib.spec.config_load import config_from_dict
 from pipeline_lib.spec.names import IGNORE_INDEX
 
 EOS = 256  # the byte tokenizer's

@@ -24,7 +24,8 @@ from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.data.reasoning import iter_reasoning_problems
 from pipeline_lib.data.tokenizer import load_tokenizer
 from pipeline_lib.errors import ConfigError, DataError, PipelineError
-from pipeline_lib.spec.config import SourceConfig, TokenizerConfig, load_config
+from pipeline_lib.spec.config import SourceConfig, TokenizerConfig
+from pipeline_lib.spec.config_load import load_config
 
 ROW_LEN = 33  # seq_len 32 in make_data_config
 

@@ -10,7 +10,9 @@ import torch
 from pipeline_lib.checkpoint.rng import capture_rng_state
 from pipeline_lib.checkpoint.snapshot import write_snapshot
 from pipeline_lib.data.pack import pack_corpus
-from pipeline_lib.spec.config import Config, DataConfig, ModelConfig, SourceConfig, save_config
+from pipeline_lib.spec.config import Config, DataConfig, SourceConfig
+from pipeline_lib.spec.config_model import ModelConfig
+from pipeline_lib.spec.config_write import save_config
 
 
 @pytest.fixture(scope="module")

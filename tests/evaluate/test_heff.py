@@ -194,7 +194,8 @@ def test_answer_objective_is_scored_on_answer_tokens_only(tiny_run, tmp_path: Pa
     from pipeline_lib.checkpoint.snapshot import write_snapshot
     from pipeline_lib.data.loader import PackedData
     from pipeline_lib.evaluate.loading import load_for_eval
-    from pipeline_lib.spec.config import load_config, save_config
+    from pipeline_lib.spec.config_load import load_config
+    from pipeline_lib.spec.config_write import save_config
 
     data_dir, snap = tiny_run
     cfg = load_config(snap / "config.yaml", base=None)

@@ -20,12 +20,9 @@ from pipeline_lib.evaluate.label_accuracy import (
 )
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
 from pipeline_lib.model.loop_sampling import deepest_loops
-from pipeline_lib.spec.config import (
-    DataConfig,
-    LoopSamplingConfig,
-    ModelConfig,
-    SourceConfig,
-)
+from pipeline_lib.spec.config import DataConfig, SourceConfig
+from pipeline_lib.spec.config_model import ModelConfig
+from pipeline_lib.spec.config_train import LoopSamplingConfig
 
 VOCAB, SEQ, ROWS, H_EFFS, H = 30, 16, 3, [1, 2, 4], 4
 HALF = SEQ // 2

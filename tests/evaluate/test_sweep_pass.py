@@ -14,7 +14,7 @@ from pipeline_lib.evaluate.exit import readout as exit_readout
 from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.heff import run_heff, sweep_documents
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 
 VOCAB, SEQ = 30, 16
 THRESHOLDS = {"kl": (0.0, 1e-3, 0.05, 0.5), "entropy": (0.0, 2.5, 3.2, 3.35),

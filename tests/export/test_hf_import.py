@@ -286,7 +286,7 @@ def test_pickled_weights_are_refused(tmp_path, llama):
 
 
 def _init_config(source, tokenizer, **init):
-    from pipeline_lib.spec.config import config_from_dict
+    from pipeline_lib.spec.config_load import config_from_dict
 
     return config_from_dict({"data": {"tokenizer": tokenizer},
                              "model": {"loops": 3, "init_from": {"source": str(source), **init}}})
@@ -366,7 +366,7 @@ def test_repeated_config_files_merge_in_order(llama, tmp_path):
     import yaml
 
     from pipeline_lib.cli import main
-    from pipeline_lib.spec.config import load_config
+    from pipeline_lib.spec.config_load import load_config
 
     source, _ = llama
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"

@@ -22,7 +22,8 @@ from pipeline_lib.export import export_snapshot
 from pipeline_lib.export.hf_import import import_checkpoint, resolve_init_from
 from pipeline_lib.export.hf_layout import layer_choice, model_fields
 from pipeline_lib.export.pretrained_source import source_arch
-from pipeline_lib.spec.config import Config, config_from_dict
+from pipeline_lib.spec.config import Config
+from pipeline_lib.spec.config_load import config_from_dict
 
 IDS = torch.tensor([[72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 10, 65, 66],
                     [3, 200, 17, 99, 255, 0, 1, 2, 45, 46, 47, 48, 49, 50, 51, 52]])

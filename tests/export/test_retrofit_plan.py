@@ -155,7 +155,7 @@ def test_an_own_choice_that_the_import_refuses_is_refused_alike(setting, tmp_pat
     line as the planner's import gives, before any work, nothing written."""
     from pipeline_lib.errors import ConfigError
     from pipeline_lib.export.hf_import import resolve_init_from
-    from pipeline_lib.spec.config import load_config
+    from pipeline_lib.spec.config_load import load_config
 
     source, pack, _ = setting
     overrides = [f"model.init_from.source={source}", f"model.init_from.prelude={prelude}",

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 
 VOCAB = 48
 

@@ -137,7 +137,7 @@ def test_a_decoding_step_dispatches_far_fewer_operations_than_the_window() -> No
     written; the decoding path before its [B, D] form took 380, more than the window)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from pipeline_lib.spec.config import load_config
+    from pipeline_lib.spec.config_load import load_config
 
     class Count(TorchDispatchMode):
         calls = 0

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.model.loop_sampling import gradient_loops, loop_target, sample_loop_count
-from pipeline_lib.spec.config import BpttConfig, LoopSamplingConfig
+from pipeline_lib.spec.config_train import BpttConfig, LoopSamplingConfig
 
 
 def _draws(cfg: LoopSamplingConfig, seed: int = 7, steps: int = 2000) -> np.ndarray:

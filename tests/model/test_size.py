@@ -9,7 +9,7 @@ import pytest
 
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 from pipeline_lib.spec.size import (
     check_model_config,
     param_count,
@@ -65,7 +65,7 @@ def test_expert_widths_are_rounded_up_to_aligned_rows(make_config):
 
 def test_size_module_does_not_import_torch():
     code = ("import sys; from pipeline_lib.spec.size import param_count; "
-            "from pipeline_lib.spec.config import ModelConfig; "
+            "from pipeline_lib.spec.config_model import ModelConfig; "
             "from pipeline_lib.model.loop_sampling import sample_loop_count; "
             "print(param_count(ModelConfig(vocab_size=260)), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -25,14 +25,9 @@ from support.credentials_helpers import (
 
 from pipeline_lib.cli import main
 from pipeline_lib.credentials import redact_uri, split_credentials
-from pipeline_lib.spec.config import (
-    DataConfig,
-    SourceConfig,
-    config_hash,
-    config_yaml,
-    load_config,
-    public_dict,
-)
+from pipeline_lib.spec.config import DataConfig, SourceConfig
+from pipeline_lib.spec.config_load import load_config
+from pipeline_lib.spec.config_write import config_hash, config_yaml, public_dict
 from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.tracking.store import probe, resolve_uri, store_uri
 

@@ -20,7 +20,8 @@ from support.credentials_helpers import AuthServer, files_containing, free_port,
 from support.workflow_runs import snakemake
 
 from pipeline_lib.credentials import error_line, redact_config, redact_text, redact_uri
-from pipeline_lib.spec.config import config_hash, load_config
+from pipeline_lib.spec.config_load import load_config
+from pipeline_lib.spec.config_write import config_hash
 from pipeline_lib.tracking.store import normalize_uri, probe, sqlite_path
 
 TOKENS = ("tok-S3CRET-q1", "sig-S3CRET-q2")

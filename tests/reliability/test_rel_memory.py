@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))  # the tr
 from trainer_helpers import config_file, make_pack, snap, tiny_config  # noqa: E402
 
 from pipeline_lib.checkpoint.snapshot import write_snapshot  # noqa: E402
-from pipeline_lib.spec.config import config_yaml  # noqa: E402
+from pipeline_lib.spec.config_write import config_yaml  # noqa: E402
 from pipeline_lib.train.job import train_segment  # noqa: E402
 
 ADDRESS_LIMIT = 6 << 30  # bytes of address space a refused command may map (torch: ~2 GiB)

@@ -205,7 +205,7 @@ def test_defaults_that_need_levels_and_answers_follow_a_plain_corpus(tmp_path):
     cfg = write_yaml(tmp_path / "plain.yaml", {"data": {"sources": [
         {"type": "text", "path": str(plain_corpus(tmp_path / "corpus") / "*.txt")}]}})
     assert_ok(run_cli(tmp_path, "pack", "--config", cfg, "--out", tmp_path / "data"))
-    from pipeline_lib.spec.config import load_config
+    from pipeline_lib.spec.config_load import load_config
 
     resolved = load_config(cfg)
     assert (resolved.data.curriculum_fraction, resolved.train.objective) == (

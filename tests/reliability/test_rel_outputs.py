@@ -283,7 +283,7 @@ def test_an_unreadable_tracking_json_is_one_tracking_error_line(work: Path) -> N
             for entry in [folder, *(os.path.join(folder, n) for n in names)]:
                 os.chown(entry, 65534, 65534)
         info.chmod(0o000)
-        code = ("from pipeline_lib.spec.config import load_config\n"
+        code = ("from pipeline_lib.spec.config_load import load_config\n"
                 "from pipeline_lib.tracking.health import check_store\n"
                 "check_store(load_config('c.yaml'), 'results/r')\n")
         result = subprocess.run([*(as_nobody if os.geteuid() == 0 else []), sys.executable,

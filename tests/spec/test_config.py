@@ -13,16 +13,14 @@ import pytest
 import yaml
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import (
+from pipeline_lib.spec.config import Config
+from pipeline_lib.spec.config_load import (
     DEFAULT_CONFIG_PATH,
-    Config,
     config_for_run,
     config_from_dict,
-    config_hash,
     load_config,
-    save_config,
-    to_dict,
 )
+from pipeline_lib.spec.config_write import config_hash, save_config, to_dict
 from pipeline_lib.spec.schema import SCHEMA_PATH, build_schema, schema_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,7 +262,7 @@ def test_a_file_with_runs_replaces_the_default_variants(tmp_path: Path):
 
 
 def test_snakemake_config_merge_matches_the_loader(tmp_path: Path):
-    from pipeline_lib.spec.config import merge_config_dicts, merge_config_files
+    from pipeline_lib.spec.config_load import merge_config_dicts, merge_config_files
 
     first = {"model": {"d_model": 64}, "runs": {"a": {"model": {"loops": 2}}},
              "data": {"sources": [{"type": "reasoning"}]}}

@@ -11,13 +11,8 @@ import pytest
 import yaml
 
 from pipeline_lib.checkpoint.compat import config_from_yaml
-from pipeline_lib.spec.config import (
-    config_for_run,
-    config_from_dict,
-    config_yaml,
-    load_config,
-    to_dict,
-)
+from pipeline_lib.spec.config_load import config_for_run, config_from_dict, load_config
+from pipeline_lib.spec.config_write import config_yaml, to_dict
 
 OLD_EVAL = {"adaptive_thresholds": [0.0, 0.5], "adaptive_criterion": "entropy",
             "adaptive_criteria": [], "adaptive_criterion_thresholds": {"cosine": [0.0, 0.2]},

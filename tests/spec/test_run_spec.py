@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import load_config, to_dict
+from pipeline_lib.spec.config_load import load_config
+from pipeline_lib.spec.config_write import to_dict
 from pipeline_lib.spec.run_spec import (
     RunSpec,
     SpecRef,

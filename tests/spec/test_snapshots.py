@@ -11,7 +11,9 @@ import pytest
 
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.spec.budget import total_steps
-from pipeline_lib.spec.config import ModelConfig, SnapshotsConfig, TrainConfig
+from pipeline_lib.spec.config import SnapshotsConfig
+from pipeline_lib.spec.config_model import ModelConfig
+from pipeline_lib.spec.config_train import TrainConfig
 from pipeline_lib.spec.layout import step_dir_name
 from pipeline_lib.spec.size import param_count
 from pipeline_lib.spec.snapshots import (
@@ -101,8 +103,9 @@ def test_previous_end_and_names():
 
 
 def test_module_is_torch_free():
-    code = ("import sys, pipeline_lib.spec.budget as p, pipeline_lib.spec.config as c;"
-            "p.total_steps(c.TrainConfig(total_steps=0), c.ModelConfig(), 128, 260);"
+    code = ("import sys, pipeline_lib.spec.budget as p, pipeline_lib.spec.config_train as t,"
+            " pipeline_lib.spec.config_model as m;"
+            "p.total_steps(t.TrainConfig(total_steps=0), m.ModelConfig(), 128, 260);"
             "import pipeline_lib.checkpoint.best, pipeline_lib.checkpoint.manifest;"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

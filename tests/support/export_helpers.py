@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline_lib.spec.config import Config, ModelConfig, SourceConfig, save_config
+from pipeline_lib.spec.config import Config, SourceConfig
+from pipeline_lib.spec.config_model import ModelConfig
+from pipeline_lib.spec.config_write import save_config
 
 SEQ_LEN = 24
 WORKER = Path(__file__).with_name("hf_export_worker.py")

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from tracking_helpers import client
 
-from pipeline_lib.spec.config import Config, config_hash, flatten, to_dict
+from pipeline_lib.spec.config import Config
+from pipeline_lib.spec.config_write import config_hash, flatten, to_dict
 from pipeline_lib.tracking import init_parent_run, read_tracking_info, start_stage
 from pipeline_lib.tracking.parent import git_state
+from pipeline_lib.workflow.resolve import resolve_run
 
 
 def test_parent_is_created_once_with_tags_and_params(cfg: Config, run_dir: Path,
@@ -74,10 +76,11 @@ def test_changed_config_keeps_first_params_tags_the_change_and_warns(
     assert len(stored) == 2  # both resolved configs are kept
 
 
-def test_variant_config_is_applied_for_its_run(cfg: Config, tmp_path: Path,
-                                               store_uri: str) -> None:
+def test_the_variant_resolved_for_its_run_is_logged(cfg: Config, tmp_path: Path,
+                                                    store_uri: str) -> None:
     cfg.runs = {"deep": {"model": {"loops": 8}}}
-    info = init_parent_run(cfg, "deep", tmp_path / "results" / "deep", None)
+    resolved = resolve_run(cfg, "deep").config  # tracking completes nothing itself
+    info = init_parent_run(resolved, "deep", tmp_path / "results" / "deep", None)
     run = client(store_uri).get_run(info["parent_run_id"])
     assert run.data.params["model.loops"] == "8"
     assert run.data.tags["loopline.data_id"] == "unknown"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import TrainConfig
+from pipeline_lib.spec.config_train import TrainConfig
 from pipeline_lib.train.batch_plan import BatchPlan, make_batch_plan
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 from pipeline_lib.train.diagnostics import (
     ActivationProbe,
     due,

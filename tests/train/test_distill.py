@@ -161,7 +161,7 @@ def test_bad_teacher_config_is_one_error_line(tmp_path, capsys, teacher, extra, 
 
 def test_a_snapshot_teacher_of_another_vocabulary_is_refused_when_planning(source,
                                                                           tmp_path) -> None:
-    from pipeline_lib.spec.config import to_dict
+    from pipeline_lib.spec.config_write import to_dict
     from pipeline_lib.workflow.plan import WorkflowPlan
 
     teacher = _init(source, _config(source, "model.loops=1"), tmp_path / "init")  # 264 rows

@@ -15,7 +15,7 @@ import textwrap
 import torch
 from trainer_helpers import PROJECT_ROOT, config_file, make_pack
 
-from pipeline_lib.spec.config import TrainConfig
+from pipeline_lib.spec.config_train import TrainConfig
 from pipeline_lib.train.eager import EagerAdamW
 from pipeline_lib.train.optim import build_optimizer
 

@@ -8,7 +8,7 @@ from trainer_helpers import make_pack
 
 from pipeline_lib.data.loader import PackedData
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 from pipeline_lib.train.evaluation import generate_samples, samples_jsonl, validation_losses
 
 CPU = torch.device("cpu")

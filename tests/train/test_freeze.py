@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import ModelConfig, TrainConfig
+from pipeline_lib.spec.config_model import ModelConfig
+from pipeline_lib.spec.config_train import TrainConfig
 from pipeline_lib.train.freeze import freeze_parts
 from pipeline_lib.train.optim import build_optimizer
 

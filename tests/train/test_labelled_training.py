@@ -21,7 +21,8 @@ from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.evaluate.heff import run_heff
 from pipeline_lib.export import export_snapshot
 from pipeline_lib.export.modeling_loopline import LooplineForCausalLM
-from pipeline_lib.spec.config import DataConfig, SourceConfig, config_from_dict
+from pipeline_lib.spec.config import DataConfig, SourceConfig
+from pipeline_lib.spec.config_load import config_from_dict
 from pipeline_lib.spec.names import IGNORE_INDEX
 from pipeline_lib.train.job import train_segment
 

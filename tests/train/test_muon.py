@@ -19,7 +19,8 @@ from pipeline_lib.checkpoint.tensorio import (
 )
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import ModelConfig, TrainConfig
+from pipeline_lib.spec.config_model import ModelConfig
+from pipeline_lib.spec.config_train import TrainConfig
 from pipeline_lib.train.eager import EagerAdamW
 from pipeline_lib.train.muon import MuonAdamW
 from pipeline_lib.train.optim import build_optimizer, classify_parameters, load_optimizer_state

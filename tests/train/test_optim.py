@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from pipeline_lib.errors import CheckpointError
-from pipeline_lib.spec.config import ModelConfig, TrainConfig
+from pipeline_lib.spec.config_model import ModelConfig
+from pipeline_lib.spec.config_train import TrainConfig
 from pipeline_lib.train.optim import (
     AdamATan2,
     build_optimizer,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 from pipeline_lib.spec.size import flops_per_token, param_count
 from pipeline_lib.workflow.stages.train import train_values
 

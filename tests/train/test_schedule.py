@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import TrainConfig
+from pipeline_lib.spec.config_train import TrainConfig
 from pipeline_lib.train.schedule import LRSchedule, lr_multiplier, scale_lr
 
 

@@ -134,7 +134,8 @@ def test_a_record_is_this_jobs_by_input_files_end_step_and_signature(
 def test_the_jobs_signature_is_the_workflows(tmp_path: Path) -> None:
     """What a segment records is the rule's ``params.signature``, from the run spec the job
     reads and from the YAML a multi-process job's workers read."""
-    from pipeline_lib.spec.config import config_yaml, load_config
+    from pipeline_lib.spec.config_load import load_config
+    from pipeline_lib.spec.config_write import config_yaml
     from pipeline_lib.spec.run_spec import read_run_spec, write_run_spec
     from pipeline_lib.workflow.plan import plan_for_snakemake
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pipeline_lib.errors import CheckpointError, TrainingError
-from pipeline_lib.spec.config import SpikeGuardConfig
+from pipeline_lib.spec.config_train import SpikeGuardConfig
 from pipeline_lib.train.spike_guard import SpikeGuard
 
 

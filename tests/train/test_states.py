@@ -7,7 +7,7 @@ import torch
 
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 from pipeline_lib.train.ema import WeightsEMA
 from pipeline_lib.train.states import EMAPart, MoEBiases
 

@@ -10,7 +10,8 @@ from support.faults import FAULT_ENV, FaultPlan
 
 from pipeline_lib.model.loop_sampling import gradient_loops
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import BpttConfig, ModelConfig, SpikeGuardConfig, TrainConfig
+from pipeline_lib.spec.config_model import ModelConfig
+from pipeline_lib.spec.config_train import BpttConfig, SpikeGuardConfig, TrainConfig
 from pipeline_lib.train.optim import build_optimizer
 from pipeline_lib.train.spike_guard import SpikeGuard
 from pipeline_lib.train.step import StepRunner, unroll_bounds

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from support.faults import FAULTY_TRAIN
 
 from pipeline_lib.data.pack import pack_corpus
-from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, load_config
+from pipeline_lib.spec.config import Config, DataConfig, SourceConfig
+from pipeline_lib.spec.config_load import load_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DATA = DataConfig(sources=[SourceConfig(type="reasoning", num_docs=200, max_difficulty=3, seed=1)],
@@ -53,7 +54,7 @@ def tiny_config(*overrides: str) -> Config:
 
 def config_file(path: Path, *overrides: str) -> Path:
     """The tiny config as a YAML file (for CLI runs in a subprocess)."""
-    from pipeline_lib.spec.config import config_yaml
+    from pipeline_lib.spec.config_write import config_yaml
 
     path.write_text(config_yaml(tiny_config(*overrides)))
     return path

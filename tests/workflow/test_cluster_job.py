@@ -11,7 +11,7 @@ import pytest
 from support.workflow_runs import ROOT, snakemake
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import config_from_dict
+from pipeline_lib.spec.config_load import config_from_dict
 from pipeline_lib.spec.layout import RunLayout
 from pipeline_lib.workflow.attempt_log import current_attempt, open_attempt_log
 from pipeline_lib.workflow.cluster_job import stopped_since, target_segment

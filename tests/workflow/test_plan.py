@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import load_config, to_dict
+from pipeline_lib.spec.config_load import load_config
+from pipeline_lib.spec.config_write import to_dict
 from pipeline_lib.spec.names import BYTE_VOCAB_SIZE
 from pipeline_lib.workflow.plan import WorkflowPlan
 
@@ -170,7 +171,7 @@ def test_recurrence_and_noise_retrain_but_plain_keeps_the_old_signature():
 
 
 def test_precision_reruns_train_eval_and_bench_but_auto_keeps_old_signatures():
-    from pipeline_lib.spec.config import config_hash
+    from pipeline_lib.spec.config_write import config_hash
 
     base = _plan()
     run = base.run_names[0]
@@ -332,7 +333,7 @@ def test_train_signature_ignores_keys_that_leave_the_weights_alone():
     they existed keeps its signature: checked against 85d7219 by hand, 2026-12-01)."""
     import yaml
 
-    from pipeline_lib.spec.config import merge_config_dicts
+    from pipeline_lib.spec.config_load import merge_config_dicts
     from pipeline_lib.workflow.plan import WorkflowPlan
 
     base = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "config.yaml")
@@ -356,7 +357,9 @@ def test_attention_options_at_their_defaults_keep_every_train_signature():
     of f6e4e89, which did not have the keys); away from the defaults a run retrains."""
     import yaml
 
-    from pipeline_lib.spec.config import ModelConfig, config_hash, merge_config_dicts
+    from pipeline_lib.spec.config_load import merge_config_dicts
+    from pipeline_lib.spec.config_model import ModelConfig
+    from pipeline_lib.spec.config_write import config_hash
     from pipeline_lib.spec.signatures import model_signature
 
     assert config_hash(model_signature(ModelConfig())) == "683ddd19999a"

@@ -12,7 +12,8 @@ import yaml
 
 from pipeline_lib.commands._common import add_config_args, run_spec_from_args
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.spec.config import load_config, to_dict
+from pipeline_lib.spec.config_load import load_config
+from pipeline_lib.spec.config_write import to_dict
 from pipeline_lib.spec.names import BYTE_VOCAB_SIZE
 from pipeline_lib.spec.run_spec import SpecRef, read_run_spec, spec_path, write_run_spec
 from pipeline_lib.workflow.io import run_config, run_spec

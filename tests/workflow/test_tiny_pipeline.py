@@ -66,7 +66,8 @@ def test_each_run_has_the_spec_the_main_call_resolved(tiny_pipeline: Path):
     (written by onstart before the first job, named by the digest every job's params carry);
     the segments trained that config."""
     from pipeline_lib.checkpoint.compat import snapshot_config
-    from pipeline_lib.spec.config import load_config, to_dict
+    from pipeline_lib.spec.config_load import load_config
+    from pipeline_lib.spec.config_write import to_dict
     from pipeline_lib.spec.run_spec import read_run_spec
     from pipeline_lib.workflow.plan import WorkflowPlan
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pipeline_lib.spec.config import config_from_dict
+from pipeline_lib.spec.config_load import config_from_dict
 from pipeline_lib.workflow.io import script_logging
 from pipeline_lib.workflow.stages.parent_runs import prepare_tracking_store
 

@@ -33,8 +33,10 @@ from typing import Any
 
 from ..data.tokenizer_identity import check_model_fits_pack
 from ..errors import CheckpointError, ConfigError
-from ..spec.config import Config, config_from_dict, load_config, to_dict
-from ..spec.config_files import omegaconf
+from ..spec.config import Config
+from ..spec.config_errors import omegaconf
+from ..spec.config_load import config_from_dict, load_config
+from ..spec.config_write import to_dict
 from ..spec.names import TOKENIZER_FILE
 from .contents import CONFIG_FILE, TRAINER_STATE
 from .manifest import MANIFEST_NAME, describe_non_snapshot, verify_snapshot

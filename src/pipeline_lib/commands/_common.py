@@ -9,7 +9,8 @@ from pathlib import Path
 from ..checkpoint.compat import snapshot_config
 from ..errors import ConfigError
 from ..output_paths import Output, check_outputs
-from ..spec.config import Config, config_for_run, load_config
+from ..spec.config import Config
+from ..spec.config_load import config_for_run, load_config
 from ..spec.run_spec import RunSpec
 from ..workflow.resolve import resolve_run, snapshot_run
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..export.hf_layout import layer_choice
 from ..export.pretrained_source import source_arch
-from ..spec.config import load_config
+from ..spec.config_load import load_config
 from ..spec.layout import run_dir_of
 from ..workflow.stages.interop import import_stage
 from ._common import add_output, add_tracking_args

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..spec.config import config_for_run, load_config
+from ..spec.config_load import config_for_run, load_config
 from ._common import add_config_args, add_output
 
 

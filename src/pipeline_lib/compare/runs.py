@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import DataError
 from ..model.loop_sampling import deepest_loops
-from ..spec.config import load_config
+from ..spec.config_load import load_config
 from ..spec.layout import RunLayout
 from ..spec.size import flops_per_token, param_count
 from .answers import AnswerPoint, answer_rows, read_answers

@@ -15,7 +15,8 @@ import torch
 
 from ..data.pack import pack_corpus
 from ..precision import Precision
-from ..spec.config import Config, DataConfig, SourceConfig, load_config
+from ..spec.config import Config, DataConfig, SourceConfig
+from ..spec.config_load import load_config
 
 TINY = ["model.d_model=64", "model.n_heads=4", "model.loops=2", "model.prelude_layers=1",
         "model.core_layers=1", "model.coda_layers=0", "model.moe_experts=4", "model.moe_top_k=2",

@@ -13,7 +13,7 @@ from ..model import flex as flex_mod
 from ..model import moe
 from ..model.attention import DocumentMask, document_attention
 from ..model.looped import LoopedLM
-from ..spec.config import ModelConfig
+from ..spec.config_model import ModelConfig
 from .core import CheckResult, Context, max_diff
 from .timing import alternated, median_ms
 

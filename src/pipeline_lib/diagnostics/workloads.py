@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..data.sources import stdlib_files
-from ..spec.config import Config, DataConfig, SourceConfig, load_config
+from ..spec.config import Config, DataConfig, SourceConfig
+from ..spec.config_load import load_config
 from ..spec.layout import RunLayout
 from ..train.job import train_segment
 from .core import Context

@@ -35,7 +35,8 @@ from typing import Any
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, DataError, UsageError
 from ..output_paths import check_creatable
-from ..spec.config import Config, config_yaml
+from ..spec.config import Config
+from ..spec.config_write import config_yaml
 from ..spec.init_source import fingerprint_id, source_fingerprint
 from ..spec.memory import inference_memory
 from ..spec.names import CONFIG_JSON, TOKENIZER_FILE

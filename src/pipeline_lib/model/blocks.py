@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from torch import Tensor, nn
 
-from ..spec.config import ModelConfig
+from ..spec.config_model import ModelConfig
 from ..spec.size import resolved_ffn_hidden, resolved_moe_hidden
 from .attention import Attention, DocumentMask
 from .layers import RMSNorm, SwiGLU

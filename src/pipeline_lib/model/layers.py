@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..spec.config import ModelConfig
+from ..spec.config_model import ModelConfig
 
 
 class RMSNorm(nn.Module):

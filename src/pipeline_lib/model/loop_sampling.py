@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
-from ..spec.config import BpttConfig, LoopSamplingConfig
+from ..spec.config_train import BpttConfig, LoopSamplingConfig
 
 _STREAM = 0x100F  # separates this stream from other uses of (seed, step)
 _GRAD_STREAM = 0x6AD  # the gradient loops' draw (progressive backprop), its own stream

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..spec.config import ModelConfig
+from ..spec.config_model import ModelConfig
 from ..spec.size import check_model_config, loop_gate_rows, resolved_head_dim, step_embedding_rows
 from .attention import DocumentMask, resolve_attention_kernel
 from .blocks import Block, fan_in_init, residual_out_std

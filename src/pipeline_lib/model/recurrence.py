@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..spec.config import ModelConfig
+from ..spec.config_model import ModelConfig
 
 NOISE_TRUNCATION = 3.0  # noise is cut at ± this many standard deviations
 

@@ -9,7 +9,8 @@ import dataclasses
 import math
 
 from ..errors import ConfigError
-from .config import ModelConfig, TrainConfig
+from .config_model import ModelConfig
+from .config_train import TrainConfig
 from .size import param_count
 
 

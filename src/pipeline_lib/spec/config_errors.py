@@ -1,6 +1,7 @@
-"""OmegaConf's errors while a config is merged or resolved, as one line each.
+"""OmegaConf's errors while a config is merged or resolved, as one line each; and
+:func:`omegaconf`, the package itself, imported on first use by every config module.
 
-:mod:`pipeline_lib.spec.config` calls :func:`explain_omegaconf_error` for every OmegaConf
+:mod:`pipeline_lib.spec.config_load` calls :func:`explain_omegaconf_error` for every OmegaConf
 exception; the root dataclass comes in as an argument (this module sits below
 :mod:`pipeline_lib.spec.config` in the layers and imports nothing of it). Three kinds: an unknown
 key (with the closest existing key), an interpolation (``${…}``) that does not resolve,
@@ -14,7 +15,16 @@ import difflib
 import re
 import typing
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
+
+
+def omegaconf() -> ModuleType:
+    """The ``omegaconf`` package, imported on first use: it costs as much again as the rest
+    of the config modules (~60 ms), and the code that only needs the dataclasses never uses it."""
+    import omegaconf  # lazy: see the docstring
+
+    return omegaconf
 
 
 def explain_omegaconf_error(exc: Exception, source: str, root: type, data: Any = None) -> str:
@@ -54,9 +64,9 @@ def mistyped_section(source: str, root: type, data: Any) -> str | None:
 
 def _plain(cfg: Any) -> Any:
     """``cfg`` as plain data, unresolved (an OmegaConf container converted, else as is)."""
-    from omegaconf import Container, OmegaConf  # lazy, as in config_files.omegaconf (~60 ms)
-
-    return OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, Container) else cfg
+    lib = omegaconf()
+    return lib.OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, lib.Container) \
+        else cfg
 
 
 def _mistyped(data: Any, cls: Any, prefix: str) -> tuple[str, Any, str] | None:

@@ -5,7 +5,7 @@
 metadata; the JSON schema (:mod:`pipeline_lib.spec.schema`) and
 :func:`check_field_constraints` both read them there, so the schema and the loader's checks
 cannot disagree. Cross-field rules live
-in :mod:`pipeline_lib.spec.config` (``validate_config``) and :mod:`pipeline_lib.spec.rules`.
+in :mod:`pipeline_lib.spec.rules` (``validate_config``).
 """
 
 from __future__ import annotations

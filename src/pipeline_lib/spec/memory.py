@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import Config, ModelConfig
+from .config import Config
+from .config_model import ModelConfig
 from .size import param_count
 
 GIB = 1 << 30

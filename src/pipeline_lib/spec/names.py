@@ -38,6 +38,7 @@ PACK_TOKENS = "tokens.bin"  # a data pack's documents, back to back
 PACK_LABELS = "labels.bin"  # a labelled pack's label of every token of tokens.bin (int32)
 CONFIG_JSON = "config.json"  # a Hugging Face model's config (export writes it, import reads it)
 MODELING_FILE = "modeling_loopline.py"  # the export's self-contained modelling code
+RUN_NAME_PATTERN = r"^(?!data$|compare$)[A-Za-z_][A-Za-z0-9_]*$"  # runs: names; not data/compare
 
 
 def is_name(text: str, pattern: str | re.Pattern[str]) -> bool:

@@ -1,10 +1,7 @@
-"""Cross-field rules within one section of the config (or between train and model),
-apart from the dataclasses: sources, the tokenizer, ``train.optimizer = muon``,
-``train.freeze``, ``train.activation_checkpointing`` with ``train.compile``, and
-adaptive-exit thresholds.
-
-:func:`pipeline_lib.spec.config.validate_config` calls them after the generic field checks
-(:mod:`pipeline_lib.spec.fields`); below :mod:`pipeline_lib.spec.config` in the layers, so
+"""The config's validation: :func:`validate_config` runs the generic field checks
+(:mod:`.fields`), then the cross-field rules, here: within one section or between sections
+(sources, the tokenizer, the model's shape, ``train.optimizer = muon``, ``train.freeze``,
+adaptive-exit thresholds, …). Below the section modules (``spec.config*``) in the layers, so
 the sections come in as arguments (read by attribute) and nothing here imports them.
 Each raises a one-line ConfigError naming the key and the fix. :data:`FREEZE_PARTS` is
 the vocabulary of ``train.freeze``; what each part holds in the model is
@@ -18,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .names import LABELLED_TASKS, REASONING_TASKS
+from .fields import check_field_constraints
+from .names import LABELLED_TASKS, REASONING_TASKS, RUN_NAME_PATTERN, is_name
 
 ANSWER_FIELD_SOURCE_TYPES = ("jsonl", "parquet")  # sources that read prompt/answer/level fields
 FREEZE_PARTS = ("embeddings", "prelude", "core", "coda", "head", "norm", "adapter")
@@ -276,3 +274,86 @@ def check_bench_sampling(sampling: Any, key: str = "bench.sampling") -> None:
         raise ConfigError(f"{key}.k lists {too_big[0]} but {key}.repeats = {sampling.repeats} "
                           f"answers per question; raise repeats to at least {max(too_big)} or "
                           "lower k")
+
+
+def check_model_shape(cfg: Any) -> None:
+    """Cross-field rules of the architecture (run by :func:`validate_config` and by
+    ``model.size.check_model_config`` for a ``ModelConfig`` built by hand)."""
+    if cfg.head_dim:
+        if cfg.head_dim % 2:
+            raise ConfigError(f"model.head_dim = {cfg.head_dim} must be even for RoPE; change "
+                              "it (0 = d_model / n_heads)")
+    elif cfg.d_model % cfg.n_heads:
+        raise ConfigError(f"model.d_model = {cfg.d_model} is not divisible by model.n_heads = "
+                          f"{cfg.n_heads}; pick n_heads that divides d_model (or set "
+                          "model.head_dim)")
+    elif (cfg.d_model // cfg.n_heads) % 2:
+        raise ConfigError(f"model.d_model / model.n_heads = {cfg.d_model // cfg.n_heads} must be "
+                          "even for RoPE; change d_model or n_heads")
+    if cfg.n_kv_heads and cfg.n_heads % cfg.n_kv_heads:
+        raise ConfigError(f"model.n_kv_heads = {cfg.n_kv_heads} does not divide model.n_heads = "
+                          f"{cfg.n_heads}; pick a divisor of n_heads (0 = n_heads)")
+    if cfg.rope_scaling == "llama3" and cfg.rope_high_freq_factor <= cfg.rope_low_freq_factor:
+        raise ConfigError(f"model.rope_high_freq_factor = {cfg.rope_high_freq_factor} must exceed "
+                          f"model.rope_low_freq_factor = {cfg.rope_low_freq_factor} for llama3 "
+                          "RoPE scaling; raise it (Llama 3.1 uses 4 and 1)")
+    if cfg.moe_experts and not 1 <= cfg.moe_top_k <= cfg.moe_experts:
+        raise ConfigError(f"model.moe_top_k = {cfg.moe_top_k} must be between 1 and "
+                          f"model.moe_experts = {cfg.moe_experts}; lower top_k or add experts")
+
+
+def validate_config(cfg: Any) -> None:
+    """Range/choice checks from field metadata, then the cross-field rules (a whole
+    :class:`~pipeline_lib.spec.config.Config`). Raises ConfigError."""
+    check_field_constraints(cfg, "")
+    check_model_shape(cfg.model)
+    t, d = cfg.train, cfg.data
+    per_pass = t.micro_batch_rows * t.nproc * t.nnodes  # one micro-batch on every rank
+    if t.global_batch_rows % per_pass:
+        nodes = (" × train.nnodes", f" × {t.nnodes}") if t.nnodes > 1 else ("", "")
+        raise ConfigError(
+            f"train.global_batch_rows = {t.global_batch_rows} is not a multiple of "
+            f"train.micro_batch_rows × train.nproc{nodes[0]} = {t.micro_batch_rows} × "
+            f"{t.nproc}{nodes[1]}; use a multiple of {per_pass}")
+    if t.stop_margin_minutes >= t.segment_runtime_minutes:
+        raise ConfigError(f"train.stop_margin_minutes = {t.stop_margin_minutes} leaves no time "
+                          f"of train.segment_runtime_minutes = {t.segment_runtime_minutes}; "
+                          "lower the margin (0 stops only on SIGTERM/SIGUSR1) or raise the runtime")
+    if 0 < t.stop_margin_minutes * 60 < 1:
+        raise ConfigError(f"train.stop_margin_minutes = {t.stop_margin_minutes} is under a second "
+                          "(it is also the SIGUSR1 lead SLURM is asked for); use 0 or at least "
+                          "0.02")
+    check_optimizer_and_freeze(t, cfg.model)
+    check_distill(t, cfg.model)
+    check_activation_checkpointing(t)
+    ls = t.loop_sampling
+    if ls.min_loops > ls.max_loops:
+        raise ConfigError(f"train.loop_sampling.min_loops = {ls.min_loops} exceeds max_loops = "
+                          f"{ls.max_loops}; swap them")
+    for i, src in enumerate(d.sources):
+        check_source_fields(i, src)
+    if not d.sources:
+        raise ConfigError("data.sources is empty; list at least one corpus source")
+    check_tokenizer(d.tokenizer)
+    check_labelled_sources(d.sources, d.tokenizer)
+    check_val_fraction(d)
+    check_learned_positions(cfg.model, d)
+    if d.curriculum_fraction > 0 and not sources_have_levels(d.sources):
+        raise ConfigError(f"data.curriculum_fraction = {d.curriculum_fraction} orders documents "
+                          "by level, but no source has levels; add a reasoning source or set "
+                          "level_field on a jsonl/parquet source, or set it to 0")
+    if t.objective.startswith("answer_") and not sources_have_answers(d.sources):
+        raise ConfigError(f"train.objective = {t.objective} scores answer tokens only, but no "
+                          "source has answers; add a reasoning source or set prompt_field and "
+                          "answer_field on a jsonl/parquet source, or use last/deep_supervision")
+    if cfg.bench.min_difficulty > cfg.bench.max_difficulty:
+        raise ConfigError("bench.min_difficulty exceeds bench.max_difficulty; swap them")
+    check_adaptive_exit(cfg.eval.adaptive, "eval.adaptive", cfg.model)
+    check_adaptive_exit(cfg.bench.adaptive, "bench.adaptive", cfg.model)
+    check_bench_sampling(cfg.bench.sampling)
+    check_exit_objective(t, cfg.model)
+    for name in cfg.runs:
+        if not is_name(name, RUN_NAME_PATTERN):
+            raise ConfigError(f"runs.{name if name.isprintable() else repr(name)}: run names "
+                              "must be identifiers other than 'data' and 'compare' (letters, "
+                              "digits, underscores)")

@@ -21,9 +21,9 @@ The contract between the plan and its jobs:
   refused, never filled in with a dataclass default. Every refusal is one line naming the file
   and the fix.
 
-The file holds the config as :func:`~pipeline_lib.config.config_yaml` writes it: without the
-credentials of ``tracking.uri``. A job puts them back from its own copy of the config
-(:meth:`RunSpec.with_tracking_uri`), so no password reaches the run directory.
+The file holds the config as :func:`~pipeline_lib.spec.config_write.config_yaml` writes it:
+without the credentials of ``tracking.uri``. A job puts them back from its own copy of the
+config (:meth:`RunSpec.with_tracking_uri`), so no password reaches the run directory.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ import yaml
 from ..credentials import redact_uri
 from ..errors import ConfigError
 from ..fsio import write_text_atomic
-from .config import Config, config_from_dict, public_dict
+from .config import Config
+from .config_load import config_from_dict
+from .config_write import public_dict
 from .layout import RunLayout
 
 RUN_SPEC_FORMAT = 2  # 1: {run}/run_spec.yaml, rewritten by every call, keys completed on read

@@ -15,7 +15,9 @@ from typing import Any
 
 import yaml
 
-from .config import PROJECT_ROOT, RUN_NAME_PATTERN, Config
+from .config import Config
+from .config_load import PROJECT_ROOT
+from .names import RUN_NAME_PATTERN
 
 SCHEMA_PATH = PROJECT_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 _SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}

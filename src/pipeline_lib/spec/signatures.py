@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import Config, config_hash, to_dict
+from .config import Config
+from .config_write import config_hash, to_dict
 from .init_source import fingerprint_id
 
 # how long a segment job may run: no effect on the weights (a stop resumes exactly)

@@ -11,7 +11,8 @@ model and the count cannot disagree, and holds the checks for impossible configs
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .config import ModelConfig, check_model_shape
+from .config_model import ModelConfig
+from .rules import check_model_shape
 
 
 def resolved_ffn_hidden(cfg: ModelConfig) -> int:

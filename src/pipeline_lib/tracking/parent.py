@@ -25,15 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from ..fsio import write_text_atomic
-from ..spec.config import (
-    PROJECT_ROOT,
-    Config,
-    config_for_run,
-    config_hash,
-    flatten,
-    public_dict,
-    save_config,
-)
+from ..spec.config import Config
+from ..spec.config_load import PROJECT_ROOT
+from ..spec.config_write import config_hash, flatten, public_dict, save_config
 from ..spec.layout import RunLayout
 from .run_files import check_tracking_files, tracking_io
 from .runs import DATA_ID_TAG
@@ -111,13 +105,11 @@ def provenance_tags(cfg: Config, run: str, data_id: str | None) -> dict[str, str
 def init_parent_run(cfg: Config, run: str, run_dir: Path, data_id: str | None) -> dict[str, Any]:
     """Find or create the parent run of ``run``; write and return tracking.json's content.
 
-    Idempotent. ``cfg`` is the run's resolved config (a variant named in ``cfg.runs`` is
-    applied here if the caller has not). With tracking disabled nothing is contacted and
+    Idempotent. ``cfg`` is the run's resolved config (:func:`~pipeline_lib.workflow.resolve.
+    resolve_run`'s: its variant applied, ``runs`` empty). With tracking disabled nothing is contacted and
     tracking.json records ``enabled: false``. An unreachable store yields a local parent
     id, kept in the outbox until ``sync-tracking`` replays it.
     """
-    if run in cfg.runs:
-        cfg = config_for_run(cfg, run)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     check_tracking_files(run_dir)
@@ -171,8 +163,6 @@ def parent_for_stage(cfg: Config, run_dir: Path, sink: Sink,
         if _still_there(sink, known):
             return known
     run = Path(run_dir).name
-    if run in cfg.runs:
-        cfg = config_for_run(cfg, run)
     with file_lock(RunLayout.at(run_dir).tracking_lock):
         info = read_tracking_info(run_dir)  # another process may have written it meanwhile
         lost = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..spec.config import TrainConfig
+from ..spec.config_train import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, PipelineError, Preempted, TrainingError
 from ..fsio import write_text_atomic
-from ..spec.config import Config, config_yaml
+from ..spec.config import Config
+from ..spec.config_write import config_yaml
 from ..spec.layout import RunLayout, run_dir_of
 from ..tracking import resolve_uri
 from .distributed import destroy_process_group, init_process_group, launched_by_torchrun

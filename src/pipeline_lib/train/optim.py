@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..spec.config import TrainConfig
+from ..spec.config_train import TrainConfig
 from .eager import EagerAdamW, skip_dynamo_import
 from .muon import MUON_GROUP, MuonAdamW
 from .optim_step import ClosureStep

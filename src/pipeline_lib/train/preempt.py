@@ -25,7 +25,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from ..spec.config import TrainConfig
+from ..spec.config_train import TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..spec.config import TrainConfig
+from ..spec.config_train import TrainConfig
 
 SCHEDULES = ("cosine", "wsd")
 LR_SCALINGS = ("none", "sqrt", "linear")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, TrainingError
-from ..spec.config import SpikeGuardConfig
+from ..spec.config_train import SpikeGuardConfig
 
 STATE_VERSION = 1
 EventSink = Callable[[dict[str, Any]], None]

@@ -25,7 +25,8 @@ from torch import nn
 
 from ..checkpoint.compat import check_resume_compatible, config_from_yaml
 from ..errors import CheckpointError
-from ..spec.config import Config, config_yaml
+from ..spec.config import Config
+from ..spec.config_write import config_yaml
 from .distributed import is_dtensor
 from .ema import WeightsEMA
 from .optim import load_optimizer_state, refresh_group_hparams

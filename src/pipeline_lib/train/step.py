@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from ..model.distill import DistillTarget
 from ..model.loop_sampling import gradient_loops
 from ..precision import Precision
-from ..spec.config import TrainConfig
+from ..spec.config_train import TrainConfig
 from .diagnostics import ActivationProbe, gradient_metrics, model_scalars
 from .distill import Teacher
 from .distributed import RankGroup

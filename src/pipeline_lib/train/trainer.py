@@ -43,7 +43,8 @@ from ..errors import ConfigError, TrainingError
 from ..model.loop_sampling import LoopSampler
 from ..model.looped import LoopedLM
 from ..precision import Precision
-from ..spec.config import Config, config_yaml
+from ..spec.config import Config
+from ..spec.config_write import config_yaml
 from ..spec.layout import snapshots_dir_of
 from ..spec.names import TOKENIZER_FILE
 from . import rollback

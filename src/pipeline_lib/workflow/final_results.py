@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..spec.config import flatten
+from ..spec.config_write import flatten
 
 Values = dict[str, dict[int, float]]
 

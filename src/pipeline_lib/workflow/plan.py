@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PipelineError
-from ..spec.config import DEFAULT_CONFIG_PATH, DataConfig, config_from_dict, config_hash, to_dict
-from ..spec.config_files import merge_user_config
+from ..spec.config import DataConfig
+from ..spec.config_load import DEFAULT_CONFIG_PATH, config_from_dict, merge_user_config
+from ..spec.config_write import config_hash, to_dict
 from ..spec.init_source import source_files
 from ..spec.layout import ResultsLayout, RunLayout
 from ..spec.run_spec import SpecRef, read_run_spec

@@ -1,7 +1,7 @@
 """``resolve_run(config, run) -> RunSpec``: the one place a run's config is completed.
 
 Everything that completes a run's config happens here, in this order: the ``runs:``
-variant merged over the other sections (:func:`~pipeline_lib.config.config_for_run`), the
+variant merged over the other sections (:func:`~pipeline_lib.spec.config_load.config_for_run`), the
 model section taken from ``model.init_from.source`` (its headers only:
 :func:`~pipeline_lib.export.hf_import.resolve_init_from`), the exit-gate rule that needs
 both, the vocabulary the plan counts with, ``train.total_steps`` (the token budget decided),
@@ -26,7 +26,8 @@ from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
 from ..export.hf_import import resolve_init_from
 from ..spec.budget import total_steps
-from ..spec.config import Config, DataConfig, config_for_run
+from ..spec.config import Config, DataConfig
+from ..spec.config_load import config_for_run
 from ..spec.data_id import data_id as compute_data_id
 from ..spec.names import BYTE_VOCAB_SIZE
 from ..spec.rules import check_exit_gate_trained

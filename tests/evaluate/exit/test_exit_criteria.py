@@ -10,7 +10,7 @@ from pipeline_lib.errors import ConfigError
 from pipeline_lib.evaluate.exit.criteria import adaptive_logits
 from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.sweep_pass import sweep_batch
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 
 VOCAB, SEQ, H = 30, 16, 5
 CASES = {"latent_diff": (0.0, 0.05, 0.2, 0.6), "cosine": (0.0, 0.001, 0.02, 0.2),

@@ -14,7 +14,7 @@ from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.sweep_pass import sweep_batch
 from pipeline_lib.model.kv_adaptive import kv_adaptive_prefill, kv_adaptive_step
 from pipeline_lib.model.looped import LoopedLM
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 
 VOCAB, SEQ, H = 30, 16, 4
 

@@ -16,7 +16,7 @@ from pipeline_lib.evaluate.exit.spec import ExitSpec
 from pipeline_lib.evaluate.exit.summary import adaptive_rows, summarize_adaptive
 from pipeline_lib.evaluate.heff import run_heff, sweep_losses
 from pipeline_lib.evaluate.sweep_pass import sweep_batch, sweep_pass
-from pipeline_lib.spec.config import ModelConfig
+from pipeline_lib.spec.config_model import ModelConfig
 
 VOCAB, SEQ, H = 40, 24, 6
 HUGE = 1e9

@@ -18,7 +18,8 @@ from ...credentials import error_line, redact_uri
 from ...errors import DataError
 from ...fsio import write_text_atomic
 from ...output_paths import RECORD_JSON, check_output_location
-from ...spec.config import Config, config_hash
+from ...spec.config import Config
+from ...spec.config_write import config_hash
 from ...spec.layout import RunLayout, job_benchmarks
 from ...tracking import (
     StoreUnavailable,

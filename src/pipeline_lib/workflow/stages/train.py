@@ -17,7 +17,9 @@ from typing import Any
 
 from ...export.hf_import import source_teacher  # train.distill.teacher = source
 from ...model.kernels import kernel_tags
-from ...spec.config import Config, ModelConfig, flatten, public_dict
+from ...spec.config import Config
+from ...spec.config_model import ModelConfig
+from ...spec.config_write import flatten, public_dict
 from ...spec.layout import RunLayout
 from ...spec.retention import record_written
 from ...spec.size import flops_per_token, param_count

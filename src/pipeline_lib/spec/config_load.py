@@ -1,9 +1,13 @@
-"""Config files and their merge rules, as plain data: what every entry point shares.
+"""Loading and merging: config files and ``key=value`` overrides into a validated
+:class:`~.config.Config`, and the merge rules, as plain data, that every entry point shares.
 
-``load_config`` (the stage commands' ``--config A --config B``) and the Snakefile (its
-``--configfile A B``) read and stack files by these rules: sections merge key by key, lists
-and scalars replace, and a file that lists ``runs:`` replaces the variants before it (a
-variant set is one unit). Light: no torch, OmegaConf imported when a file is read.
+Resolution order (later wins): dataclass defaults ← ``config/config.yaml`` (the embedded
+default) ← a user config file (may be partial) ← ``key=value`` overrides. A named variant
+from ``runs:`` is applied last by :func:`config_for_run`. ``load_config`` (the stage
+commands' ``--config A --config B``) and the Snakefile (its ``--configfile A B``) stack files
+by the same rules: sections merge key by key, lists and scalars replace, and a file that
+lists ``runs:`` replaces the variants before it (a variant set is one unit). Light: no torch,
+OmegaConf imported when a file is read (:func:`~.config_errors.omegaconf`).
 """
 
 from __future__ import annotations
@@ -12,13 +16,18 @@ import copy
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from ..credentials import redact_text
 from ..errors import ConfigError
-from .rules import sources_have_answers, sources_have_levels
+from .config import Config
+from .config_errors import explain_omegaconf_error, mistyped_section, omegaconf
+from .config_write import to_dict
+from .rules import sources_have_answers, sources_have_levels, validate_config
 
 log = logging.getLogger(__name__)
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "config.yaml"
 # eval's and bench's adaptive-exit keys before they became one subsection (``X.adaptive``):
 # ``X.adaptive_Y`` is ``X.adaptive.Y``; the single ``X.adaptive_criterion: C`` is
 # ``X.adaptive.criteria: [C]`` unless the section lists ``adaptive_criteria`` (which won then)
@@ -27,14 +36,6 @@ LEGACY_ADAPTIVE_KEYS = {"adaptive_thresholds": "thresholds", "adaptive_criteria"
                         "adaptive_max_loops": "max_loops"}
 LEGACY_CRITERION = "adaptive_criterion"
 ADAPTIVE_SECTIONS = ("eval", "bench")
-
-
-def omegaconf() -> ModuleType:
-    """The ``omegaconf`` package, imported on first use: it costs as much again as the rest
-    of :mod:`.config` (~60 ms), and the code that only needs the dataclasses never uses it."""
-    import omegaconf  # lazy: see the docstring
-
-    return omegaconf
 
 
 def read_yaml(path: Path) -> Any:
@@ -218,3 +219,115 @@ def merge_user_config(paths: Sequence[str | Path], default: Path, last: Mapping[
     where the user (``paths`` and ``overrides``) did not set them."""
     merged = merge_config_dicts(merge_config_files(paths, default), dict(last))
     return apply_data_defaults(merged, user_keys(paths, default, overrides))
+
+
+def _merge(base: Any, update: Any, source: str) -> Any:
+    try:
+        return omegaconf().OmegaConf.merge(base, update)
+    except omegaconf().errors.OmegaConfBaseException as exc:
+        raise ConfigError(explain_omegaconf_error(exc, source, Config, update)) from None
+    except TypeError as exc:  # e.g. a section given as a list, a list as a mapping
+        raise ConfigError(mistyped_section(source, Config, update) or (
+            f"{source}: {exc}; give sections as mappings and lists (such as data.sources) "
+            "whole, e.g. data.sources=[{type: stdlib}]")) from None
+
+
+def _validated(cfg: Any, source: str) -> Config:
+    """The merged OmegaConf config as a validated :class:`Config`. Interpolations
+    (``${train.lr}``) are resolved here, as OmegaConf does; one that does not resolve (an
+    unknown key, a missing environment variable, a bad grammar) is a one-line ConfigError
+    naming the key."""
+    try:
+        out = omegaconf().OmegaConf.to_object(cfg)
+    except omegaconf().errors.OmegaConfBaseException as exc:
+        raise ConfigError(explain_omegaconf_error(exc, source, Config, cfg)) from None
+    assert isinstance(out, Config)
+    validate_config(out)
+    return out
+
+
+def _structured(data: Mapping[str, Any] | Any, source: str) -> Config:
+    return _validated(_merge(omegaconf().OmegaConf.structured(Config), data, source), source)
+
+
+def _follow_data(cfg: Any, updates: Sequence[Any]) -> None:
+    """Set in ``cfg`` (merged, OmegaConf) the defaults that follow the data and that none of
+    ``updates`` (the user's files and overrides) sets (see :func:`data_defaults`)."""
+    OmegaConf = omegaconf().OmegaConf
+    explicit = set().union(*(set_keys(OmegaConf.to_container(u, resolve=False))
+                             for u in updates))
+    for key, value in data_defaults(OmegaConf.to_container(cfg, resolve=False),
+                                    explicit).items():
+        OmegaConf.update(cfg, key, value)
+
+
+def load_config(
+    path: str | Path | Sequence[str | Path] | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    base: str | Path | None = DEFAULT_CONFIG_PATH,
+) -> Config:
+    """Defaults ← ``base`` (config/config.yaml) ← ``path`` (one file, or several merged in
+    order) ← ``key=value`` overrides.
+
+    Sections merge key by key and lists are replaced; a file that lists ``runs:`` replaces
+    the variants below it (a variant set is one unit, see :func:`merge_config_dicts`).
+    """
+    OmegaConf = omegaconf().OmegaConf
+    cfg = OmegaConf.structured(Config)
+    if base is not None and Path(base).is_file():
+        cfg = _merge(cfg, read_yaml(Path(base)), str(base))
+    updates = []  # what the user set: files and overrides
+    for file in config_paths(path, base):
+        update = read_yaml(file)
+        if "runs" in update:
+            cfg.runs = {}
+        cfg = _merge(cfg, update, str(file))
+        updates.append(update)
+    if overrides:
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override '{item}' must look like key=value (e.g. train.lr=1e-3)")
+        try:
+            dotlist = OmegaConf.from_dotlist(list(overrides))
+        except Exception as exc:
+            raise ConfigError(redact_text(f"cannot parse overrides {list(overrides)}: {exc}")
+                              ) from None
+        cfg = _merge(cfg, upgrade_legacy_keys(dotlist, "command-line override"),
+                     "command-line override")
+        updates.append(dotlist)
+    if base is not None:  # defaults that depend on the data follow it (complete configs stay)
+        _follow_data(cfg, updates)
+    # where an interpolation that does not resolve was written (interpolations resolve here)
+    files = [str(p) for p in config_paths(path, base)] or [str(base or "config")]
+    source = ("command-line override" if any("${" in item for item in overrides)
+              else " + ".join(files))
+    return _validated(cfg, source)
+
+
+def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
+    """Build a validated :class:`Config` from a plain (possibly partial) mapping."""
+    return _structured(dict(upgrade_legacy_keys(data, source)), source)
+
+
+def config_for_run(cfg: Config, run: str) -> Config:
+    """The config of variant ``run``: ``runs[run]`` merged over the other sections.
+
+    The result has ``runs`` emptied: it is what one run directory trains and evaluates.
+    """
+    if run not in cfg.runs:
+        known = ", ".join(sorted(cfg.runs)) or "(none)"
+        raise ConfigError(f"unknown run '{run}' (config key runs.{run}); known runs: {known}")
+    base = {**to_dict(cfg), "runs": {}}
+    variant = cfg.runs[run] or {}
+    if not isinstance(variant, Mapping):
+        raise ConfigError(f"runs.{run} is {variant!r}; a variant is a mapping of sections, "
+                          "e.g. {model: {loops: 4}}")
+    try:
+        merged = apply_data_defaults(merge_config_dicts(base, variant), set_keys(variant))
+        return _structured(merged, f"runs.{run}")
+    except ConfigError as exc:  # a cross-field rule broken by the variant: name it
+        text = str(exc)
+        raise ConfigError(text if text.startswith(f"runs.{run}") else f"runs.{run}: {text}") \
+            from None
+
