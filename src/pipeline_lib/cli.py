@@ -1,4 +1,6 @@
-"""Command line: one subcommand per stage, each defined in ``pipeline_lib.commands.<name>``.
+"""Command line: one subcommand per stage, each declared (its ``COMMAND``: name, help texts,
+arguments; :class:`pipeline_lib.commands._common.Command`) and run in
+``pipeline_lib.commands.<name>``.
 
 Command modules import at module level only what is light (no torch, lm-eval or mlflow
 client), so ``--help`` stays fast; a heavy stage is imported when the command runs. Each
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="STAGE", required=True)
     for module in _command_modules():
-        command = module.register(sub)
+        command = module.COMMAND.register(sub)
         labels = {a.dest: a.option_strings[0] if a.option_strings else a.dest
                   for a in command._actions}
         command.set_defaults(_run=module.run, _labels=labels)

@@ -18,7 +18,7 @@ A command owns only what it made, for folders and files alike:
 Each failure is one :class:`~pipeline_lib.errors.UsageError` line naming the path and the
 fix, raised before anything is read, built or written, so a refused command leaves the disk
 as it was. The CLI applies :func:`check_outputs` to every command's declared outputs
-(:func:`pipeline_lib.commands._common.add_output`) and the stages to theirs; what a stage
+(:func:`pipeline_lib.commands._common.out`) and the stages to theirs; what a stage
 then writes goes through :mod:`pipeline_lib.output_set` (temporary siblings, published
 together).
 

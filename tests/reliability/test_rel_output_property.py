@@ -1,6 +1,6 @@
 """Every output of every command, pointed where it must not write (issue 29, property-style).
 
-The outputs are those the commands declare (:func:`pipeline_lib.commands._common.add_output`),
+The outputs are those the commands declare (:func:`pipeline_lib.commands._common.out`),
 read from the parser, so a new command or option is covered without editing this file. Each
 is pointed in turn at (a) a file inside a snapshot (its MANIFEST.json), (b) one of the
 command's own inputs, (c) a place on a full tmpfs (mounted here when the machine allows it;

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from pipeline_lib.commands._common import add_config_args, run_spec_from_args
+from pipeline_lib.commands._common import CONFIG, run_spec_from_args
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.spec.config_load import load_config
 from pipeline_lib.spec.config_write import to_dict
@@ -54,7 +54,8 @@ def test_resolve_run_completes_variant_and_budget(tmp_path: Path) -> None:
 def test_the_plan_and_the_command_line_resolve_the_same_spec(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     parser = argparse.ArgumentParser()
-    add_config_args(parser)
+    for option in CONFIG:
+        option.add_to(parser)
     for name in ("loops1", "budget"):
         args = parser.parse_args(["--config", str(_config_file(tmp_path)), "--run", name])
         assert run_spec_from_args(args) == plan.runs[name].spec

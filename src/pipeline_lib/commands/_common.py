@@ -1,37 +1,109 @@
-"""Arguments shared by several stage commands."""
+"""How a command is declared (:class:`Command`), the arguments several commands share, and
+what they make of them."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..checkpoint.compat import snapshot_config
 from ..errors import ConfigError
-from ..output_paths import Output, check_outputs
+from ..output_paths import Output, OutputKind, check_outputs
 from ..spec.config import Config
 from ..spec.config_load import config_for_run, load_config
+from ..spec.layout import run_dir_of
 from ..spec.run_spec import RunSpec
 from ..workflow.resolve import resolve_run, snapshot_run
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` (partial, merged over config/config.yaml; repeated, merged in order)
-    and ``key=value`` overrides."""
-    parser.add_argument("--config", type=Path, action="append", default=None,
-                        help="YAML config (may be partial; merged over config/config.yaml); "
-                             "repeat to merge several in order, as snakemake --configfile A B")
-    parser.add_argument("--run", default=None,
-                        help="apply the named variant from the config's runs: section")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides, e.g. train.lr=1e-3 model.loops=8")
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a command: ``add_argument(*flags, **options)``. An output (``kind``:
+    an :class:`~pipeline_lib.output_paths.OutputKind` for a file, None for a directory) is
+    a path that passes the output rule (:func:`check_command_paths`) before the command runs."""
+
+    flags: tuple[str, ...]
+    options: dict[str, Any]
+    output: bool = False
+    kind: OutputKind | None = None
+
+    def add_to(self, parser: argparse.ArgumentParser, group: Any = None) -> None:
+        action = (group or parser).add_argument(*self.flags, **self.options)
+        if self.output:
+            declared = [*(parser.get_default("_outputs") or ()),
+                        (action.dest, self.flags[0], self.kind)]
+            parser.set_defaults(_outputs=declared)
 
 
-def add_tracking_args(parser: argparse.ArgumentParser, run_dir_help: str) -> None:
-    """``--run-dir`` (whose MLflow parent run the stage's child run joins) and ``--no-track``."""
-    add_output(parser, "--run-dir", default=None, help=run_dir_help)
-    parser.add_argument("--no-track", action="store_true",
-                        help="a plain local run: log nothing to MLflow (tracking.enabled=false)")
+class OneOf(tuple):
+    """Arguments of which a command line gives at most one (a mutually exclusive group)."""
+
+
+def arg(*flags: str, **options: Any) -> Arg:
+    return Arg(flags, options)
+
+
+def out(*flags: str, kind: OutputKind | None = None, **options: Any) -> Arg:
+    """An output option (see :class:`Arg`)."""
+    return Arg(flags, {"type": Path, **options}, output=True, kind=kind)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command's declaration: its name, ``--help`` texts and arguments in order (an
+    :class:`Arg`, a tuple of them, or a :class:`OneOf` group)."""
+
+    name: str
+    help: str
+    args: tuple
+    description: str | None = None
+    add_help: bool = True
+
+    def register(self, sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        parser = sub.add_parser(self.name, help=self.help, description=self.description,
+                                add_help=self.add_help)
+        for item in self.args:
+            group = parser.add_mutually_exclusive_group() if isinstance(item, OneOf) else None
+            for one in (item,) if isinstance(item, Arg) else item:
+                one.add_to(parser, group)
+        return parser
+
+
+# ``--config FILE`` (partial, merged over config/config.yaml; repeated, merged in order),
+# ``--run`` and ``key=value`` overrides
+CONFIG = (
+    arg("--config", type=Path, action="append", default=None,
+        help="YAML config (may be partial; merged over config/config.yaml); "
+             "repeat to merge several in order, as snakemake --configfile A B"),
+    arg("--run", default=None, help="apply the named variant from the config's runs: section"),
+    arg("overrides", nargs="*", metavar="key=value",
+        help="config overrides, e.g. train.lr=1e-3 model.loops=8"),
+)
+NO_TRACK = arg("--no-track", action="store_true",
+               help="a plain local run: log nothing to MLflow (tracking.enabled=false)")
+SNAPSHOT = arg("--snapshot", type=Path, required=True, help="snapshot directory")
+DATA = arg("--data", type=Path, required=True, help="packed data directory")
+TOKENIZER = arg("--tokenizer", type=Path, default=None,
+                help="tokenizer.json to use instead of the snapshot's own")
+# the end of the description of a command that reads a snapshot's config
+OWN_CONFIG = "Without --config the snapshot's own config.yaml is used."
+
+
+def tracking(joins: str, default: str = "the run the snapshot belongs to") -> tuple[Arg, Arg]:
+    """``--run-dir`` (whose MLflow parent run ``joins`` the stage's child run; ``default``:
+    the one without it) and ``--no-track``."""
+    return (out("--run-dir", default=None,
+                help=f"run directory whose MLflow parent run {joins} (default: {default})"),
+            NO_TRACK)
+
+
+# the summaries': no snapshot names their run
+SUMMARY_TRACKING = (out("--run-dir", default=None,
+                        help="run directory (results/<run>) whose MLflow parent run the "
+                             "summary joins; required unless --no-track"), NO_TRACK)
 
 
 def run_spec_from_args(args: argparse.Namespace, snapshot: Path | None = None) -> RunSpec:
@@ -71,14 +143,11 @@ def tracking_run_dir(args: argparse.Namespace, command: str) -> Path:
                       "results/<run>, or --no-track for a plain local run")
 
 
-def add_output(parser: argparse.ArgumentParser, *flags: str, kind=None, **kwargs):
-    """An output option (``kind``: an :class:`~pipeline_lib.output_paths.OutputKind` for a
-    file, None for a directory). Declared outputs pass the output rule
-    (:func:`check_command_paths`) before the command runs."""
-    action = parser.add_argument(*flags, type=Path, **kwargs)
-    declared = [*(parser.get_default("_outputs") or ()), (action.dest, flags[0], kind)]
-    parser.set_defaults(_outputs=declared)
-    return action
+def snapshot_setup(args: argparse.Namespace) -> tuple[Config, Path]:
+    """A command on one snapshot: its config (:func:`config_from_args`; without ``--config``
+    the snapshot's own) and run directory (``--run-dir``, else the one the snapshot is in)."""
+    run_dir = args.run_dir if args.run_dir is not None else run_dir_of(args.snapshot)
+    return config_from_args(args, snapshot=args.snapshot), run_dir
 
 
 def check_command_paths(args: argparse.Namespace, labels: dict[str, str]) -> None:

@@ -6,41 +6,34 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 from ..output_paths import BENCH_JSON
-from ..spec.layout import run_dir_of
-from ._common import add_config_args, add_output, add_tracking_args, config_from_args
+from ._common import CONFIG, OWN_CONFIG, SNAPSHOT, Command, arg, out, snapshot_setup, tracking
 
-
-def register(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "bench", help="downstream benchmarks of a snapshot through lm-evaluation-harness",
-        description="Write the built-in loopline_* task files, then score every task in "
-                    "bench.tasks at every H_eff in bench.h_eff (or --h-eff) through "
-                    "lm_eval.simple_evaluate; per task, difficulty level and H_eff → --out JSON, "
-                    "logged as the child run bench/step_… of the run's MLflow parent run. "
-                    "Without --config the snapshot's own config.yaml is used.")
-    parser.add_argument("--snapshot", type=Path, required=True, help="snapshot directory")
-    add_config_args(parser)
-    add_output(parser, "--out", kind=BENCH_JSON, required=True, help="result JSON to write")
-    add_output(parser, "--tasks-dir", default=None,
-                        help="where the built-in task files go (default: <out dir>/tasks)")
-    parser.add_argument("--h-eff", default=None,
-                        help="comma-separated loop counts, overriding bench.h_eff (e.g. 1,4,8)")
-    parser.add_argument("--include-path", default=None, metavar="DIR",
-                        help="folder of your own lm-eval task YAMLs, overriding "
-                             "bench.include_path (its tasks run next to bench.tasks)")
-    add_tracking_args(parser, "run directory whose MLflow parent run the scores join "
-                              "(default: the run the snapshot belongs to)")
-    return parser
+COMMAND = Command(
+    "bench", "downstream benchmarks of a snapshot through lm-evaluation-harness", (
+        SNAPSHOT, CONFIG,
+        out("--out", kind=BENCH_JSON, required=True, help="result JSON to write"),
+        out("--tasks-dir", default=None,
+            help="where the built-in task files go (default: <out dir>/tasks)"),
+        arg("--h-eff", default=None,
+            help="comma-separated loop counts, overriding bench.h_eff (e.g. 1,4,8)"),
+        arg("--include-path", default=None, metavar="DIR",
+            help="folder of your own lm-eval task YAMLs, overriding bench.include_path (its "
+                 "tasks run next to bench.tasks)"),
+        tracking("the scores join")),
+    description="Write the built-in loopline_* task files, then score every task in "
+                "bench.tasks at every H_eff in bench.h_eff (or --h-eff) through "
+                "lm_eval.simple_evaluate; per task, difficulty level and H_eff → --out JSON, "
+                "logged as the child run bench/step_… of the run's MLflow parent run. "
+                + OWN_CONFIG)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluate.heff import parse_h_eff  # torch: loads on run, `--help` stays fast
     from ..workflow.stages.bench import bench_stage  # torch, lm-eval: likewise
 
-    cfg = config_from_args(args, snapshot=args.snapshot)
+    cfg, run_dir = snapshot_setup(args)
     bench = cfg.bench
     if args.include_path is not None:
         bench = dataclasses.replace(bench, include_path=args.include_path)
@@ -48,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
         bench = dataclasses.replace(bench, h_eff=parse_h_eff(args.h_eff))
     cfg = dataclasses.replace(cfg, bench=bench)
     tasks_dir = args.tasks_dir or args.out.parent / "tasks"
-    run_dir = args.run_dir if args.run_dir is not None else run_dir_of(args.snapshot)
     report = bench_stage(cfg, run_dir, args.snapshot, args.out, tasks_dir)
     h_effs = report["h_eff"]
     print(f"step {report['step']}: " + "  ".join(f"H_eff={h}" for h in h_effs))

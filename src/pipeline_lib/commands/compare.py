@@ -6,15 +6,11 @@ import argparse
 from pathlib import Path
 
 from ..spec.layout import ResultsLayout
-from ._common import add_output
+from ._common import Command, arg, out
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("compare", help="compare finished runs (results/{run} directories)")
-    parser.add_argument("run_dirs", type=Path, nargs="+", help="run directories to compare")
-    add_output(parser, "--out", default=ResultsLayout(Path("results")).compare_dir,
-               help="output dir")
-    return parser
+COMMAND = Command("compare", "compare finished runs (results/{run} directories)", (
+    arg("run_dirs", type=Path, nargs="+", help="run directories to compare"),
+    out("--out", default=ResultsLayout(Path("results")).compare_dir, help="output dir")))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,36 +14,30 @@ from pathlib import Path
 from ..diagnostics import BUDGET_S, CHECKS
 from ..fsio import write_text_atomic
 from ..output_paths import DEVICE_JSON
-from ._common import add_config_args, add_output, config_from_args
+from ._common import CONFIG, Command, arg, config_from_args, out
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("device-check", help="check the accelerator paths on this device",
-                            description="Training (steps, 2-segment resume, one-rank FSDP2), "
-                                        "kernels (Triton/chunked/eager cross-entropy, flex vs "
-                                        "SDPA, MoE grouped GEMM), bf16 throughput and MFU, the "
-                                        "H_eff sweep, lm-eval and KV-cached generation on "
-                                        "experiment.device; pass/fail/skip with figures. Exit "
-                                        "status 1 when a check fails.")
-    parser.add_argument("--only", nargs="+", choices=CHECKS, default=list(CHECKS),
-                        help="run only these checks (default: all)")
-    parser.add_argument("--skip", nargs="+", choices=CHECKS, default=[],
-                        help="leave these checks out")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny CPU-sized workloads, no FlexAttention compile or Triton "
-                             "interpreter (seconds; for tests)")
-    add_output(parser, "--out", kind=DEVICE_JSON, default=None, help="also write the JSON here")
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S,
-                        help=f"skip the checks that would start after this many seconds "
-                             f"(default {BUDGET_S:.0f})")
-    parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="the GPU's dense bf16 peak, when its name is not in the table")
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="where the checks write their packs and runs (default: a "
-                             "temporary directory, removed afterwards; a check that cannot "
-                             "write there fails alone and is reported)")
-    add_config_args(parser)
-    return parser
+COMMAND = Command("device-check", "check the accelerator paths on this device", (
+    arg("--only", nargs="+", choices=CHECKS, default=list(CHECKS),
+        help="run only these checks (default: all)"),
+    arg("--skip", nargs="+", choices=CHECKS, default=[], help="leave these checks out"),
+    arg("--quick", action="store_true",
+        help="tiny CPU-sized workloads, no FlexAttention compile or Triton interpreter "
+             "(seconds; for tests)"),
+    out("--out", kind=DEVICE_JSON, default=None, help="also write the JSON here"),
+    arg("--budget-s", type=float, default=BUDGET_S,
+        help=f"skip the checks that would start after this many seconds (default "
+             f"{BUDGET_S:.0f})"),
+    arg("--peak-tflops", type=float, default=None,
+        help="the GPU's dense bf16 peak, when its name is not in the table"),
+    arg("--work-dir", type=Path, default=None,
+        help="where the checks write their packs and runs (default: a temporary directory, "
+             "removed afterwards; a check that cannot write there fails alone and is "
+             "reported)"),
+    CONFIG),
+    description="Training (steps, 2-segment resume, one-rank FSDP2), kernels (Triton/chunked/"
+                "eager cross-entropy, flex vs SDPA, MoE grouped GEMM), bf16 throughput and MFU, "
+                "the H_eff sweep, lm-eval and KV-cached generation on experiment.device; "
+                "pass/fail/skip with figures. Exit status 1 when a check fails.")
 
 
 def run(args: argparse.Namespace) -> int:

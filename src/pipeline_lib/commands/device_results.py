@@ -6,22 +6,20 @@ import argparse
 from pathlib import Path
 
 from ..output_paths import PAGE
-from ._common import add_output
+from ._common import Command, arg, out
 
 DEFAULT_REPORT = Path("docs/device/device_check.json")
 DEFAULT_DOC = Path("docs/performance.md")
 
 
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("device-results",
-                            help="rewrite the device section (between the results:device "
-                                 f"markers, in {DEFAULT_DOC}) from a device check's JSON")
-    parser.add_argument("--report", type=Path, default=DEFAULT_REPORT,
-                        help=f"the JSON `device-check --out` wrote (default {DEFAULT_REPORT})")
-    add_output(parser, "--doc", "--readme", dest="doc", kind=PAGE, default=DEFAULT_DOC,
-                        help="page holding the <!-- results:device:begin/end --> markers "
-                             f"(default {DEFAULT_DOC}; --readme is the same option)")
-    return parser
+COMMAND = Command(
+    "device-results", "rewrite the device section (between the results:device markers, in "
+                      f"{DEFAULT_DOC}) from a device check's JSON", (
+        arg("--report", type=Path, default=DEFAULT_REPORT,
+            help=f"the JSON `device-check --out` wrote (default {DEFAULT_REPORT})"),
+        out("--doc", "--readme", dest="doc", kind=PAGE, default=DEFAULT_DOC,
+            help="page holding the <!-- results:device:begin/end --> markers (default "
+                 f"{DEFAULT_DOC}; --readme is the same option)")))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,56 +12,50 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..spec.rules import EXIT_CRITERIA
+from ._common import SNAPSHOT, TOKENIZER, Command, OneOf, arg
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser(
-        "generate", help="generate text from a snapshot (greedy by default)",
-        description="Continue --prompt (streamed to stdout) or every line of --prompts-file "
-                    "('-' or piped stdin; a .jsonl file holds {\"prompt\": …} objects; one "
-                    "JSON line out per prompt) after --h-eff core loops (default: the "
-                    "training loop count) or with adaptive exits (each token's later loops are "
-                    "not computed). Greedy unless --temperature > 0. Each JSON line reports "
-                    "mean_loops (loops computed per token), kv_bytes and kv_bytes_core (its "
-                    "batch's KV cache, all of it and its core blocks), seconds and tokens_per_s "
-                    "(its batch's); a summary line of the whole run goes to stderr.")
-    parser.add_argument("--snapshot", type=Path, required=True, help="snapshot directory")
-    parser.add_argument("--prompt", default=None, help="one prompt (streamed output)")
-    parser.add_argument("--prompts-file", default=None, metavar="FILE",
-                        help="one prompt per line ('-' = stdin); .jsonl: {\"prompt\": …} per line")
-    depth = parser.add_mutually_exclusive_group()
-    depth.add_argument("--h-eff", default=None,
-                       help="test-time loops N >= 1, or adaptive:THRESHOLD[:MAX]")
-    depth.add_argument("--adaptive", default=None, metavar="THRESHOLD[:MAX]",
-                       help="adaptive exit: a token stops looping once its next-token "
-                            "distribution changes by less than THRESHOLD (KL), at most MAX loops")
-    parser.add_argument("--adaptive-criterion", default="kl", choices=list(EXIT_CRITERIA),
-                        help="exit score of --adaptive (default kl; gate needs a snapshot "
-                             "with model.exit_gate); --adaptive gate:0.9 names it too")
-    parser.add_argument("--kv-share", default="per_loop", metavar="per_loop|last|every:K",
-                        help="KV cache across loops: one slot per loop (default, exact), only "
-                             "the last loop's, or one per K loops (less memory)")
-    parser.add_argument("--kv-fill", default="latest", metavar="latest|skip",
-                        help="adaptive exit: what a later token reads of a position that "
-                             "stopped looping early: its last computed loop (default) or "
-                             "nothing (masked past its exit)")
-    parser.add_argument("--continuous", action="store_true",
-                        help="continuous compute: a generated token starts looping from the "
-                             "previous token's final state instead of state_init")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="per prompt (default 64)")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="sampling temperature; 0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0,
-                        help="nucleus sampling: keep the most likely tokens holding this much "
-                             "probability (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts decoded together")
-    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "npu"],
-                        help="where the model runs (default cpu)")
-    parser.add_argument("--use-ema", action="store_true", help="use the snapshot's EMA weights")
-    parser.add_argument("--tokenizer", type=Path, default=None,
-                        help="tokenizer.json to use instead of the snapshot's own")
-    return parser
+COMMAND = Command("generate", "generate text from a snapshot (greedy by default)", (
+    SNAPSHOT,
+    arg("--prompt", default=None, help="one prompt (streamed output)"),
+    arg("--prompts-file", default=None, metavar="FILE",
+        help="one prompt per line ('-' = stdin); .jsonl: {\"prompt\": …} per line"),
+    OneOf((
+        arg("--h-eff", default=None, help="test-time loops N >= 1, or adaptive:THRESHOLD[:MAX]"),
+        arg("--adaptive", default=None, metavar="THRESHOLD[:MAX]",
+            help="adaptive exit: a token stops looping once its next-token distribution "
+                 "changes by less than THRESHOLD (KL), at most MAX loops"))),
+    arg("--adaptive-criterion", default="kl", choices=list(EXIT_CRITERIA),
+        help="exit score of --adaptive (default kl; gate needs a snapshot with "
+             "model.exit_gate); --adaptive gate:0.9 names it too"),
+    arg("--kv-share", default="per_loop", metavar="per_loop|last|every:K",
+        help="KV cache across loops: one slot per loop (default, exact), only the last "
+             "loop's, or one per K loops (less memory)"),
+    arg("--kv-fill", default="latest", metavar="latest|skip",
+        help="adaptive exit: what a later token reads of a position that stopped looping "
+             "early: its last computed loop (default) or nothing (masked past its exit)"),
+    arg("--continuous", action="store_true",
+        help="continuous compute: a generated token starts looping from the previous "
+             "token's final state instead of state_init"),
+    arg("--max-new-tokens", type=int, default=64, help="per prompt (default 64)"),
+    arg("--temperature", type=float, default=0.0,
+        help="sampling temperature; 0 = greedy (default)"),
+    arg("--top-p", type=float, default=1.0,
+        help="nucleus sampling: keep the most likely tokens holding this much probability "
+             "(default 1)"),
+    arg("--seed", type=int, default=0, help="sampling seed (default 0)"),
+    arg("--batch-size", type=int, default=16, help="prompts decoded together"),
+    arg("--device", default="cpu", choices=["auto", "cpu", "cuda", "npu"],
+        help="where the model runs (default cpu)"),
+    arg("--use-ema", action="store_true", help="use the snapshot's EMA weights"),
+    TOKENIZER),
+    description="Continue --prompt (streamed to stdout) or every line of --prompts-file ('-' "
+                "or piped stdin; a .jsonl file holds {\"prompt\": …} objects; one JSON line "
+                "out per prompt) after --h-eff core loops (default: the training loop count) "
+                "or with adaptive exits (each token's later loops are not computed). Greedy "
+                "unless --temperature > 0. Each JSON line reports mean_loops (loops computed "
+                "per token), kv_bytes and kv_bytes_core (its batch's KV cache, all of it and "
+                "its core blocks), seconds and tokens_per_s (its batch's); a summary line of "
+                "the whole run goes to stderr.")
 
 
 def read_prompts(args: argparse.Namespace) -> tuple[list[str], bool]:

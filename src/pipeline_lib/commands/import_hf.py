@@ -17,38 +17,34 @@ from ..export.pretrained_source import source_arch
 from ..spec.config_load import load_config
 from ..spec.layout import run_dir_of
 from ..workflow.stages.interop import import_stage
-from ._common import add_output, add_tracking_args
+from ._common import Command, arg, out, tracking
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser(
-        "import-hf", help="import a Hugging Face Llama/Mistral/Qwen2/Qwen3/OLMo-2 checkpoint "
-                          "or a GGUF file",
-        description="Write a verified loopline snapshot (weights, config.yaml with the model "
-                    "section derived from the source, tokenizer.json, import.json, MANIFEST) "
-                    "from a Hugging Face model directory (safetensors, sharded or not) or a "
-                    "GGUF file. Layer ranges (half-open START:END) pick the source layers of "
-                    "the prelude, the looped core and the coda; none = every layer as the core "
-                    "(with one loop: the original model). --out appears complete or not at all. "
-                    "Logged as the child run import of the run's MLflow parent run.")
-    parser.add_argument("--source", type=Path, required=True,
-                        help="Hugging Face model directory or .gguf file")
-    add_output(parser, "--out", required=True, help="snapshot directory (new)")
-    parser.add_argument("--prelude", default=None, metavar="A:B", help="prelude layers")
-    parser.add_argument("--core", default=None, metavar="C:D", help="looped core layers")
-    parser.add_argument("--coda", default=None, metavar="E:F", help="coda layers")
-    parser.add_argument("--adapter", choices=["add", "linear"], default="add",
-                        help="input injection: add (state + λ·e) or linear (W[state; e])")
-    parser.add_argument("--loops", type=int, default=1,
-                        help="training loop count written to the snapshot's config (default 1)")
-    parser.add_argument("--config", type=Path, action="append", default=None,
-                        help="config file whose other settings the snapshot's config takes "
-                             "(may be partial; merged over config/config.yaml); repeat to "
-                             "merge several in order, as the other commands do")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
-    add_tracking_args(parser, "run directory whose MLflow parent run the import joins "
-                              "(default: the directory holding --out)")
-    return parser
+COMMAND = Command(
+    "import-hf", "import a Hugging Face Llama/Mistral/Qwen2/Qwen3/OLMo-2 checkpoint or a GGUF "
+                 "file", (
+        arg("--source", type=Path, required=True,
+            help="Hugging Face model directory or .gguf file"),
+        out("--out", required=True, help="snapshot directory (new)"),
+        arg("--prelude", default=None, metavar="A:B", help="prelude layers"),
+        arg("--core", default=None, metavar="C:D", help="looped core layers"),
+        arg("--coda", default=None, metavar="E:F", help="coda layers"),
+        arg("--adapter", choices=["add", "linear"], default="add",
+            help="input injection: add (state + λ·e) or linear (W[state; e])"),
+        arg("--loops", type=int, default=1,
+            help="training loop count written to the snapshot's config (default 1)"),
+        arg("--config", type=Path, action="append", default=None,
+            help="config file whose other settings the snapshot's config takes (may be "
+                 "partial; merged over config/config.yaml); repeat to merge several in order, "
+                 "as the other commands do"),
+        arg("overrides", nargs="*", help="key=value config overrides"),
+        tracking("the import joins", "the directory holding --out")),
+    description="Write a verified loopline snapshot (weights, config.yaml with the model "
+                "section derived from the source, tokenizer.json, import.json, MANIFEST) from "
+                "a Hugging Face model directory (safetensors, sharded or not) or a GGUF file. "
+                "Layer ranges (half-open START:END) pick the source layers of the prelude, the "
+                "looped core and the coda; none = every layer as the core (with one loop: the "
+                "original model). --out appears complete or not at all. Logged as the child "
+                "run import of the run's MLflow parent run.")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,17 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import PipelineError
+from ._common import Command, arg
 
-
-def register(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "lm-eval", help="lm-evaluation-harness CLI with --model loopline available",
-        description="Pass every argument to lm-eval's own command line (see `lm-eval --help`) "
-                    "after registering the loopline model: --model loopline --model_args "
-                    "snapshot=DIR,h_eff=N,batch_size=B,device=cpu[,use_ema=true].",
-        add_help=False)
-    parser.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="lm-eval arguments")
-    return parser
+COMMAND = Command(
+    "lm-eval", "lm-evaluation-harness CLI with --model loopline available",
+    (arg("lm_eval_args", nargs=argparse.REMAINDER, help="lm-eval arguments"),),
+    description="Pass every argument to lm-eval's own command line (see `lm-eval --help`) "
+                "after registering the loopline model: --model loopline --model_args "
+                "snapshot=DIR,h_eff=N,batch_size=B,device=cpu[,use_ema=true].",
+    add_help=False)
 
 
 def passthrough(argv: Sequence[str]) -> int:
@@ -58,12 +56,12 @@ def _mirrored_include_path(argv: list[str], scratch: Path) -> list[str]:
     from ..bench.user_tasks import prepare_user_tasks  # lm-eval, torch: as above
 
     mirror = scratch / "include"
-    for i, arg in enumerate(argv):
-        if arg == "--include_path" and i + 1 < len(argv):
+    for i, word in enumerate(argv):
+        if word == "--include_path" and i + 1 < len(argv):
             prepare_user_tasks(argv[i + 1], mirror, "--include_path")
             return [*argv[: i + 1], str(mirror), *argv[i + 2:]]
-        if arg.startswith("--include_path="):
-            prepare_user_tasks(arg.split("=", 1)[1], mirror, "--include_path")
+        if word.startswith("--include_path="):
+            prepare_user_tasks(word.split("=", 1)[1], mirror, "--include_path")
             return [*argv[:i], f"--include_path={mirror}", *argv[i + 1:]]
     return argv
 

@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_config_args, add_output, config_from_args
+from ._common import CONFIG, Command, config_from_args, out
 
-
-def register(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "pack", help="tokenize and pack the corpus into epoch shards",
-        description="Stream the configured sources, build or train the tokenizer, and write "
-                    "tokens.bin, docs.npy, train/epoch_*/, val/ and metadata.json into --out "
-                    "(a previous pack there is replaced atomically; any other non-empty "
-                    "directory is refused).")
-    add_config_args(parser)
-    add_output(parser, "--out", required=True,
-               help="data directory to create (e.g. results/data/<data_id>)")
-    return parser
+COMMAND = Command("pack", "tokenize and pack the corpus into epoch shards", (
+    CONFIG, out("--out", required=True, help="data directory to create (e.g. "
+                                             "results/data/<data_id>)")),
+    description="Stream the configured sources, build or train the tokenizer, and write "
+                "tokens.bin, docs.npy, train/epoch_*/, val/ and metadata.json into --out (a "
+                "previous pack there is replaced atomically; any other non-empty directory is "
+                "refused).")
 
 
 def run(args: argparse.Namespace) -> int:

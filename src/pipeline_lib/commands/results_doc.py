@@ -7,28 +7,24 @@ from pathlib import Path
 
 from ..output_paths import PAGE
 from ..results_doc import write_results_doc
-from ._common import add_output
+from ._common import Command, arg, out
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("results-doc",
-                            help="rewrite a page's results section (between its results "
-                                 "markers) from results/")
-    parser.add_argument("--results", type=Path, default=Path("results"),
-                        help="results directory of the finished run (with compare/)")
-    add_output(parser, "--doc", "--readme", dest="doc", kind=PAGE,
-               default=Path("docs/results.md"),
-                        help="page holding the <!-- results:begin/end --> markers (default "
-                             "docs/results.md; --readme is the same option)")
-    add_output(parser, "--docs", default=Path("docs/results"),
-                        help="folder the figures are copied into (linked relative to the page)")
-    parser.add_argument("--section", default="",
-                        help="fill the markers <!-- results:SECTION:begin/end --> instead "
-                             "(a second results section, e.g. of a longer experiment)")
-    add_output(parser, "--summary", kind=PAGE, default=None,
-                        help="also rewrite this page's <!-- results:summary:begin/end --> "
-                             "(the front page, README.md): a short summary linking the page")
-    return parser
+COMMAND = Command(
+    "results-doc", "rewrite a page's results section (between its results markers) from "
+                   "results/", (
+        arg("--results", type=Path, default=Path("results"),
+            help="results directory of the finished run (with compare/)"),
+        out("--doc", "--readme", dest="doc", kind=PAGE, default=Path("docs/results.md"),
+            help="page holding the <!-- results:begin/end --> markers (default "
+                 "docs/results.md; --readme is the same option)"),
+        out("--docs", default=Path("docs/results"),
+            help="folder the figures are copied into (linked relative to the page)"),
+        arg("--section", default="",
+            help="fill the markers <!-- results:SECTION:begin/end --> instead (a second "
+                 "results section, e.g. of a longer experiment)"),
+        out("--summary", kind=PAGE, default=None,
+            help="also rewrite this page's <!-- results:summary:begin/end --> (the front "
+                 "page, README.md): a short summary linking the page")))
 
 
 def run(args: argparse.Namespace) -> int:

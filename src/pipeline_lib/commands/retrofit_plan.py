@@ -8,35 +8,32 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..spec.config_load import config_for_run, load_config
-from ._common import add_config_args, add_output
+from ._common import CONFIG, Command, arg, out
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser(
-        "retrofit-plan", help="score a pretrained model's layer choices for a retrofit",
-        description="Run the source whole on the validation rows of a pack (its own "
-                    "tokenizer), measure how much each span of layers changes the stream "
-                    "(angular distance, block influence), pre-score every prelude / core / "
-                    "coda choice at the block budget, build the best few (and the config's own "
-                    "model.init_from choice) and score them at step 0 at every eval.h_eff: "
-                    "loss, paired difference to the original (95%% interval), loop drift, "
-                    "state scale, FLOPs. Prints the ranked table and the best choice as "
-                    "config; writes plan.json, plan.md and plan.png to --out. Loops, "
-                    "recurrence, injection and state init are the config's (model.*).")
-    parser.add_argument("--source", type=Path, default=None,
-                        help="Hugging Face model directory or .gguf file (default: the "
-                             "config's model.init_from.source)")
-    parser.add_argument("--data", type=Path, required=True,
-                        help="a pack made with the source's tokenizer (its validation rows)")
-    parser.add_argument("--rows", type=int, default=16, help="validation rows (default 16)")
-    parser.add_argument("--measure", type=int, default=6,
-                        help="candidates built and scored, best by pre-score (default 6)")
-    parser.add_argument("--budget-blocks", type=int, default=None,
-                        help="block applications per token (default: the source's layer "
-                             "count, its FLOPs)")
-    add_output(parser, "--out", required=True, help="plan directory (plan.json, .md, .png)")
-    add_config_args(parser)
-    return parser
+COMMAND = Command(
+    "retrofit-plan", "score a pretrained model's layer choices for a retrofit", (
+        arg("--source", type=Path, default=None,
+            help="Hugging Face model directory or .gguf file (default: the config's "
+                 "model.init_from.source)"),
+        arg("--data", type=Path, required=True,
+            help="a pack made with the source's tokenizer (its validation rows)"),
+        arg("--rows", type=int, default=16, help="validation rows (default 16)"),
+        arg("--measure", type=int, default=6,
+            help="candidates built and scored, best by pre-score (default 6)"),
+        arg("--budget-blocks", type=int, default=None,
+            help="block applications per token (default: the source's layer count, its "
+                 "FLOPs)"),
+        out("--out", required=True, help="plan directory (plan.json, .md, .png)"),
+        CONFIG),
+    description="Run the source whole on the validation rows of a pack (its own tokenizer), "
+                "measure how much each span of layers changes the stream (angular distance, "
+                "block influence), pre-score every prelude / core / coda choice at the block "
+                "budget, build the best few (and the config's own model.init_from choice) and "
+                "score them at step 0 at every eval.h_eff: loss, paired difference to the "
+                "original (95%% interval), loop drift, state scale, FLOPs. Prints the ranked "
+                "table and the best choice as config; writes plan.json, plan.md and plan.png "
+                "to --out. Loops, recurrence, injection and state init are the config's "
+                "(model.*).")
 
 
 def run(args: argparse.Namespace) -> int:

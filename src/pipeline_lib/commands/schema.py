@@ -8,14 +8,12 @@ import argparse
 
 from ..results_doc import replace_between_markers
 from ..spec import schema as spec_schema
+from ._common import Command, arg
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("schema", help="print (or --write) the config JSON schema")
-    parser.add_argument("--write", action="store_true",
-                        help="rewrite workflow/schemas/config.schema.yaml and the key table "
-                             "of docs/configuration.md")
-    return parser
+COMMAND = Command("schema", "print (or --write) the config JSON schema", (
+    arg("--write", action="store_true",
+        help="rewrite workflow/schemas/config.schema.yaml and the key table of "
+             "docs/configuration.md"),))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,21 +7,18 @@ import argparse
 from pathlib import Path
 
 from ..output_paths import INDEX_JSON
-from ._common import add_output
+from ._common import Command, arg, out
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser(
-        "snapshot-index", help="write a run's snapshots/index.json and its final link",
-        description="List the given snapshots (step, folder, manifest file count) in --out "
-                    "and point the link final beside it at the one with the last step; both "
-                    "are replaced atomically. The snapshots must lie beside --out. No MLflow "
-                    "run: the train run that wrote the snapshots holds their story.")
-    parser.add_argument("snapshots", type=Path, nargs="+", metavar="SNAPSHOT",
-                        help="the kept snapshot directories (results/<run>/snapshots/step_…)")
-    add_output(parser, "--out", kind=INDEX_JSON, required=True,
-               help="the index to write (results/<run>/snapshots/index.json)")
-    return parser
+COMMAND = Command(
+    "snapshot-index", "write a run's snapshots/index.json and its final link", (
+        arg("snapshots", type=Path, nargs="+", metavar="SNAPSHOT",
+            help="the kept snapshot directories (results/<run>/snapshots/step_…)"),
+        out("--out", kind=INDEX_JSON, required=True,
+            help="the index to write (results/<run>/snapshots/index.json)")),
+    description="List the given snapshots (step, folder, manifest file count) in --out and "
+                "point the link final beside it at the one with the last step; both are "
+                "replaced atomically. The snapshots must lie beside --out. No MLflow run: the "
+                "train run that wrote the snapshots holds their story.")
 
 
 def run(args: argparse.Namespace) -> int:

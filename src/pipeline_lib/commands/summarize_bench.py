@@ -7,32 +7,21 @@ import argparse
 from pathlib import Path
 
 from ..output_paths import FIGURE, TABLE
-from ._common import (
-    add_config_args,
-    add_output,
-    add_tracking_args,
-    config_from_args,
-    tracking_run_dir,
-)
+from ._common import CONFIG, SUMMARY_TRACKING, Command, arg, config_from_args, out, tracking_run_dir
 
-
-def register(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "summarize-bench", help="benchmark JSONs → summary parquet and heatmap figure",
-        description="Collect bench JSONs (one per snapshot) into a long table (step, task, h_eff, "
-                    "level, metric, value; level empty for whole-task metrics) and plot an "
-                    "accuracy heatmap (difficulty × H_eff) per built-in task; logged as the "
-                    "child run bench_summary of --run-dir's MLflow parent run (or nothing with "
-                    "--no-track).")
-    parser.add_argument("--inputs", type=Path, nargs="+", required=True,
-                        help="bench JSON files (results/{run}/bench/step_*.json)")
-    add_output(parser, "--out-parquet", kind=TABLE, required=True, help="summary table to write")
-    add_output(parser, "--out-png", kind=FIGURE, required=True,
-               help="figure to write (.png, .svg or .pdf)")
-    add_config_args(parser)
-    add_tracking_args(parser, "run directory (results/<run>) whose MLflow parent run the "
-                              "summary joins; required unless --no-track")
-    return parser
+COMMAND = Command(
+    "summarize-bench", "benchmark JSONs → summary parquet and heatmap figure", (
+        arg("--inputs", type=Path, nargs="+", required=True,
+            help="bench JSON files (results/{run}/bench/step_*.json)"),
+        out("--out-parquet", kind=TABLE, required=True, help="summary table to write"),
+        out("--out-png", kind=FIGURE, required=True,
+            help="figure to write (.png, .svg or .pdf)"),
+        CONFIG, SUMMARY_TRACKING),
+    description="Collect bench JSONs (one per snapshot) into a long table (step, task, h_eff, "
+                "level, metric, value; level empty for whole-task metrics) and plot an "
+                "accuracy heatmap (difficulty × H_eff) per built-in task; logged as the child "
+                "run bench_summary of --run-dir's MLflow parent run (or nothing with "
+                "--no-track).")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,39 +9,25 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..output_paths import FIGURE, TABLE
 from ..workflow.stages.heff_summary import summarize_heff_stage
-from ._common import (
-    add_config_args,
-    add_output,
-    add_tracking_args,
-    config_from_args,
-    tracking_run_dir,
-)
+from ._common import CONFIG, SUMMARY_TRACKING, Command, arg, config_from_args, out, tracking_run_dir
 
-
-def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("summarize-heff", help="parquet table + plot of H_eff sweep results",
-                            description="Table and figure over H_eff sweep JSONs, logged as the "
-                                        "child run eval_summary of --run-dir's MLflow parent "
-                                        "run (or nothing with --no-track).")
-    parser.add_argument("--inputs", type=Path, nargs="+", required=True, help="sweep JSON files")
-    add_output(parser, "--out-table", kind=TABLE, required=True, help="output .parquet")
-    add_output(parser, "--out-plot", kind=FIGURE, required=True,
-               help="output .png (or .svg, .pdf)")
-    parser.add_argument("--title", default=None,
-                        help="figure title (default: named after the run directory)")
-    add_output(parser, "--out-adaptive-table", kind=TABLE, default=None,
-                        help="also the adaptive-exit table (.parquet; with --out-adaptive-plot)")
-    add_output(parser, "--out-adaptive-plot", kind=FIGURE, default=None,
-                        help="also the adaptive-exit figure (.png): loss vs loops used")
-    add_output(parser, "--out-label-table", kind=TABLE, default=None,
-               help="also the label-accuracy table (.parquet; with --out-label-plot; empty "
-                    "for sweeps of unlabelled packs)")
-    add_output(parser, "--out-label-plot", kind=FIGURE, default=None,
-               help="also the label-accuracy figure (.png): accuracy vs H_eff per level")
-    add_config_args(parser)
-    add_tracking_args(parser, "run directory (results/<run>) whose MLflow parent run the "
-                              "summary joins; required unless --no-track")
-    return parser
+COMMAND = Command("summarize-heff", "parquet table + plot of H_eff sweep results", (
+    arg("--inputs", type=Path, nargs="+", required=True, help="sweep JSON files"),
+    out("--out-table", kind=TABLE, required=True, help="output .parquet"),
+    out("--out-plot", kind=FIGURE, required=True, help="output .png (or .svg, .pdf)"),
+    arg("--title", default=None, help="figure title (default: named after the run directory)"),
+    out("--out-adaptive-table", kind=TABLE, default=None,
+        help="also the adaptive-exit table (.parquet; with --out-adaptive-plot)"),
+    out("--out-adaptive-plot", kind=FIGURE, default=None,
+        help="also the adaptive-exit figure (.png): loss vs loops used"),
+    out("--out-label-table", kind=TABLE, default=None,
+        help="also the label-accuracy table (.parquet; with --out-label-plot; empty for "
+             "sweeps of unlabelled packs)"),
+    out("--out-label-plot", kind=FIGURE, default=None,
+        help="also the label-accuracy figure (.png): accuracy vs H_eff per level"),
+    CONFIG, SUMMARY_TRACKING),
+    description="Table and figure over H_eff sweep JSONs, logged as the child run "
+                "eval_summary of --run-dir's MLflow parent run (or nothing with --no-track).")
 
 
 def run(args: argparse.Namespace) -> int:

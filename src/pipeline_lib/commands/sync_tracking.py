@@ -20,18 +20,14 @@ from ..output_paths import SQLITE, Output, check_outputs
 from ..tracking import outbox_dirs, sync_outbox
 from ..tracking.health import check_sqlite_file
 from ..tracking.store import StoreUnavailable, resolve_uri, sqlite_path, store_uri
-from ._common import add_config_args, config_from_args
+from ._common import CONFIG, Command, arg, config_from_args
 
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "sync-tracking", help="replay offline tracking outboxes into the MLflow store")
-    add_config_args(parser)
-    parser.add_argument("--run-dir", type=Path, action="append", default=None,
-                        help="run directory to replay (repeatable; default: all under results)")
-    parser.add_argument("--uri", default=None,
-                        help="target store (default: MLFLOW_TRACKING_URI, else tracking.uri)")
-    return parser
+COMMAND = Command("sync-tracking", "replay offline tracking outboxes into the MLflow store", (
+    CONFIG,
+    arg("--run-dir", type=Path, action="append", default=None,
+        help="run directory to replay (repeatable; default: all under results)"),
+    arg("--uri", default=None,
+        help="target store (default: MLFLOW_TRACKING_URI, else tracking.uri)")))
 
 
 def run(args: argparse.Namespace) -> int:

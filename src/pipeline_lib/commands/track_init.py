@@ -12,21 +12,18 @@ import argparse
 from pathlib import Path
 
 from ..workflow.stages.parent_runs import init_tracking
-from ._common import add_config_args, add_output, config_from_args
+from ._common import CONFIG, Command, arg, config_from_args, out
 
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "track-init", help="create (or find) a run's MLflow parent run; write tracking.json")
-    add_config_args(parser)
-    add_output(parser, "--run-dir", required=True,
-               help="run directory, results/{run}; tracking.json is written there")
-    parser.add_argument("--data", type=Path, required=True,
-                        help="the run's packed data directory (results/data/<data_id>), "
-                             "logged as the pack child run")
-    parser.add_argument("--no-track", action="store_true",
-                        help="record tracking as disabled in tracking.json; contact no store")
-    return parser
+COMMAND = Command(
+    "track-init", "create (or find) a run's MLflow parent run; write tracking.json", (
+        CONFIG,
+        out("--run-dir", required=True,
+            help="run directory, results/{run}; tracking.json is written there"),
+        arg("--data", type=Path, required=True,
+            help="the run's packed data directory (results/data/<data_id>), logged as the "
+                 "pack child run"),
+        arg("--no-track", action="store_true",
+            help="record tracking as disabled in tracking.json; contact no store")))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,42 +11,38 @@ import argparse
 import json
 from pathlib import Path
 
-from ._common import add_config_args, add_output, config_from_args
+from ._common import CONFIG, NO_TRACK, Command, arg, config_from_args, out
 
 
 def _resume(text: str) -> Path | None:
     return None if text.lower() == "none" else Path(text)
 
 
-def register(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "train", help="train one segment: resume a snapshot, run to --until-step, snapshot",
-        description="Restore --resume-from (or start from scratch with 'none'), train the "
-                    "steps up to --until-step, and write the snapshot --out atomically. "
-                    "Run-level logs (train/metrics.jsonl, train/spike_events.jsonl, "
-                    "tensorboard/) go to --run-dir. With --attempt > 1 a rollback record "
-                    "left by a spike-guard abort from the same snapshot is applied.")
-    add_config_args(parser)
-    parser.add_argument("--data", type=Path, required=True,
-                        help="packed data directory (results/data/<data_id>)")
-    parser.add_argument("--resume-from", type=_resume, required=True, metavar="SNAPSHOT_DIR|none",
-                        help="snapshot to resume, or 'none' to start from scratch")
-    parser.add_argument("--until-step", type=int, required=True, metavar="N",
-                        help="train until this many optimizer steps are done")
-    add_output(parser, "--out", required=True,
-               help="snapshot directory to write (e.g. results/<run>/snapshots/"
-                             "step_0000100)")
-    add_output(parser, "--run-dir", default=None,
-               help="run directory for logs (default: the parent of the snapshots/ "
-                             "directory holding --out)")
-    parser.add_argument("--warm-start", type=Path, default=None, metavar="SNAPSHOT_DIR",
-                        help="with --resume-from none: start from this snapshot's weights only "
-                             "(fresh optimizer, guard, RNG, data), e.g. after a model change")
-    parser.add_argument("--attempt", type=int, default=1, metavar="K",
-                        help="1 for a first try; > 1 for a retry (applies a rollback record)")
-    parser.add_argument("--no-track", action="store_true",
-                        help="a plain local run: log nothing to MLflow (tracking.enabled=false)")
-    return parser
+COMMAND = Command(
+    "train", "train one segment: resume a snapshot, run to --until-step, snapshot", (
+        CONFIG,
+        arg("--data", type=Path, required=True,
+            help="packed data directory (results/data/<data_id>)"),
+        arg("--resume-from", type=_resume, required=True, metavar="SNAPSHOT_DIR|none",
+            help="snapshot to resume, or 'none' to start from scratch"),
+        arg("--until-step", type=int, required=True, metavar="N",
+            help="train until this many optimizer steps are done"),
+        out("--out", required=True,
+            help="snapshot directory to write (e.g. results/<run>/snapshots/step_0000100)"),
+        out("--run-dir", default=None,
+            help="run directory for logs (default: the parent of the snapshots/ directory "
+                 "holding --out)"),
+        arg("--warm-start", type=Path, default=None, metavar="SNAPSHOT_DIR",
+            help="with --resume-from none: start from this snapshot's weights only (fresh "
+                 "optimizer, guard, RNG, data), e.g. after a model change"),
+        arg("--attempt", type=int, default=1, metavar="K",
+            help="1 for a first try; > 1 for a retry (applies a rollback record)"),
+        NO_TRACK),
+    description="Restore --resume-from (or start from scratch with 'none'), train the steps up "
+                "to --until-step, and write the snapshot --out atomically. Run-level logs "
+                "(train/metrics.jsonl, train/spike_events.jsonl, tensorboard/) go to --run-dir. "
+                "With --attempt > 1 a rollback record left by a spike-guard abort from the same "
+                "snapshot is applied.")
 
 
 def run(args: argparse.Namespace) -> int:
