@@ -105,3 +105,14 @@ def test_tracked_commands_open_child_runs_of_the_rules_shape(tiny_pipeline: Path
     client, train = ours["train"]
     history = client.get_metric_history(train.info.run_id, "train/loss")
     assert sorted(m.step for m in history) == list(range(1, STEPS[-1] + 1))
+
+
+def test_the_compare_command_writes_what_the_rule_wrote(tiny_pipeline: Path, tmp_path: Path):
+    """Rule ``compare_runs`` (the runs' files as its inputs) and command ``compare`` (the run
+    directories) go through one door: the same table, summary and depth check."""
+    runs = [tiny_pipeline / "results" / name for name in ("loops1", "loops2")]  # config order
+    cli(tmp_path, "compare", *runs, "--out", tmp_path / "compare")
+    for name in ("summary.md", "summary.parquet", "depth_check.json"):
+        ours, theirs = (w / name for w in (tmp_path / "compare", tiny_pipeline / "results" /
+                                           "compare"))
+        assert ours.read_bytes() == theirs.read_bytes(), name

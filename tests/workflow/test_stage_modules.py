@@ -11,7 +11,7 @@ import pytest
 HEAVY = ("torch", "lm_eval", "mlflow")
 
 
-@pytest.mark.parametrize("module", ["parent_runs", "heff_summary", "common"])
+@pytest.mark.parametrize("module", ["parent_runs", "heff_summary", "common", "compare"])
 def test_light_stage_modules_import_nothing_heavy(module: str) -> None:
     code = (f"import sys, pipeline_lib.workflow.stages.{module}; "
             f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))")

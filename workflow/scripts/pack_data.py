@@ -2,12 +2,10 @@
 
 from pathlib import Path
 
-from pipeline_lib.spec.config_load import config_from_dict
-from pipeline_lib.workflow.io import script_logging
+from pipeline_lib.workflow.io import config_job
 from pipeline_lib.workflow.stages.data import pack_stage
 
 snakemake = globals()["snakemake"]
 
-with script_logging(snakemake.log[0]):
-    pack_stage(config_from_dict({"data": snakemake.params.data}).data,
-               Path(snakemake.output.data_dir))
+with config_job(snakemake, {"data": snakemake.params.data}) as cfg:
+    pack_stage(cfg.data, Path(snakemake.output.data_dir))

@@ -1,4 +1,5 @@
-"""`compare`: side-by-side table, summary and plots of several finished runs."""
+"""`compare`: side-by-side table, summary and plots of several finished runs (the rule
+``compare_runs`` calls the same :func:`pipeline_lib.workflow.stages.compare.compare_stage`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ COMMAND = Command("compare", "compare finished runs (results/{run} directories)"
 
 def run(args: argparse.Namespace) -> int:
     # pandas, matplotlib: loads on run, `--help` stays fast
-    from ..compare import check_compare_outputs, compare_runs, run_dir_inputs
+    from ..workflow.stages.compare import compare_stage
 
-    check_compare_outputs(args.out)  # before any run directory is read
-    compare_runs({d.name: run_dir_inputs(d) for d in args.run_dirs}, args.out)
+    compare_stage({d.name: d for d in args.run_dirs}, args.out)
     print((args.out / "summary.md").read_text(), end="")
     return 0

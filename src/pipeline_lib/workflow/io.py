@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import PREEMPTED_EXIT, ConfigError, PipelineError, Preempted
 from ..spec.config import Config
+from ..spec.config_load import config_from_dict
 from ..spec.run_spec import RunSpec, SpecRef, read_run_spec, spec_path
 from .attempt_log import open_attempt_log
 
@@ -102,13 +103,24 @@ def run_config(snakemake: Any) -> Config:
 
 
 @contextlib.contextmanager
-def run_job(snakemake: Any, threads: int | None = None) -> Iterator[Any]:
+def run_job(snakemake: Any, threads: int | None = None, *,
+            opens_parent: bool = True) -> Iterator[Config]:
     """A job of one run's pipeline: :func:`script_logging`, the run's resolved config (yielded),
     and its MLflow parent run RUNNING while the job runs, FAILED if it fails
-    (:func:`pipeline_lib.tracking.pipeline_job`)."""
+    (:func:`pipeline_lib.tracking.pipeline_job`); not with ``opens_parent=False``, the job
+    that ends the parent run (rule ``track_done``)."""
     from ..tracking import pipeline_job  # ~0.2 s of imports that script_logging's users skip
 
     with script_logging(snakemake.log[0], threads):
         cfg = run_config(snakemake)
-        with pipeline_job(cfg, Path(snakemake.params.run_dir)):
+        parent = pipeline_job(cfg, Path(snakemake.params.run_dir)) if opens_parent else None
+        with parent or contextlib.nullcontext():
             yield cfg
+
+
+@contextlib.contextmanager
+def config_job(snakemake: Any, sections: dict[str, Any]) -> Iterator[Config]:
+    """A job of no one run (the shared pack, the tracking store): :func:`script_logging` and
+    the config of ``sections`` (a dict of config sections), yielded."""
+    with script_logging(snakemake.log[0]):
+        yield config_from_dict(sections)

@@ -11,6 +11,7 @@ false``) is the only difference between them.
 - :mod:`.trajectories`: the latent trajectories of one snapshot (opt-in: rule
   ``eval_trajectories``, reached only through the target rule ``trajectories``).
 - :mod:`.interop`: ``import`` of a pretrained source and ``export`` in the Hugging Face format.
+- :mod:`.compare`: the comparison of finished runs (no child run: it belongs to no one run).
 - :mod:`.parent_runs`: the store, the variant's parent run and its ``pack`` child; the
   Snakefile's onsuccess/onerror handler (torch-free: the Snakefile imports it).
 - :mod:`.common`: the checks every stage makes before it writes anything.
