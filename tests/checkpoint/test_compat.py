@@ -1,21 +1,17 @@
-"""Resume compatibility listing and the explicit weights-only warm start."""
+"""Resume compatibility listing; a snapshot's config read back."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-import torch
-from ckpt_helpers import TinyLM, make_state, snapshot_kwargs
 from omegaconf import OmegaConf
 
 from pipeline_lib.checkpoint.compat import (
     check_resume_compatible,
     config_from_yaml,
-    load_weights_only,
     resume_mismatches,
 )
-from pipeline_lib.checkpoint.snapshot import write_snapshot
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.spec.config import Config, SourceConfig
 from pipeline_lib.spec.config_write import to_dict
@@ -93,30 +89,6 @@ def test_config_from_yaml_round_trip_and_errors():
         config_from_yaml("model:\n  wings: 2\n", "snap/config.yaml")
     with pytest.raises(CheckpointError, match="not valid YAML"):
         config_from_yaml("a: [1,\n", "snap/config.yaml")
-
-
-def test_load_weights_only_copies_weights_and_nothing_else(tmp_path):
-    model, opt = make_state(seed=0, steps=3)
-    snap = write_snapshot(tmp_path / "step_0000003", **snapshot_kwargs(model, opt))
-    torch.manual_seed(42)
-    fresh = TinyLM()
-    info = load_weights_only(snap, fresh)
-    assert info == {"warm_start_from": str(snap), "step": 3, "weights": "model"}
-    for k, v in model.state_dict().items():
-        assert torch.equal(fresh.state_dict()[k], v), k
-    assert fresh.head.weight is fresh.embed.weight  # tying survives
-
-
-def test_load_weights_only_lists_misfits(tmp_path):
-    model, opt = make_state(steps=1)
-    snap = write_snapshot(tmp_path / "s", **snapshot_kwargs(model, opt))
-    other = torch.nn.Sequential(torch.nn.Linear(8, 8))
-    with pytest.raises(CheckpointError, match=r"missing 0.weight; .*unexpected counter"):
-        load_weights_only(snap, other)
-    wider = TinyLM()
-    wider.mix = torch.nn.Linear(8, 9)
-    with pytest.raises(CheckpointError, match=r"mix.weight shape \(8, 8\) vs model \(9, 8\)"):
-        load_weights_only(snap, wider, strict=False)
 
 
 NEW_MODEL_KEYS = ("n_kv_heads", "rope_scaling", "rope_scaling_factor", "rope_low_freq_factor",

@@ -18,7 +18,12 @@ from support.faults import SNAPSHOT_PAUSE_ENV
 
 from pipeline_lib.checkpoint.manifest import MANIFEST_NAME, verify_snapshot
 from pipeline_lib.checkpoint.rng import capture_rng_state, restore_rng_state
-from pipeline_lib.checkpoint.snapshot import load_model_state, load_snapshot, write_snapshot
+from pipeline_lib.checkpoint.snapshot import (
+    load_model_state,
+    load_snapshot,
+    load_weights_only,
+    write_snapshot,
+)
 from pipeline_lib.errors import CheckpointError
 
 
@@ -219,3 +224,27 @@ def test_sigkill_during_first_write_leaves_no_snapshot(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_snapshot(target)
     assert MANIFEST_NAME not in {p.name for d in target.parent.iterdir() for p in d.iterdir()}
+
+
+def test_load_weights_only_copies_weights_and_nothing_else(tmp_path):
+    model, opt = make_state(seed=0, steps=3)
+    snap = write_snapshot(tmp_path / "step_0000003", **snapshot_kwargs(model, opt))
+    torch.manual_seed(42)
+    fresh = TinyLM()
+    info = load_weights_only(snap, fresh)
+    assert info == {"warm_start_from": str(snap), "step": 3, "weights": "model"}
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    assert fresh.head.weight is fresh.embed.weight  # tying survives
+
+
+def test_load_weights_only_lists_misfits(tmp_path):
+    model, opt = make_state(steps=1)
+    snap = write_snapshot(tmp_path / "s", **snapshot_kwargs(model, opt))
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with pytest.raises(CheckpointError, match=r"missing 0.weight; .*unexpected counter"):
+        load_weights_only(snap, other)
+    wider = TinyLM()
+    wider.mix = torch.nn.Linear(8, 9)
+    with pytest.raises(CheckpointError, match=r"mix.weight shape \(8, 8\) vs model \(9, 8\)"):
+        load_weights_only(snap, wider, strict=False)

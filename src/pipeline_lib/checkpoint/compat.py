@@ -18,14 +18,14 @@ Everything else may change between segments on purpose: ``total_steps`` (extend 
 ``nproc`` / ``micro_batch_rows`` (same global batch on another world size), loop sampling,
 backprop mode, spike-guard thresholds, EMA, evaluation and tracking settings.
 
-A deliberate change of the checked keys is a *warm start*: :func:`load_weights_only`
+A deliberate change of the checked keys is a *warm start*: :func:`~.snapshot.load_weights_only`
 copies the model weights and nothing else (optimizer, spike guard, RNG and cursor start
-fresh), and the trainer records that it did so.
+fresh), and the trainer records that it did so. Torch-free: the planner reads a teacher
+snapshot's config through here.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +38,7 @@ from ..spec.config_errors import omegaconf
 from ..spec.config_load import config_from_dict, load_config
 from ..spec.config_write import to_dict
 from ..spec.names import TOKENIZER_FILE
-from .contents import CONFIG_FILE, TRAINER_STATE
+from .contents import CONFIG_FILE
 from .manifest import MANIFEST_NAME, describe_non_snapshot, verify_snapshot
 
 log = logging.getLogger(__name__)
@@ -140,49 +140,3 @@ def check_snapshot_fits_pack(snapshot: Path, data: Any, *, use: str, fix: str | 
     tokenizer. ``cfg``: the snapshot's config when the caller has it."""
     verify_snapshot(snapshot, hash_files=[TOKENIZER_FILE])
     check_model_fits_pack(snapshot, cfg or snapshot_config(snapshot), data, use=use, fix=fix)
-
-
-def load_weights_only(snapshot_dir: str | Path, model: Any, *, which: str = "model",
-                      strict: bool = True) -> dict[str, Any]:
-    """Warm start: copy a snapshot's weights into ``model`` and nothing else.
-
-    Use this deliberately when the config changed in a resume-relevant key (see the module
-    docstring); optimizer state, spike-guard baselines, RNG streams and the data cursor are
-    NOT restored and start fresh. ``which`` may name an extra tensor set (``"ema"``). With
-    ``strict``, missing, unexpected or differently shaped keys raise CheckpointError listing
-    them. Returns ``{"warm_start_from": path, "step": …}`` for the trainer state and logs.
-    """
-    from .snapshot import load_model_state  # lazy: torch, which this module does not need
-
-    snapshot_dir = Path(snapshot_dir)
-    state = load_model_state(snapshot_dir, which=which)
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
-    problems = ([f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
-                + [f"{k} shape {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-                   for k in shapes])
-    if shapes or (strict and problems):
-        shown = "; ".join(problems[:12]) + (f"; … {len(problems) - 12} more" if len(problems) > 12
-                                             else "")
-        raise CheckpointError(f"warm start from {snapshot_dir}: weights do not fit the model "
-                              f"({shown}); match the model config to the snapshot's")
-    if any(type(t).__name__ == "DTensor" for t in own.values()):
-        # an FSDP-sharded model: every rank cuts its own shards out of the full tensors
-        from torch.distributed.checkpoint.state_dict import (  # lazy: torch, as above
-            StateDictOptions,
-            set_model_state_dict,
-        )
-
-        set_model_state_dict(model, state,
-                             options=StateDictOptions(full_state_dict=True, strict=strict))
-    else:
-        model.load_state_dict(state, strict=strict)
-    try:
-        step = json.loads((snapshot_dir / TRAINER_STATE).read_text()).get("step")
-    except (OSError, ValueError):
-        step = None
-    log.info("warm start: loaded %s weights from %s (step %s); optimizer, guard, RNG and "
-             "cursor start fresh", which, snapshot_dir, step)
-    return {"warm_start_from": str(snapshot_dir), "step": step, "weights": which}

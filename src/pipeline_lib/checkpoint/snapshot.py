@@ -31,6 +31,7 @@ mid-write (production installs no hook).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -67,7 +68,8 @@ from .write_hooks import file_written
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Snapshot", "load_model_state", "load_snapshot", "write_snapshot"]
+__all__ = ["Snapshot", "load_model_state", "load_snapshot", "load_weights_only",
+           "write_snapshot"]
 
 
 def write_snapshot(
@@ -199,3 +201,47 @@ def load_model_state(path: str | Path, *, which: str = "model",
                               f"{have or 'none'}): it was trained without them; {fix}")
     tensors, _ = read_safetensors(path / fname, device=map_location)
     return tensors
+
+
+def load_weights_only(snapshot_dir: str | Path, model: Any, *, which: str = "model",
+                      strict: bool = True) -> dict[str, Any]:
+    """Warm start: copy a snapshot's weights into ``model`` and nothing else.
+
+    Use this deliberately when the config changed in a resume-relevant key (see the module
+    docstring); optimizer state, spike-guard baselines, RNG streams and the data cursor are
+    NOT restored and start fresh. ``which`` may name an extra tensor set (``"ema"``). With
+    ``strict``, missing, unexpected or differently shaped keys raise CheckpointError listing
+    them. Returns ``{"warm_start_from": path, "step": …}`` for the trainer state and logs.
+    """
+    snapshot_dir = Path(snapshot_dir)
+    state = load_model_state(snapshot_dir, which=which)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    problems = ([f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
+                + [f"{k} shape {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                   for k in shapes])
+    if shapes or (strict and problems):
+        shown = "; ".join(problems[:12]) + (f"; … {len(problems) - 12} more" if len(problems) > 12
+                                             else "")
+        raise CheckpointError(f"warm start from {snapshot_dir}: weights do not fit the model "
+                              f"({shown}); match the model config to the snapshot's")
+    if any(type(t).__name__ == "DTensor" for t in own.values()):
+        # an FSDP-sharded model: every rank cuts its own shards out of the full tensors
+        from torch.distributed.checkpoint.state_dict import (  # lazy: only sharded models need it
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        set_model_state_dict(model, state,
+                             options=StateDictOptions(full_state_dict=True, strict=strict))
+    else:
+        model.load_state_dict(state, strict=strict)
+    try:
+        step = json.loads((snapshot_dir / TRAINER_STATE).read_text()).get("step")
+    except (OSError, ValueError):
+        step = None
+    log.info("warm start: loaded %s weights from %s (step %s); optimizer, guard, RNG and "
+             "cursor start fresh", which, snapshot_dir, step)
+    return {"warm_start_from": str(snapshot_dir), "step": step, "weights": which}

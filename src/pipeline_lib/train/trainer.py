@@ -35,9 +35,9 @@ from tqdm import tqdm
 
 from ..checkpoint import state_io
 from ..checkpoint.best import update_best_snapshot
-from ..checkpoint.compat import load_weights_only
 from ..checkpoint.contents import Snapshot
 from ..checkpoint.rng import RNGStreams
+from ..checkpoint.snapshot import load_weights_only
 from ..data.loader import DataCursor, PackedData
 from ..errors import ConfigError, TrainingError
 from ..model.loop_sampling import LoopSampler
