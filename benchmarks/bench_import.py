@@ -6,7 +6,7 @@ transformers' own GGUF loading, side by side.
 Each side runs in a fresh subprocess (so its peak resident memory, ``ru_maxrss``, is its own)
 and the two are alternated over ``--repeats`` rounds with the same ``OMP_NUM_THREADS``:
 
-- ``loopline``: :func:`pipeline_lib.export.hf_import.import_checkpoint` of every layer, i.e.
+- ``loopline``: :func:`pipeline_lib.retrofit.hf_import.import_checkpoint` of every layer, i.e.
   read and dequantize the GGUF, un-permute q/k, build the LoopedLM, write the verified
   snapshot (weights, config, tokenizer, manifest) to a temporary directory;
 - ``transformers``: ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=…)`` in fp32 (reads,
@@ -35,7 +35,7 @@ import json, resource, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
 from pipeline_lib.spec.config import Config
-from pipeline_lib.export.hf_import import import_checkpoint
+from pipeline_lib.retrofit.hf_import import import_checkpoint
 record = import_checkpoint(Path(sys.argv[1]), Path(sys.argv[2]), Config())
 print(json.dumps({"seconds": time.perf_counter() - t0,
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

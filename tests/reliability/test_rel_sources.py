@@ -1,7 +1,7 @@
 """A damaged or odd pretrained source is one line, before any work (issue 29, classes 1–2).
 
 ``import-hf`` and the planner read a source through one validated reader
-(:mod:`pipeline_lib.export.pretrained_source`): each case damages a tiny Llama saved by
+(:mod:`pipeline_lib.pretrained.pretrained_source`): each case damages a tiny Llama saved by
 transformers (or the SmolLM2 GGUF) the way a failed download or a hand edit would, runs
 the real command and expects exit 2, exactly one ``error:`` line naming the file and the key
 or tensor, no traceback, and nothing written. Values that fail validation are named under
@@ -25,7 +25,7 @@ from support.rel_messages import TINY, assert_one_line_error, entries, run_snake
 from pipeline_lib.cli import main
 from pipeline_lib.data.tokenizer_files import smollm2_gguf_path
 from pipeline_lib.errors import DataError
-from pipeline_lib.export.pretrained_source import source_arch
+from pipeline_lib.pretrained.pretrained_source import source_arch
 
 
 @pytest.fixture(scope="module")
@@ -291,7 +291,7 @@ def test_keys_a_config_lacks_mean_what_transformers_makes_of_them(tmp_path, kind
     Qwen: a window only with use_sliding_window): the reader reads what transformers does."""
     from transformers import AutoConfig
 
-    from pipeline_lib.export.source_config import hf_arch
+    from pipeline_lib.pretrained.source_config import hf_arch
 
     save_tiny_llama(tmp_path, family=kind)
     config = json.loads((tmp_path / "config.json").read_text())

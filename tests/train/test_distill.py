@@ -15,8 +15,9 @@ from trainer_helpers import make_pack, metrics, snap, tiny_config
 from pipeline_lib.cli import main
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.export.hf_import import import_checkpoint, resolve_init_from, source_teacher
-from pipeline_lib.export.hf_layout import layer_choice
+from pipeline_lib.pretrained.hf_layout import layer_choice
+from pipeline_lib.pretrained.init import resolve_init_from
+from pipeline_lib.retrofit.hf_import import import_checkpoint, source_teacher
 from pipeline_lib.spec.config import DataConfig, SourceConfig, TokenizerConfig
 from pipeline_lib.spec.signatures import train_signature
 from pipeline_lib.train.job import train_segment

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..export.hf_layout import layer_choice
-from ..export.pretrained_source import source_arch
+from ..pretrained.hf_layout import layer_choice
+from ..pretrained.pretrained_source import source_arch
 from ..spec.config_load import load_config
 from ..spec.layout import run_dir_of
 from ..workflow.stages.interop import import_stage

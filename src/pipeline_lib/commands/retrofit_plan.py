@@ -1,5 +1,5 @@
 """`retrofit-plan`: measure prelude / core / coda choices of a pretrained model on held-out
-rows before training (:mod:`pipeline_lib.export.retrofit_plan`)."""
+rows before training (:mod:`pipeline_lib.retrofit.plan`)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ COMMAND = Command(
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluate.heff import parse_h_eff  # torch, matplotlib: loads on run, `--help` stays fast
-    from ..export.retrofit_plan import plan, plan_inputs, write_plan  # torch: as above
-    from ..export.retrofit_report import plan_markdown  # matplotlib: as above
+    from ..retrofit.plan import plan, plan_inputs, write_plan  # torch: as above
+    from ..retrofit.report import plan_markdown  # matplotlib: as above
 
     cfg = load_config(args.config, args.overrides)
     if args.run:

@@ -117,7 +117,7 @@ def tokenizer_files(tok: Any, seq_len: int) -> dict[str, str]:
 def export_state(model: Any) -> dict[str, Any]:
     """The weights as the exported model names them: the LoopedLM state dict, plus λ of
     additive injection when it is fixed (a config value loopline does not save)."""
-    import torch  # lazy: the plan imports export.hf_import, and this package imports us
+    import torch  # lazy: the CLI imports us; `--help` stays torch-free
 
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.cfg.injection == "add" and "injection_scale" not in state:

@@ -2,11 +2,11 @@
 
 ``teacher: source`` is the pretrained model of ``model.init_from.source`` as it is (every
 layer, one loop: the original), built by the caller's ``build_source`` (the import code of
-:mod:`pipeline_lib.export.hf_import`, a sibling of this package, handed in by the train
+:mod:`pipeline_lib.retrofit.hf_import`, a sibling of this package, handed in by the train
 command and the workflow's rule); a path is a loopline snapshot, run at its own
 ``model.loops``. Either must read the pack's tokenizer (a snapshot's ``tokenizer.json`` is
 compared with the pack's by identity; a source's is checked when the config is completed,
-see :func:`~pipeline_lib.export.hf_import.resolve_init_from`) and have the student's number
+see :func:`~pipeline_lib.pretrained.init.resolve_init_from`) and have the student's number
 of output rows. Building the teacher draws no random numbers from the training streams
 (the global RNG is forked around it), so exact resume is unchanged by it.
 

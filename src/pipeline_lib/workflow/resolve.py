@@ -3,7 +3,7 @@
 Everything that completes a run's config happens here, in this order: the ``runs:``
 variant merged over the other sections (:func:`~pipeline_lib.spec.config_load.config_for_run`), the
 model section taken from ``model.init_from.source`` (its headers only:
-:func:`~pipeline_lib.export.hf_import.resolve_init_from`), the exit-gate rule that needs
+:func:`~pipeline_lib.pretrained.init.resolve_init_from`), the exit-gate rule that needs
 both, the vocabulary the plan counts with, ``train.total_steps`` (the token budget decided),
 and the data pack's id. The workflow's plan resolves each run once per Snakemake call and
 writes the result to ``{run}/specs/{digest}.yaml`` (:func:`~pipeline_lib.workflow.run_specs.
@@ -12,8 +12,8 @@ write_run_specs`, before the first job); the jobs read the file their params nam
 it is.
 
 It lives on the workflow floor, not in :mod:`pipeline_lib.spec`, because two of its steps
-read files through the engines' torch-free header readers (a pretrained source's headers,
-a tokenizer file's size), which sit above the spec floor. Torch-free all the same.
+read files through torch-free readers of the mechanics floor (a pretrained source's headers,
+a tokenizer file's size), above the spec floor.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from ..checkpoint.compat import snapshot_config
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError, PipelineError
-from ..export.hf_import import resolve_init_from
+from ..pretrained.init import resolve_init_from
 from ..spec.budget import total_steps
 from ..spec.config import Config, DataConfig
 from ..spec.config_load import config_for_run

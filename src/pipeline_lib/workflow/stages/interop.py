@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ...export import export_snapshot
-from ...export.hf_import import IMPORT_RECORD, import_checkpoint, init_layers
+from ...pretrained.init import init_layers
+from ...retrofit.hf_import import IMPORT_RECORD, import_checkpoint
 from ...spec.config import Config
 from ...tracking import start_stage
 from ...tracking.lineage import pack_digest

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...export.hf_import import source_teacher  # train.distill.teacher = source
 from ...model.kernels import kernel_tags
+from ...retrofit.hf_import import source_teacher  # train.distill.teacher = source
 from ...spec.config import Config
 from ...spec.config_model import ModelConfig
 from ...spec.config_write import flatten, public_dict

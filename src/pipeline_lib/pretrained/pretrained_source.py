@@ -251,7 +251,6 @@ def _gguf_source(path: Path) -> tuple[SourceArch, dict[str, TensorInfo]]:
     # optional: gguf (the dev extra), only .gguf sources need it
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-
     header = read_gguf_header(path, tensors=True)
     tensors = {}
     for t in header.tensors:

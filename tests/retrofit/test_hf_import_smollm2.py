@@ -11,9 +11,9 @@ import torch
 from pipeline_lib.data.tokenizer import load_tokenizer
 from pipeline_lib.data.tokenizer_files import smollm2_gguf_path
 from pipeline_lib.evaluate.loading import load_for_eval
-from pipeline_lib.export.hf_import import import_checkpoint
-from pipeline_lib.export.hf_layout import layer_choice
-from pipeline_lib.export.pretrained_source import source_arch
+from pipeline_lib.pretrained.hf_layout import layer_choice
+from pipeline_lib.pretrained.pretrained_source import source_arch
+from pipeline_lib.retrofit.hf_import import import_checkpoint
 from pipeline_lib.spec.config import Config
 
 pytestmark = pytest.mark.slow

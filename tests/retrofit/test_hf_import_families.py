@@ -19,9 +19,10 @@ from support.hf_import_helpers import FAMILIES, save_tiny_llama
 from pipeline_lib.errors import DataError
 from pipeline_lib.evaluate.loading import load_for_eval
 from pipeline_lib.export import export_snapshot
-from pipeline_lib.export.hf_import import import_checkpoint, resolve_init_from
-from pipeline_lib.export.hf_layout import layer_choice, model_fields
-from pipeline_lib.export.pretrained_source import source_arch
+from pipeline_lib.pretrained.hf_layout import layer_choice, model_fields
+from pipeline_lib.pretrained.init import resolve_init_from
+from pipeline_lib.pretrained.pretrained_source import source_arch
+from pipeline_lib.retrofit.hf_import import import_checkpoint
 from pipeline_lib.spec.config import Config
 from pipeline_lib.spec.config_load import config_from_dict
 

@@ -2,7 +2,8 @@
 
 Torch-free and cheap: the Snakefile plans a ``model.init_from`` run from these tables on
 every call. A source is read and checked by :mod:`.pretrained_source` (its config by
-:mod:`.source_config`); the weights themselves are loaded by :mod:`.hf_import`.
+:mod:`.source_config`); the weights themselves are loaded by the import engine,
+:mod:`~pipeline_lib.retrofit.hf_import`.
 
 Sources: a Hugging Face model directory (``config.json`` + safetensors, sharded or not) or a
 GGUF file (metadata read by the ``gguf`` package). Supported: ``LlamaForCausalLM``
@@ -19,7 +20,8 @@ Conventions, and where each is handled:
 - RoPE: HF Llama rotates (x_i, x_{i+d/2}) pairs ("rotate_half"), as loopline does, so HF
   weights are used as they are. llama.cpp rotates adjacent pairs (x_{2i}, x_{2i+1}) and its
   converter permutes the rows of q and k within each head to match; GGUF's q and k rows are
-  permuted back by :func:`unpermute_rows` (the exactness tests catch a wrong inverse).
+  permuted back by :func:`~pipeline_lib.retrofit.hf_import.unpermute_rows` (the exactness
+  tests catch a wrong inverse).
 - GQA: ``num_key_value_heads`` → ``model.n_kv_heads``; query head i reads kv head
   i // (heads / kv_heads), in HF and in loopline.
 - ``head_dim`` in config.json other than hidden_size / heads → ``model.head_dim`` (else 0).

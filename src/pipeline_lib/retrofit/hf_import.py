@@ -3,8 +3,9 @@ snapshot (``import-hf``).
 
 ``import_checkpoint(source, out, cfg, choice)`` reads the pretrained weights (safetensors of
 an HF directory, sharded or not, or a GGUF file dequantized to fp32 by the ``gguf``
-package), maps them by the table in :mod:`.hf_layout` onto a :class:`LoopedLM` whose model
-section comes from the source (:func:`init_model_config`), and writes a verified snapshot::
+package), maps them by the table in :mod:`~pipeline_lib.pretrained.hf_layout` onto a
+:class:`LoopedLM` whose model section comes from the source
+(:func:`~pipeline_lib.pretrained.init.init_model_config`), and writes a verified snapshot::
 
     model.safetensors  config.yaml  tokenizer.json  import.json  MANIFEST.json
     (+ empty optimizer and RNG records: training warm-starts from the weights only)
@@ -17,9 +18,9 @@ additive injection with λ = 1 and a zero initial state, the snapshot IS the sou
 it is at every loop count, since its extra loops start as no-ops.
 
 Everything is checked before anything is written: the source by the one validated reader
-(:func:`~.pretrained_source.read_source`: config keys, every tensor header and size, the
-shapes the config implies), which the planner runs too; the snapshot is built in a hidden
-sibling and renamed (see :func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`).
+(:func:`~pipeline_lib.pretrained.pretrained_source.read_source`: config keys, every tensor
+header and size, the shapes the config implies), which the planner runs too; the snapshot
+is built in a hidden sibling and renamed (:func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`).
 """
 
 from __future__ import annotations
@@ -32,81 +33,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..data.tokenizer_files import source_vocab_size
-from ..errors import ConfigError, DataError, UsageError
+from ..errors import DataError, UsageError
 from ..output_paths import check_creatable
-from ..spec.config import Config
-from ..spec.config_write import config_yaml
-from ..spec.init_source import fingerprint_id, source_fingerprint
-from ..spec.memory import inference_memory
-from ..spec.names import CONFIG_JSON, TOKENIZER_FILE
-from ..spec.size import param_count
-from .hf_layout import (
+from ..pretrained.hf_layout import (
     GGUF_PERMUTED,
     TOP_TENSORS,
     LayerChoice,
     block_tensor_names,
     gguf_block_prefix,
     hf_block_prefix,
-    init_choice,
-    model_fields,
 )
-from .pretrained_source import PretrainedSource, read_source
+from ..pretrained.init import init_model_config, original_config
+from ..pretrained.pretrained_source import PretrainedSource, read_source
+from ..spec.config import Config
+from ..spec.config_write import config_yaml
+from ..spec.init_source import fingerprint_id, source_fingerprint
+from ..spec.memory import inference_memory
+from ..spec.names import CONFIG_JSON, TOKENIZER_FILE
+from ..spec.size import param_count
 
 log = logging.getLogger(__name__)
 
 IMPORT_RECORD = "import.json"
-
-
-# --------------------------------------------------------------------------- config
-
-
-def init_model_config(cfg: Config, source: PretrainedSource, choice: LayerChoice,
-                      adapter: str | None = None) -> Config:
-    """``cfg`` with the model keys the source fixes (:func:`.hf_layout.model_fields`), the
-    layer counts of ``choice`` and ``adapter`` as the injection; other model keys (loops,
-    λ, state_init, step embedding, kernels) stay ``cfg``'s. Rows longer than a Mistral's
-    sliding window are refused: loopline's attention has no window, so past it the logits
-    would differ from the source's (the one check for the planner and ``import-hf`` alike)."""
-    window = source.arch.sliding_window
-    if window and cfg.data.seq_len > window:
-        raise ConfigError(f"data.seq_len = {cfg.data.seq_len} exceeds the sliding window of "
-                          f"{source.path / CONFIG_JSON} (sliding_window = {window}), which "
-                          f"loopline's attention does not have; use data.seq_len <= {window} "
-                          "(import-hf: pass data.seq_len=N as an override)")
-    fields = model_fields(source.arch, choice)
-    if adapter is not None:
-        fields["injection"] = adapter
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **fields))
-
-
-def init_layers(cfg: Config) -> tuple[PretrainedSource, LayerChoice]:
-    """The checked source of ``model.init_from.source`` and its checked layer choice."""
-    source = read_source(cfg.model.init_from.source)
-    choice = init_choice(cfg.model.init_from, source.arch.layers)
-    return source, choice or LayerChoice.whole(source.arch.layers)
-
-
-def resolve_init_from(cfg: Config) -> Config:
-    """``cfg`` with its model section completed from ``model.init_from.source`` (unchanged
-    without one); the layer ranges and the tokenizer are checked against the source."""
-    init = cfg.model.init_from
-    if not init.source:
-        return cfg
-    source, choice = init_layers(cfg)
-    arch, tok = source.arch, cfg.data.tokenizer
-    if tok.type != "file":
-        raise ConfigError(f"model.init_from.source = {init.source!r} brings its own tokenizer, "
-                          f"but data.tokenizer.type is {tok.type!r}; set data.tokenizer: "
-                          f"{{type: file, path: {init.source}}} (a {tok.type} tokenizer does "
-                          "not match the pretrained embedding)")
-
-    vocab = source_vocab_size(tok.path)
-    if vocab > arch.vocab_size:
-        raise ConfigError(f"data.tokenizer.path = {tok.path!r} has {vocab} ids, but the model "
-                          f"of model.init_from.source has {arch.vocab_size} embedding rows; use "
-                          "the source's own tokenizer (data.tokenizer.path = the source)")
-    return init_model_config(cfg, source, choice, init.adapter)
 
 
 # --------------------------------------------------------------------------- reading tensors
@@ -119,7 +67,7 @@ class _HFTensors:
         self.files = {name: info.file for name, info in source.tensors.items()}
 
     def get(self, name: str) -> Any:
-        from safetensors import SafetensorError, safe_open  # lazy: the plan imports us, torch-free
+        from safetensors import SafetensorError, safe_open  # lazy: torch, see below
 
         try:
             with safe_open(str(self.files[name]), "pt") as fh:
@@ -140,7 +88,7 @@ class _GGUFTensors:
         self.tensors = {t.name: t for t in gguf.GGUFReader(str(source.path)).tensors}
 
     def get(self, name: str) -> Any:
-        import torch  # lazy: the Snakefile's plan imports this module
+        import torch  # lazy: the CLI imports us; `--help` stays torch-free
 
         tensor = self.tensors[name]
         array = self.gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -166,7 +114,7 @@ def unpermute_rows(weight: Any, heads: int) -> Any:
 def mapped_state(source: PretrainedSource, choice: LayerChoice) -> dict[str, Any]:
     """loopline's tensors (names of :class:`LoopedLM`'s state dict) read from the source
     (every one present with its shape: :func:`read_source` checked)."""
-    import torch  # lazy: the Snakefile's plan imports this module
+    import torch  # lazy: the CLI imports us; `--help` stays torch-free
 
     reader = _GGUFTensors(source) if source.gguf else _HFTensors(source)
     out: dict[str, Any] = {}
@@ -191,7 +139,7 @@ def mapped_state(source: PretrainedSource, choice: LayerChoice) -> dict[str, Any
 def build_imported_model(cfg: Config, state: dict[str, Any]) -> Any:
     """A seeded :class:`LoopedLM` of ``cfg.model`` with ``state`` loaded over it (the adapter,
     step embedding and loop gates keep their init)."""
-    import torch  # lazy: the Snakefile's plan imports this module
+    import torch  # lazy: the CLI imports us; `--help` stays torch-free
 
     from ..model.looped import LoopedLM  # lazy: torch, as above
 
@@ -209,20 +157,11 @@ def build_imported_model(cfg: Config, state: dict[str, Any]) -> Any:
     return model
 
 
-def original_config(cfg: Config, source: PretrainedSource) -> Config:
-    """The source as it is: every layer, one loop, the plain additive path from zero (the
-    retrofit planner's reference and ``train.distill.teacher = source``)."""
-    model = dataclasses.replace(cfg.model, loops=1, state_init="zeros", recurrence="plain",
-                                injection="add", injection_scale=1.0, step_embedding=False)
-    cfg = dataclasses.replace(cfg, model=model)
-    return init_model_config(cfg, source, LayerChoice.whole(source.arch.layers))
-
-
 def check_source_memory(source: PretrainedSource, cfg: Config, what: str) -> None:
     """Before a tensor is read: the model ``cfg`` takes from ``source`` (its headers' sizes)
     must fit in this machine's memory (:func:`~pipeline_lib.memory_check.check_memory`),
     named under the source's file, not loopline's keys."""
-    import torch  # lazy: the Snakefile's plan imports this module
+    import torch  # lazy: the CLI imports us; `--help` stays torch-free
 
     from ..memory_check import check_memory  # lazy: torch, as above
 
@@ -265,8 +204,8 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     """Write the loopline snapshot of ``source`` to ``out``; returns the import record.
 
     ``cfg``: the run's config (its model section is completed from the source by
-    :func:`init_model_config`; its data section's tokenizer must be the source's or a file
-    of the same vocabulary). Raises :class:`DataError` / :class:`UsageError` /
+    :func:`~pipeline_lib.pretrained.init.init_model_config`; its data section's tokenizer must
+    be the source's or a file of the same vocabulary). Raises :class:`DataError` / :class:`UsageError` /
     :class:`~pipeline_lib.errors.ConfigError` before anything is written.
     """
     from ..checkpoint.snapshot import write_snapshot  # lazy: torch, as above
@@ -305,5 +244,4 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     return record
 
 
-__all__ = ["import_checkpoint", "init_layers", "init_model_config", "original_config",
-           "resolve_init_from", "source_teacher", "unpermute_rows"]
+__all__ = ["import_checkpoint", "source_teacher", "unpermute_rows"]

@@ -3,14 +3,14 @@ rows before any training, and say which one to start from.
 
 The source is read once (every layer) and run whole on the validation rows of a pack: the
 original's per-document losses and its layer-to-layer measures (:mod:`.layer_similarity`).
-Every candidate of :mod:`.retrofit_candidates` gets its pre-score from those; the best
-``measure`` of them by pre-score, and the config's own ``model.init_from`` choice when it
-has one, are built from the same tensors (no second read of the source) with the config's
-recurrence, injection and state init, and scored at step 0 at every H_eff: loss, the paired
-difference to the original on the same documents (95% interval, documents resampled), the
-loop drift ``‖s_L − s_{L−1}‖ / ‖s_L‖`` and the state's RMS over the RMS the coda was
-trained on, at the training loop count L. They are ranked by loss at L. FLOPs per token are
-:func:`pipeline_lib.spec.size.flops_per_token`'s.
+Every candidate of :mod:`~pipeline_lib.pretrained.retrofit_candidates` gets its pre-score
+from those; the best ``measure`` of them by pre-score, and the config's own
+``model.init_from`` choice when it has one, are built from the same tensors (no second read
+of the source) with the config's recurrence, injection and state init, and scored at step 0
+at every H_eff: loss, the paired difference to the original on the same documents (95%
+interval, documents resampled), the loop drift ``‖s_L − s_{L−1}‖ / ‖s_L‖`` and the state's
+RMS over the RMS the coda was trained on, at the training loop count L. They are ranked by
+loss at L. FLOPs per token are :func:`pipeline_lib.spec.size.flops_per_token`'s.
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ from ..evaluate.heff import sweep_documents
 from ..evaluate.heff_stats import DocumentLosses
 from ..evaluate.stats import document_bootstrap, paired_column_diffs
 from ..output_set import output_set
+from ..pretrained.hf_layout import LayerChoice, init_choice
+from ..pretrained.init import init_model_config, original_config
+from ..pretrained.pretrained_source import PretrainedSource, read_source
+from ..pretrained.retrofit_candidates import Candidate, check_budget, enumerate_candidates
 from ..spec.config import Config
 from ..spec.size import flops_per_token
-from .hf_import import build_imported_model, init_model_config, mapped_state, original_config
-from .hf_layout import LayerChoice, init_choice
+from .hf_import import build_imported_model, mapped_state
 from .layer_similarity import LayerSimilarity, measure
-from .pretrained_source import PretrainedSource, read_source
-from .retrofit_candidates import Candidate, check_budget, enumerate_candidates
-from .retrofit_report import plan_figure, plan_markdown
+from .report import plan_figure, plan_markdown
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from support.lm_eval_samples import per_example
 from pipeline_lib.bench.lm_wrapper import LooplineLM
 from pipeline_lib.bench.runner import task_manager_for
 from pipeline_lib.bench.tasks import write_builtin_tasks
-from pipeline_lib.export.hf_import import import_checkpoint
+from pipeline_lib.retrofit.hf_import import import_checkpoint
 from pipeline_lib.spec.config import BenchConfig, Config
 
 pytestmark = pytest.mark.slow

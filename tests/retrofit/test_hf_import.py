@@ -14,9 +14,9 @@ from support.hf_import_helpers import save_tiny_llama, write_tiny_gguf
 
 from pipeline_lib.errors import ConfigError, DataError, UsageError
 from pipeline_lib.evaluate.loading import load_for_eval
-from pipeline_lib.export.hf_import import import_checkpoint, unpermute_rows
-from pipeline_lib.export.hf_layout import layer_choice
-from pipeline_lib.export.pretrained_source import source_arch
+from pipeline_lib.pretrained.hf_layout import layer_choice
+from pipeline_lib.pretrained.pretrained_source import source_arch
+from pipeline_lib.retrofit.hf_import import import_checkpoint, unpermute_rows
 from pipeline_lib.spec.config import Config
 
 
@@ -283,62 +283,6 @@ def test_pickled_weights_are_refused(tmp_path, llama):
     (d / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
     with pytest.raises(DataError, match="pickled weights"):
         _import(d, tmp_path / "snap")
-
-
-def _init_config(source, tokenizer, **init):
-    from pipeline_lib.spec.config_load import config_from_dict
-
-    return config_from_dict({"data": {"tokenizer": tokenizer},
-                             "model": {"loops": 3, "init_from": {"source": str(source), **init}}})
-
-
-def test_init_from_derives_the_model_section_and_keeps_the_users_loops(llama):
-    from pipeline_lib.export.hf_import import resolve_init_from
-
-    source, _ = llama
-    cfg = resolve_init_from(_init_config(source, {"type": "file", "path": str(source)},
-                                         prelude=[0, 1], core=[1, 3], coda=[3, 4],
-                                         adapter="linear"))
-    m = cfg.model
-    assert (m.d_model, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab_size) == (64, 4, 2, 96, 264)
-    assert (m.prelude_layers, m.core_layers, m.coda_layers, m.loops) == (1, 2, 1, 3)
-    assert (m.injection, m.tie_embeddings, m.norm_eps) == ("linear", False, 1e-5)
-
-
-@pytest.mark.parametrize("tokenizer, match", [
-    ({"type": "byte"}, "brings its own tokenizer"),
-    ({"type": "file", "path": "BIG"}, "embedding rows"),
-])
-def test_init_from_refuses_a_tokenizer_that_does_not_fit(llama, tmp_path, tokenizer, match):
-    from tokenizers import Tokenizer, models
-
-    from pipeline_lib.export.hf_import import resolve_init_from
-
-    source, _ = llama
-    if tokenizer.get("path") == "BIG":  # 300 ids for an embedding of 264 rows
-        big = Tokenizer(models.WordLevel({f"w{i}": i for i in range(299)} | {"</s>": 299},
-                                         unk_token="w0"))
-        big.add_special_tokens(["</s>"])
-        big.save(str(tmp_path / "tokenizer.json"))
-        tokenizer = {"type": "file", "path": str(tmp_path / "tokenizer.json")}
-    with pytest.raises(ConfigError, match=match):
-        resolve_init_from(_init_config(source, tokenizer))
-
-
-def test_init_from_refuses_rows_longer_than_a_mistral_window(llama, tmp_path):
-    from pipeline_lib.export.hf_import import resolve_init_from
-
-    source, _ = llama
-    mistral = tmp_path / "mistral"
-    mistral.mkdir()
-    config = json.loads((source / "config.json").read_text())
-    config.update(architectures=["MistralForCausalLM"], sliding_window=64)
-    (mistral / "config.json").write_text(json.dumps(config))
-    for name in ("tokenizer.json", "model.safetensors"):
-        (mistral / name).write_bytes((source / name).read_bytes())
-    cfg = _init_config(mistral, {"type": "file", "path": str(mistral)})
-    with pytest.raises(ConfigError, match="sliding window"):
-        resolve_init_from(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seq_len=128)))
 
 
 def test_gguf_tensor_names_are_read_from_the_header_alone(llama, tmp_path):

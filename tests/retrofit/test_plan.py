@@ -18,9 +18,9 @@ from pipeline_lib.data.loader import PackedData
 from pipeline_lib.data.pack import pack_corpus
 from pipeline_lib.evaluate.heff import run_heff
 from pipeline_lib.evaluate.loading import load_for_eval
-from pipeline_lib.export.hf_import import import_checkpoint
-from pipeline_lib.export.hf_layout import layer_choice
-from pipeline_lib.export.layer_similarity import measure
+from pipeline_lib.pretrained.hf_layout import layer_choice
+from pipeline_lib.retrofit.hf_import import import_checkpoint
+from pipeline_lib.retrofit.layer_similarity import measure
 from pipeline_lib.spec.config import Config, DataConfig, SourceConfig, TokenizerConfig
 from pipeline_lib.spec.names import IGNORE_INDEX
 
@@ -154,7 +154,7 @@ def test_an_own_choice_that_the_import_refuses_is_refused_alike(setting, tmp_pat
     the plan measured and could recommend a choice import-hf then refused): the same one
     line as the planner's import gives, before any work, nothing written."""
     from pipeline_lib.errors import ConfigError
-    from pipeline_lib.export.hf_import import resolve_init_from
+    from pipeline_lib.pretrained.init import resolve_init_from
     from pipeline_lib.spec.config_load import load_config
 
     source, pack, _ = setting
@@ -175,7 +175,7 @@ def test_an_own_choice_that_the_import_refuses_is_refused_alike(setting, tmp_pat
 def test_every_candidate_is_a_choice_the_import_accepts(layers: int) -> None:
     """Whatever the budget and loops, every candidate the plan could recommend passes
     import-hf's check (the one LayerChoice.check) and keeps the budget exactly."""
-    from pipeline_lib.export.retrofit_candidates import _core_sizes, enumerate_candidates
+    from pipeline_lib.pretrained.retrofit_candidates import _core_sizes, enumerate_candidates
 
     angular = np.zeros((layers + 1, layers + 1))
     for loops in (2, 3, 4):

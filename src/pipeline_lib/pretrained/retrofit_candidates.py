@@ -11,10 +11,10 @@ coda ``a+m:N``) or right after it (prelude ``0:a``, core ``a+m:a+m+k``, coda
 this form. With a budget that drops nothing (``m = 0``) the core may sit anywhere.
 
 Each candidate gets a cheap pre-score, the angular distance across the span it changes
-(:mod:`.layer_similarity`): the dropped span ``d(a, a+m)``, or with nothing dropped the
-core's own ``d(c, c+k)``. The pre-score only picks which candidates to run: Gromov et al.'s
-distance ranks drops well but misorders pairs by 1.6–1.8 nats on SmolLM2, so the plan
-measures real loss (:mod:`.retrofit_plan`).
+(:mod:`~pipeline_lib.retrofit.layer_similarity`): the dropped span ``d(a, a+m)``, or with
+nothing dropped the core's own ``d(c, c+k)``. The pre-score only picks which candidates to
+run: Gromov et al.'s distance ranks drops well but misorders pairs by 1.6–1.8 nats on
+SmolLM2, so the plan measures real loss (:mod:`~pipeline_lib.retrofit.plan`).
 """
 
 from __future__ import annotations
