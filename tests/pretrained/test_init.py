@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, models
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.pretrained.init import resolve_init_from
 from pipeline_lib.spec.config_load import config_from_dict
+from pipeline_lib.spec.init_source import fingerprint_id
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +30,15 @@ def _init_config(source, tokenizer, **init):
 
 def test_init_from_derives_the_model_section_and_keeps_the_users_loops(llama):
     source, _ = llama
-    cfg = resolve_init_from(_init_config(source, {"type": "file", "path": str(source)},
-                                         prelude=[0, 1], core=[1, 3], coda=[3, 4],
-                                         adapter="linear"))
+    cfg, init = resolve_init_from(_init_config(source, {"type": "file", "path": str(source)},
+                                               prelude=[0, 1], core=[1, 3], coda=[3, 4],
+                                               adapter="linear"))
     m = cfg.model
     assert (m.d_model, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab_size) == (64, 4, 2, 96, 264)
     assert (m.prelude_layers, m.core_layers, m.coda_layers, m.loops) == (1, 2, 1, 3)
     assert (m.injection, m.tie_embeddings, m.norm_eps) == ("linear", False, 1e-5)
+    assert init == {"fingerprint": fingerprint_id(source), "architecture": "LlamaForCausalLM",
+                    "layers": {"prelude": [0, 1], "core": [1, 3], "coda": [3, 4]}}
 
 
 @pytest.mark.parametrize("tokenizer, match", [

@@ -77,7 +77,7 @@ def test_the_import_sets_the_family_s_model_keys(sources, name):
     assert {k: fields[k] for k in want} == want
     model = load_for_eval(sources[name][2]).model
     assert {k: getattr(model.cfg, k) for k in want} == want
-    cfg = resolve_init_from(config_from_dict({
+    cfg, _ = resolve_init_from(config_from_dict({
         "data": {"tokenizer": {"type": "file", "path": str(source)}},
         "model": {"init_from": {"source": str(source)}, "head_dim": 32, "qkv_bias": True,
                   "qk_norm": "all_heads", "norm_placement": "post"}}))

@@ -29,7 +29,9 @@ SECRET_URI = "http://alice:s3cret@mlflow.example:5000"
 
 def _spec(*overrides: str) -> RunSpec:
     cfg = load_config(None, ["train.total_steps=40", "model.loops=2", *overrides])
-    return RunSpec(name="loops2", config=cfg, data_id="0123456789ab", vocab_size=258)
+    return RunSpec(name="loops2", config=cfg, data_id="0123456789ab", vocab_size=258,
+                   init={"fingerprint": "0123456789ab", "architecture": "LlamaForCausalLM",
+                         "layers": {"prelude": [0, 2], "core": [2, 4], "coda": [4, 6]}})
 
 
 def test_a_spec_is_stored_under_its_digest_and_reads_back_equal(tmp_path: Path) -> None:
@@ -106,7 +108,8 @@ def _without(doc: dict, *keys: str) -> dict:
     ("missing", "does not exist: the Snakemake call that planned this job writes"),
     ("truncated", "was changed after it was written"),
     ("edited", "was changed after it was written"),
-    ("format 1", "is not a run spec of format 2"),
+    ("format 2", "is not a run spec of format 3"),
+    ("no init", "lacks key init"),
     ("no train.lr", "lacks key config.train.lr: a spec is complete as written, never "
                     "completed with defaults"),
     ("no data_id", "lacks key data_id"),
@@ -127,7 +130,8 @@ def test_a_missing_edited_or_incomplete_spec_is_one_line(tmp_path: Path, damage:
         path.write_text(path.read_text().replace("lr: 0.002", "lr: 0.02"))
     else:
         doc = _doc(spec)
-        doc = {"format 1": lambda d: {**d, "format": 1},
+        doc = {"format 2": lambda d: {**d, "format": 2},
+               "no init": lambda d: _without(d, "init"),
                "no train.lr": lambda d: _without(d, "config", "train", "lr"),
                "no data_id": lambda d: _without(d, "data_id"),
                "extra key": lambda d: {**d, "extra": 1},

@@ -42,7 +42,7 @@ def source(tmp_path_factory) -> tuple[Path, Path, DataConfig]:
 def _config(source, *overrides: str):
     src, _, data = source
     cfg = tiny_config(*RUN, f"model.init_from.source={src}", *overrides)
-    return resolve_init_from(replace(cfg, data=data))
+    return resolve_init_from(replace(cfg, data=data))[0]
 
 
 def _init(source, cfg, out: Path, core: list[int] | None = None) -> Path:

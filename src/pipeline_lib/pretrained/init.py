@@ -6,10 +6,12 @@ completed for the planner (:func:`resolve_init_from`), or the source as it is
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ..data.tokenizer_files import source_vocab_size
 from ..errors import ConfigError
 from ..spec.config import Config
+from ..spec.init_source import fingerprint_id
 from ..spec.names import CONFIG_JSON
 from .hf_layout import LayerChoice, init_choice, model_fields
 from .pretrained_source import PretrainedSource, read_source
@@ -34,21 +36,22 @@ def init_model_config(cfg: Config, source: PretrainedSource, choice: LayerChoice
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **fields))
 
 
-def init_layers(cfg: Config) -> tuple[PretrainedSource, LayerChoice]:
-    """The checked source of ``model.init_from.source`` and its checked layer choice."""
-    source = read_source(cfg.model.init_from.source)
-    choice = init_choice(cfg.model.init_from, source.arch.layers)
-    return source, choice or LayerChoice.whole(source.arch.layers)
+def init_layers(init: Any, source: PretrainedSource) -> LayerChoice:
+    """The checked layer choice of ``init`` (``model.init_from``) on ``source``: its ranges,
+    or every layer in order."""
+    return init_choice(init, source.arch.layers) or LayerChoice.whole(source.arch.layers)
 
 
-def resolve_init_from(cfg: Config) -> Config:
-    """``cfg`` with its model section completed from ``model.init_from.source`` (unchanged
-    without one); the layer ranges and the tokenizer are checked against the source."""
+def resolve_init_from(cfg: Config) -> tuple[Config, dict[str, Any]]:
+    """``cfg`` with its model section completed from ``model.init_from.source``, and what the
+    source resolved to (``RunSpec.init``: fingerprint, architecture, layers); unchanged and
+    ``{}`` without one. The layer ranges and the tokenizer are checked against the source,
+    whose headers are read once."""
     init = cfg.model.init_from
     if not init.source:
-        return cfg
-    source, choice = init_layers(cfg)
-    arch, tok = source.arch, cfg.data.tokenizer
+        return cfg, {}
+    source = read_source(init.source)
+    choice, arch, tok = init_layers(init, source), source.arch, cfg.data.tokenizer
     if tok.type != "file":
         raise ConfigError(f"model.init_from.source = {init.source!r} brings its own tokenizer, "
                           f"but data.tokenizer.type is {tok.type!r}; set data.tokenizer: "
@@ -59,7 +62,9 @@ def resolve_init_from(cfg: Config) -> Config:
         raise ConfigError(f"data.tokenizer.path = {tok.path!r} has {vocab} ids, but the model "
                           f"of model.init_from.source has {arch.vocab_size} embedding rows; use "
                           "the source's own tokenizer (data.tokenizer.path = the source)")
-    return init_model_config(cfg, source, choice, init.adapter)
+    return init_model_config(cfg, source, choice, init.adapter), {
+        "fingerprint": fingerprint_id(init.source), "architecture": arch.architecture,
+        "layers": choice.as_lists()}
 
 
 def original_config(cfg: Config, source: PretrainedSource) -> Config:

@@ -43,7 +43,7 @@ from ..pretrained.hf_layout import (
     gguf_block_prefix,
     hf_block_prefix,
 )
-from ..pretrained.init import init_model_config, original_config
+from ..pretrained.init import init_layers, init_model_config, original_config
 from ..pretrained.pretrained_source import PretrainedSource, read_source
 from ..spec.config import Config
 from ..spec.config_write import config_yaml
@@ -61,17 +61,21 @@ IMPORT_RECORD = "import.json"
 
 
 class _HFTensors:
-    """Tensors of an HF directory by name, from the files :func:`read_source` checked."""
+    """Tensors of an HF directory by name, from the files :func:`read_source` checked, each
+    file opened once (its tensors read once, not once per name)."""
 
     def __init__(self, source: PretrainedSource) -> None:
         self.files = {name: info.file for name, info in source.tensors.items()}
+        self.opened: dict[Path, Any] = {}
 
     def get(self, name: str) -> Any:
         from safetensors import SafetensorError, safe_open  # lazy: torch, see below
 
+        file = self.files[name]
         try:
-            with safe_open(str(self.files[name]), "pt") as fh:
-                return fh.get_tensor(name).float()
+            if file not in self.opened:
+                self.opened[file] = safe_open(str(file), "pt")
+            return self.opened[file].get_tensor(name).float()
         except (SafetensorError, OSError) as exc:  # changed since it was checked
             raise DataError(f"{self.files[name]}: tensor {name} cannot be read ({exc}); the "
                             "file changed or is damaged, download the model again") from None
@@ -205,8 +209,10 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
 
     ``cfg``: the run's config (its model section is completed from the source by
     :func:`~pipeline_lib.pretrained.init.init_model_config`; its data section's tokenizer must
-    be the source's or a file of the same vocabulary). Raises :class:`DataError` / :class:`UsageError` /
-    :class:`~pipeline_lib.errors.ConfigError` before anything is written.
+    be the source's or a file of the same vocabulary). ``choice``: by default the ranges of
+    ``model.init_from``, else every layer. Each file of the source is read once. Raises
+    :class:`DataError` / :class:`UsageError` / :class:`~pipeline_lib.errors.ConfigError`
+    before anything is written.
     """
     from ..checkpoint.snapshot import write_snapshot  # lazy: torch, as above
     from ..data.tokenizer_source import tokenizer_from_source  # lazy: tokenizers
@@ -214,7 +220,7 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     started = time.perf_counter()
     src, out = read_source(source), Path(out)
     source, arch = src.path, src.arch
-    choice = choice or LayerChoice.whole(arch.layers)
+    choice = choice or init_layers(cfg.model.init_from, src)
     _check_out(out, source)
     cfg = init_model_config(cfg, src, choice, adapter)
     check_source_memory(src, cfg, "importing it")

@@ -2,10 +2,10 @@
 read back, verified, by every job.
 
 :class:`RunSpec` is what one run directory trains and evaluates: the ``runs:`` variant merged
-over the other sections, the model section completed from ``model.init_from.source``,
-``train.total_steps`` filled in (the token budget decided), the data pack's id and the
-vocabulary the plan counted with. :func:`pipeline_lib.workflow.resolve.resolve_run` is the
-one function that makes one.
+over the other sections, the model section completed from ``model.init_from.source`` (and
+what that source resolved to), ``train.total_steps`` filled in (the token budget decided),
+the data pack's id and the vocabulary the plan counted with.
+:func:`pipeline_lib.workflow.resolve.resolve_run` is the one function that makes one.
 
 The contract between the plan and its jobs:
 
@@ -45,9 +45,9 @@ from .config_load import config_from_dict
 from .config_write import public_dict
 from .layout import RunLayout
 
-RUN_SPEC_FORMAT = 2  # 1: {run}/run_spec.yaml, rewritten by every call, keys completed on read
+RUN_SPEC_FORMAT = 3  # 1: {run}/run_spec.yaml, rewritten by every call; 2: without init
 DIGEST_CHARS = 16  # hex digits of the sha256 that name a spec file (64 bits)
-SPEC_KEYS = ("format", "run", "data_id", "vocab_size", "config")
+SPEC_KEYS = ("format", "run", "data_id", "vocab_size", "init", "config")
 
 
 def spec_digest(text: str) -> str:
@@ -63,11 +63,15 @@ class RunSpec:
     config: Config  # variant merged, init_from applied, train.total_steps > 0; runs: {}
     data_id: str  # the data pack the run trains on (results/data/{data_id})
     vocab_size: int  # the vocabulary planned before packing (model.vocab_size when set)
+    # what model.init_from.source resolved to, its headers read once by the plan: the
+    # fingerprint of its files (spec.init_source), architecture, layers; {} without a source
+    init: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_yaml(self) -> str:
         """The file :func:`read_run_spec` reads (``tracking.uri`` without credentials)."""
         doc = {"format": RUN_SPEC_FORMAT, "run": self.name, "data_id": self.data_id,
-               "vocab_size": self.vocab_size, "config": public_dict(self.config)}
+               "vocab_size": self.vocab_size, "init": self.init,
+               "config": public_dict(self.config)}
         return yaml.safe_dump(doc, sort_keys=False)
 
     @property
@@ -151,7 +155,7 @@ def _spec_from_doc(doc: Any, path: Path, again: str) -> RunSpec:
         try:
             cfg = config_from_dict(doc["config"], str(path))
             spec = RunSpec(name=str(doc["run"]), config=cfg, data_id=str(doc["data_id"]),
-                           vocab_size=int(doc["vocab_size"]))
+                           vocab_size=int(doc["vocab_size"]), init=dict(doc["init"]))
         except (ConfigError, TypeError, ValueError) as exc:
             raise ConfigError(f"{path} is not a spec this code reads ({exc}); {again}") \
                 from None

@@ -66,7 +66,7 @@ def resolve_run(config: Config, run: str | None = None) -> RunSpec:
     see the module docstring. A user error names the variant."""
     cfg = config if run is None else config_for_run(config, run)
     try:
-        cfg = resolve_init_from(cfg)
+        cfg, init = resolve_init_from(cfg)
         check_exit_gate_trained(cfg.train, cfg.model)
         check_teacher_vocab(cfg)
     except PipelineError as exc:
@@ -78,7 +78,7 @@ def resolve_run(config: Config, run: str | None = None) -> RunSpec:
     steps = total_steps(cfg.train, cfg.model, cfg.data.seq_len, vocab)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, total_steps=steps))
     return RunSpec(name=run or DEFAULT_RUN, config=cfg, data_id=compute_data_id(cfg.data),
-                   vocab_size=vocab)
+                   vocab_size=vocab, init=init)
 
 
 def snapshot_run(cfg: Config, run: str | None = None) -> RunSpec:

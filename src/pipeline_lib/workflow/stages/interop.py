@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from ...export import export_snapshot
-from ...pretrained.init import init_layers
 from ...retrofit.hf_import import IMPORT_RECORD, import_checkpoint
 from ...spec.config import Config
 from ...tracking import start_stage
@@ -27,8 +26,7 @@ def import_stage(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
     metrics, the import record as an artifact). Rule ``import_init`` and ``import-hf``."""
     check_stage_outputs(cfg, run_dir)
     init = cfg.model.init_from
-    _, choice = init_layers(cfg)
-    record = import_checkpoint(init.source, out, cfg, choice, adapter=init.adapter)
+    record = import_checkpoint(init.source, out, cfg, adapter=init.adapter)
     params = {"import.source": record["source"]["source"],
               "import.fingerprint": record["fingerprint"],
               "import.architecture": record["architecture"],
