@@ -167,9 +167,7 @@ class LayerChoice:
         return list(range(start, end))
 
     def counts(self) -> dict[str, int]:
-        return {"prelude_layers": len(self.layers("prelude")),
-                "core_layers": len(self.layers("core")),
-                "coda_layers": len(self.layers("coda"))}
+        return {f"{part}_layers": len(self.layers(part)) for part in ("prelude", "core", "coda")}
 
     def as_lists(self) -> dict[str, list[int]]:
         return {part: list(getattr(self, part)) for part in ("prelude", "core", "coda")}
@@ -226,11 +224,9 @@ def layer_choice(layers: int, prelude: Any = None, core: Any = None, coda: Any =
     return LayerChoice(*parts).check(layers, where)
 
 
-def init_choice(init: Any, layers: int) -> LayerChoice | None:
+def init_choice(init: Any, layers: int) -> LayerChoice:
     """The checked layer choice of ``model.init_from`` (an ``InitFromConfig``) for a source
-    of ``layers`` layers; None when it names no layers (the whole model, one core)."""
-    if not (init.prelude or init.core or init.coda):
-        return None
+    of ``layers`` layers; none named: the whole model as one core."""
     return layer_choice(layers, init.prelude or None, init.core or None, init.coda or None,
                         where="model.init_from.")
 

@@ -36,12 +36,6 @@ def init_model_config(cfg: Config, source: PretrainedSource, choice: LayerChoice
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **fields))
 
 
-def init_layers(init: Any, source: PretrainedSource) -> LayerChoice:
-    """The checked layer choice of ``init`` (``model.init_from``) on ``source``: its ranges,
-    or every layer in order."""
-    return init_choice(init, source.arch.layers) or LayerChoice.whole(source.arch.layers)
-
-
 def resolve_init_from(cfg: Config) -> tuple[Config, dict[str, Any]]:
     """``cfg`` with its model section completed from ``model.init_from.source``, and what the
     source resolved to (``RunSpec.init``: fingerprint, architecture, layers); unchanged and
@@ -51,7 +45,8 @@ def resolve_init_from(cfg: Config) -> tuple[Config, dict[str, Any]]:
     if not init.source:
         return cfg, {}
     source = read_source(init.source)
-    choice, arch, tok = init_layers(init, source), source.arch, cfg.data.tokenizer
+    arch, tok = source.arch, cfg.data.tokenizer
+    choice = init_choice(init, arch.layers)
     if tok.type != "file":
         raise ConfigError(f"model.init_from.source = {init.source!r} brings its own tokenizer, "
                           f"but data.tokenizer.type is {tok.type!r}; set data.tokenizer: "
@@ -76,4 +71,4 @@ def original_config(cfg: Config, source: PretrainedSource) -> Config:
     return init_model_config(cfg, source, LayerChoice.whole(source.arch.layers))
 
 
-__all__ = ["init_layers", "init_model_config", "original_config", "resolve_init_from"]
+__all__ = ["init_model_config", "original_config", "resolve_init_from"]

@@ -42,8 +42,9 @@ from ..pretrained.hf_layout import (
     block_tensor_names,
     gguf_block_prefix,
     hf_block_prefix,
+    init_choice,
 )
-from ..pretrained.init import init_layers, init_model_config, original_config
+from ..pretrained.init import init_model_config, original_config
 from ..pretrained.pretrained_source import PretrainedSource, read_source
 from ..spec.config import Config
 from ..spec.config_write import config_yaml
@@ -220,7 +221,7 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     started = time.perf_counter()
     src, out = read_source(source), Path(out)
     source, arch = src.path, src.arch
-    choice = choice or init_layers(cfg.model.init_from, src)
+    choice = choice or init_choice(cfg.model.init_from, arch.layers)
     _check_out(out, source)
     cfg = init_model_config(cfg, src, choice, adapter)
     check_source_memory(src, cfg, "importing it")

@@ -57,7 +57,6 @@ class PlanInputs:
     budget: int
     own: LayerChoice | None = None  # the config's model.init_from choice, checked
 
-
     def batches(self) -> Iterator[dict[str, torch.Tensor]]:
         return self.data.val_batches(self.rows, self.cfg.eval.batch_rows)
 
@@ -170,7 +169,8 @@ def plan_inputs(cfg: Config, source: str | Path, data_dir: Path, *, loops: int,
     the config's own layer choice checked as import-hf checks it (one line, before any
     work: a choice the import refuses is never measured nor recommended)."""
     src = read_source(source)
-    own = init_choice(cfg.model.init_from, src.arch.layers)
+    init = cfg.model.init_from
+    own = init_choice(init, src.arch.layers) if init.prelude or init.core or init.coda else None
     data = PackedData(data_dir)
     if data.vocab_size > src.arch.vocab_size:
         raise ConfigError(f"{data_dir}: packed with a {data.vocab_size}-token vocabulary, but "

@@ -63,8 +63,7 @@ class RunSpec:
     config: Config  # variant merged, init_from applied, train.total_steps > 0; runs: {}
     data_id: str  # the data pack the run trains on (results/data/{data_id})
     vocab_size: int  # the vocabulary planned before packing (model.vocab_size when set)
-    # what model.init_from.source resolved to, its headers read once by the plan: the
-    # fingerprint of its files (spec.init_source), architecture, layers; {} without a source
+    # model.init_from.source as the plan resolved it: fingerprint, architecture, layers ({}: none)
     init: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_yaml(self) -> str:
