@@ -132,23 +132,36 @@ def nodes():
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The reference: one node of two processes (torchrun --standalone), run locally."""
-    workdir = _workdir(tmp_path_factory.mktemp("nodes") / "local", _config(1, 2))
-    done = subprocess.run(_command(workdir, slurm=False), capture_output=True, text=True,
-                          env=_slurm_env(workdir), cwd=workdir, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
-    return workdir
+def lost_node_run(nodes, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two nodes per segment; node2 lost while the second segment pauses before step 6.
+    Meanwhile (the cluster run mostly waits) the reference: the same config as one node of
+    two processes (torchrun --standalone), run locally."""
+    local = _workdir(tmp_path_factory.mktemp("nodes") / "local", _config(1, 2))
+    reference = subprocess.Popen(_command(local, slurm=False), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=_slurm_env(local),
+                                 cwd=local, start_new_session=True)
+    try:
+        seen = _lose_a_node(tmp_path_factory.mktemp("nodes") / "cluster")
+        out, _ = reference.communicate(timeout=600)
+    finally:
+        if reference.poll() is None:
+            os.killpg(reference.pid, 9)
+            reference.wait()
+    assert reference.returncode == 0, out[-5000:]
+    return {**seen, "local": local}
 
 
 @pytest.fixture(scope="module")
-def lost_node_run(nodes, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two nodes per segment; node2 lost while the second segment pauses before step 6."""
-    workdir = _workdir(tmp_path_factory.mktemp("nodes") / "cluster", _config(2, 1))
+def local(lost_node_run: dict) -> Path:
+    return lost_node_run["local"]
+
+
+def _lose_a_node(workdir: Path) -> dict:
+    workdir = _workdir(workdir, _config(2, 1))
     paused = workdir / "paused"
     env = {**_slurm_env(workdir), "PYTHONPATH": os.pathsep.join(
         p for p in (str(FAULT_SITE), os.environ.get("PYTHONPATH", "")) if p),
-        "LOOPLINE_FAULT_INJECT": f"pause_step={SEGMENT + 2},pause_s=15,pause_file={paused}"}
+        "LOOPLINE_FAULT_INJECT": f"pause_step={SEGMENT + 2},pause_s=10,pause_file={paused}"}
     log = open(workdir / "snakemake.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(_command(workdir, slurm=True), stdout=log, stderr=subprocess.STDOUT,
                             env=env, cwd=workdir, start_new_session=True)
@@ -198,7 +211,7 @@ def test_each_segment_is_one_torchrun_per_node_meeting_at_the_derived_rendezvous
     assert launch, log[-4000:]
     cmd = launch.group(1).split()
     assert cmd[1:4] == ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1"]
-    assert "--label" in cmd[:cmd.index(sys.executable)]
+    assert "--label" in cmd[:cmd.index("torch.distributed.run")]
     job = cmd[cmd.index("--rdzv-id") + 1]
     # node1's NodeAddr (not a name, not localhost), the port from the job id
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == f"10.241.17.1:{20000 + int(job) % 20000}"

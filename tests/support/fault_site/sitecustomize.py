@@ -29,8 +29,11 @@ def _first() -> bool:
 def _trainer() -> bool:
     """A segment's trainer: the rule script, or a worker of a multi-process segment
     (``python -m pipeline_lib train`` under torchrun)."""
-    return bool(sys.argv and sys.argv[0].endswith("train_segment.py")) or (
-        sys.orig_argv[1:4] == ["-m", "pipeline_lib", "train"])
+    if sys.argv and sys.argv[0].endswith("train_segment.py"):
+        return True
+    argv = sys.orig_argv  # torchrun: python -u -m pipeline_lib train …
+    return "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 3] == [
+        "pipeline_lib", "train"]
 
 
 if os.environ.get("LOOPLINE_FAULT_INJECT") and _trainer() and _first():
