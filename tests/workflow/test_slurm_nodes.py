@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.slurm_cluster import CANNOT, RUN, job_env, run_config, was_up
 
 from pipeline_lib.checkpoint.manifest import verify_snapshot
 from pipeline_lib.checkpoint.snapshot import load_snapshot
@@ -40,31 +41,12 @@ TINY = ROOT / "config" / "experiments" / "tiny.yaml"
 FAULT_SITE = Path(__file__).resolve().parents[1] / "support" / "fault_site"
 STATE_DIR = Path("/tmp/loopline-slurm-nodes")
 SLURM_CONF = STATE_DIR / "etc" / "slurm.conf"
-CANNOT = 3
-RUN, SEGMENT, STEPS = "loops2", 4, 8
+SEGMENT, STEPS = 4, 8
 PREFIX = f"llnodes{os.getpid()}"
 
 
 def _config(nodes: int, procs: int) -> str:
-    return f"""
-experiment: {{name: loopline-nodes}}
-data:
-  sources:
-    - {{type: reasoning, num_docs: 200, max_difficulty: 2}}
-train:
-  total_steps: {STEPS}
-  steps_per_segment: {SEGMENT}
-  micro_batch_rows: 4
-  eval_interval: {SEGMENT}
-  eval_rows: 16
-  nnodes: {nodes}
-  nproc: {procs}
-snapshots: {{keep_last: 2}}
-resources: {{slurm_partition: train, slurm_account: loopline, train_mem_mb: 3000,
-             eval_mem_mb: 2000, eval_runtime_minutes: 20}}
-runs:
-  {RUN}: {{model: {{loops: 2}}}}
-"""
+    return run_config(STEPS, SEGMENT, f"\n  nnodes: {nodes}\n  nproc: {procs}")
 
 
 def _snapshot(workdir: Path, step: int) -> Path:
@@ -77,10 +59,7 @@ def _script(*args: str) -> subprocess.CompletedProcess:
 
 
 def _slurm_env(workdir: Path) -> dict[str, str]:
-    env = {**os.environ, "SLURM_CONF": str(SLURM_CONF), "HF_DATASETS_OFFLINE": "1",
-           "HF_HUB_OFFLINE": "1", "HF_HOME": str(workdir / ".hf"), "OMP_NUM_THREADS": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
+    return {**job_env(workdir), "SLURM_CONF": str(SLURM_CONF)}
 
 
 def _slurm(*cmd: str) -> str:
@@ -119,7 +98,7 @@ def _job_state(job: str) -> str:
 @pytest.fixture(scope="module")
 def nodes():
     """The two-node cluster (down at the end when this module brought it up)."""
-    started = not (STATE_DIR / "slurmctld.pid").exists()
+    started = not was_up(STATE_DIR)
     up = _script("up")
     if up.returncode == CANNOT:
         pytest.skip(f"no two-node SLURM cluster here: {up.stderr.strip().splitlines()[-1]}")
