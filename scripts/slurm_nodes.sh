@@ -4,6 +4,7 @@
 #
 #   scripts/slurm_nodes.sh up      install what is missing (apt), start the daemons and nodes
 #   scripts/slurm_nodes.sh down    stop what `up` started (by pid), remove namespaces and links
+#                                  (a failed `up` does so itself)
 #   scripts/slurm_nodes.sh env     the line to source: export SLURM_CONF=…
 #   scripts/slurm_nodes.sh lose N  node N fails: its slurmd and every process of its namespace
 #                                  killed (by pid), then marked DOWN at once (as slurmctld
@@ -24,7 +25,7 @@
 # stderr.
 set -euo pipefail
 
-DIR=${LOOPLINE_SLURM_NODES_DIR:-/tmp/loopline-slurm-nodes}
+DIR=/tmp/loopline-slurm-nodes  # fixed, as the namespace and link names are: one such cluster per machine
 DB_PORT=13307
 NET=10.241.17
 CTLD_ADDR=$NET.254
@@ -97,6 +98,8 @@ up() {
   down  # what a failed `up` left
   check_namespaces
   install_packages
+  # whatever fails from here on: down removes what was started and made (by pid, by name)
+  trap 'rc=$?; trap - EXIT; ((rc == 0)) || { say "up failed: taking down what it started"; down; }; exit $rc' EXIT
   export SLURM_CONF=$ETC/slurm.conf
   write_configs yes
   make_network
@@ -109,6 +112,7 @@ up() {
   for n in "${NODES[@]}"; do start_node "$n"; done
   LOG=$DIR/slurmctld.log wait_for 60 "nodes node1 and node2 idle" \
     bash -c "[[ \$(sinfo -h -N -p main -o %T | grep -cE '^(idle|mixed|allocated)') == ${#NODES[@]} ]]"
+  trap - EXIT
   say "up: SLURM_CONF=$SLURM_CONF (nodes node1, node2 at $NET.1, $NET.2)"
 }
 
