@@ -219,3 +219,13 @@ def test_every_step_once_despite_the_lost_node(lost_node_run: dict, local: Path)
     # the lost attempt's log shows the job that lost node2; the segment ran once more
     log = _segment_logs(wd, STEPS)
     assert log.count(f"segment {SEGMENT}→{STEPS} done") == 1, log[-4000:]
+
+
+def test_the_lost_node_fails_the_job_in_one_line_and_slurm_requeues_it(
+        lost_node_run: dict) -> None:
+    states = _slurm("sacct", "-X", "-D", "-n", "-P", "-j", lost_node_run["job"], "-o", "State")
+    assert states.split() == ["NODE_FAIL", "COMPLETED"]  # one job id, requeued once
+    first = next((lost_node_run["workdir"] / "logs" / "train_segment" / RUN)
+                 .rglob(f"step_{STEPS:07d}.attempt1.log")).read_text()
+    # one line says why (here: srun's "Node failure on node2", unless node1's task ended first)
+    assert re.search(r"ERROR .*: 2-process training to step 8 failed: \S", first), first[-3000:]

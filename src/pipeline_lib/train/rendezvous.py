@@ -27,7 +27,7 @@ from ..errors import ConfigError
 log = logging.getLogger(__name__)
 
 RDZV_BASE_PORT = 20000  # derived ports lie in [20000, 40000): above the well-known ones
-_LABEL = re.compile(r"^(\d+): ")  # srun --label: the task number (= node index here)
+_LABEL = re.compile(r"^\s*(\d+): ")  # srun --label: the task number (= node index here)
 _TIMEOUT = "RendezvousTimeoutError"
 
 
