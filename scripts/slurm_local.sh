@@ -18,15 +18,18 @@
 # /etc/slurm/slurm.conf that is not ours is never touched (exit 3). A munged that already
 # runs is used, not restarted. Exit status 3: the cluster cannot be brought up here (not root,
 # no apt, no Debian package); the reason is the last line on stderr.
+# scripts/slurm_nodes.sh (a two-node cluster) sources this file for its functions: it sets
+# DIR, DB_PORT and CTLD_ADDR before `source`, then overrides the hooks node_lines and port_lines.
 set -euo pipefail
 
-DIR=${LOOPLINE_SLURM_DIR:-/tmp/loopline-slurm}
+DIR=${DIR:-${LOOPLINE_SLURM_DIR:-/tmp/loopline-slurm}}
 ETC=$DIR/etc
 HOST=$(hostname -s)
-DB_PORT=${LOOPLINE_SLURM_DB_PORT:-13306}
+DB_PORT=${DB_PORT:-${LOOPLINE_SLURM_DB_PORT:-13306}}
+CTLD_ADDR=${CTLD_ADDR:-127.0.0.1}
 PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
 
-say() { echo "slurm_local: $*" >&2; }
+say() { echo "$(basename "$0" .sh): $*" >&2; }
 cannot() { say "cannot bring up Slurm here: $*"; exit 3; }
 
 running() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -56,6 +59,15 @@ install_packages() {
   return 0
 }
 
+# This cluster's nodes and partitions (slurm_nodes.sh: two nodes); $1 CPUs, $2 MB per node.
+node_lines() {
+  echo "NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$1 RealMemory=$2 State=UNKNOWN"
+  echo "PartitionName=main Nodes=$HOST Default=YES MaxTime=INFINITE State=UP"
+  echo "PartitionName=train Nodes=$HOST MaxTime=INFINITE State=UP"
+}
+
+port_lines() { :; }  # $1: slurm.conf or slurmdbd.conf; Slurm's default ports here
+
 write_configs() {
   local accounting=$1 cpus mem
   cpus=$(getconf _NPROCESSORS_ONLN)  # not nproc: it honours OMP_NUM_THREADS
@@ -63,15 +75,16 @@ write_configs() {
   mkdir -p "$ETC" "$DIR/ctld" "$DIR/spool"
   {
     echo "ClusterName=loopline"
-    echo "SlurmctldHost=$HOST(127.0.0.1)"
+    echo "SlurmctldHost=$HOST($CTLD_ADDR)"
     echo "SlurmUser=root"
     echo "AuthType=auth/munge"
     echo "StateSaveLocation=$DIR/ctld"
-    echo "SlurmdSpoolDir=$DIR/spool"
+    echo "SlurmdSpoolDir=$DIR/spool/%n"
     echo "SlurmctldPidFile=$DIR/slurmctld.pid"
-    echo "SlurmdPidFile=$DIR/slurmd.pid"
+    echo "SlurmdPidFile=$DIR/slurmd.%n.pid"
     echo "SlurmctldLogFile=$DIR/slurmctld.log"
-    echo "SlurmdLogFile=$DIR/slurmd.log"
+    echo "SlurmdLogFile=$DIR/slurmd.%n.log"
+    port_lines slurm.conf
     echo "ProctrackType=proctrack/linuxproc"
     echo "TaskPlugin=task/none"
     echo "MpiDefault=none"
@@ -94,9 +107,7 @@ write_configs() {
       echo "AccountingStorageType=accounting_storage/none"
       echo "JobAcctGatherType=jobacct_gather/none"
     fi
-    echo "NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
-    echo "PartitionName=main Nodes=$HOST Default=YES MaxTime=INFINITE State=UP"
-    echo "PartitionName=train Nodes=$HOST MaxTime=INFINITE State=UP"
+    node_lines "$cpus" "$mem"
   } >"$ETC/slurm.conf"
   cat >"$ETC/slurmdbd.conf" <<EOF
 AuthType=auth/munge
@@ -110,6 +121,7 @@ StoragePass=loopline
 StorageLoc=slurm_acct_db
 PidFile=$DIR/slurmdbd.pid
 LogFile=$DIR/slurmdbd.log
+$(port_lines slurmdbd.conf)
 EOF
   chmod 600 "$ETC/slurmdbd.conf"
   echo "$accounting" >"$DIR/accounting"
@@ -182,27 +194,48 @@ up() {
   say "up: SLURM_CONF=$SLURM_CONF (accounting: $accounting)"
 }
 
-down() {
-  local name pid
-  if running "$DIR/slurmctld.pid"; then  # this cluster's jobs go first
+stop_pid() {  # stop_pid PIDFILE: SIGTERM, up to 30 s, then SIGKILL; the file goes too
+  local pid
+  [[ -f $1 ]] || return 0
+  pid=$(cat "$1")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid"
+    for ((i = 0; i < 150; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+  fi
+  rm -f "$1"
+}
+
+# The clusters of both scripts share one munged: the one that started it leaves it running
+# while the other is up.
+OTHER_CTLD_PID=${OTHER_CTLD_PID:-/tmp/loopline-slurm-nodes/slurmctld.pid}
+
+stop_daemons() {  # this cluster's jobs first, then its daemons (slurmd.*: one per node)
+  local f
+  if running "$DIR/slurmctld.pid"; then
     SLURM_CONF=$ETC/slurm.conf scancel --full --quiet $(SLURM_CONF=$ETC/slurm.conf squeue -h -o %i) 2>/dev/null || true
   fi
-  for name in slurmd slurmctld slurmdbd mariadb munged; do
-    [[ -f $DIR/$name.pid ]] || continue
-    pid=$(cat "$DIR/$name.pid")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid"
-      for ((i = 0; i < 150; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-      kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-    fi
-    rm -f "$DIR/$name.pid"
+  for f in "$DIR"/slurmd.*.pid "$DIR/slurmctld.pid" "$DIR/slurmdbd.pid" "$DIR/mariadb.pid"; do
+    stop_pid "$f"
   done
-  # job steps a killed slurmd left behind (this cluster's only)
-  pkill -f "slurmstepd: \[" 2>/dev/null || true
+  running "$OTHER_CTLD_PID" || stop_pid "$DIR/munged.pid"
+}
+
+down() {
+  stop_daemons
+  # job steps a killed slurmd left behind: this cluster's only (in this network namespace;
+  # the two-node cluster's live in their own)
+  local pid here
+  here=$(readlink /proc/self/ns/net)
+  for pid in $(pgrep -f "slurmstepd: \[" || true); do
+    [[ $(readlink "/proc/$pid/ns/net" 2>/dev/null) == "$here" ]] && kill -9 "$pid" 2>/dev/null
+  done
   rm -rf "$DIR/spool"
   [[ $(readlink "$SYSTEM_CONF" 2>/dev/null) == "$ETC/slurm.conf" ]] && rm -f "$SYSTEM_CONF"
   return 0
 }
+
+[[ ${BASH_SOURCE[0]} == "$0" ]] || return 0  # sourced (slurm_nodes.sh): functions only
 
 case ${1:-} in
   up) shift; up "$@" ;;

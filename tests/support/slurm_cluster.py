@@ -1,4 +1,5 @@
-"""The real one-node SLURM cluster of ``scripts/slurm_local.sh`` for tests/workflow/test_slurm.py:
+"""The real one-node SLURM cluster of ``scripts/slurm_local.sh`` for tests/workflow/test_slurm.py
+(and the run config and environment that test_slurm_nodes.py shares with it):
 bringing it up (or the reason it cannot be), and reading what it did (sacct, squeue)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm_local.sh"
 STATE_DIR = Path(os.environ.get("LOOPLINE_SLURM_DIR", "/tmp/loopline-slurm"))
 CANNOT = 3  # the script's exit status: no cluster can be brought up on this machine
+RUN = "loops2"  # the one run of the SLURM tests' configs
 
 
 def cluster(action: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -20,8 +22,9 @@ def cluster(action: str, *args: str, timeout: int = 900) -> subprocess.Completed
                           text=True, timeout=timeout)
 
 
-def was_up() -> bool:
-    pid = STATE_DIR / "slurmctld.pid"
+def was_up(state_dir: Path = STATE_DIR) -> bool:
+    """Whether the cluster whose files are in ``state_dir`` runs (its slurmctld)."""
+    pid = state_dir / "slurmctld.pid"
     try:
         os.kill(int(pid.read_text()), 0)
     except (OSError, ValueError):
@@ -92,3 +95,35 @@ def wait_gone(job: str, timeout: float = 300) -> None:
             return
         time.sleep(1)
     raise AssertionError(f"SLURM job {job} still listed after {timeout} s")
+
+
+def run_config(steps: int, segment: int, train_extra: str = "") -> str:
+    """The config of the SLURM tests' run ``RUN``: ``steps`` in segments of ``segment``,
+    ``train_extra`` lines added to its train section."""
+    return f"""
+experiment: {{name: loopline-slurm}}
+data:
+  sources:
+    - {{type: reasoning, num_docs: 300, max_difficulty: 2}}
+train:
+  total_steps: {steps}
+  steps_per_segment: {segment}
+  micro_batch_rows: 1  # eight passes per step
+  eval_interval: {segment}{train_extra}
+  eval_rows: 16
+snapshots: {{keep_last: 2}}
+eval: {{h_eff: [1, 2], max_tokens: 512}}
+bench: {{tasks: [loopline_khop], h_eff: [1, 2], examples_per_level: 2, max_difficulty: 2}}
+resources: {{slurm_partition: train, slurm_account: loopline, train_mem_mb: 3500,
+             eval_mem_mb: 3000, eval_runtime_minutes: 20}}
+runs:
+  {RUN}: {{model: {{loops: 2}}}}
+"""
+
+
+def job_env(workdir: Path) -> dict[str, str]:
+    """The environment of a test's Snakemake: offline, one thread, no outside tracking."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_HOME": str(workdir / ".hf"), "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env

@@ -9,7 +9,13 @@ import pytest
 from trainer_helpers import tiny_config
 
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.train.launch import failure_line, rendezvous_args, torchrun_command
+from pipeline_lib.train.launch import (
+    failure_line,
+    job_rendezvous,
+    rendezvous_args,
+    torchrun_command,
+)
+from pipeline_lib.train.rendezvous import Rendezvous
 
 
 def with_train(**changes):
@@ -25,29 +31,35 @@ def test_single_node_command_is_standalone_with_the_train_arguments() -> None:
 
 
 def test_multi_node_rendezvous_from_config_then_environment() -> None:
-    cfg = with_train(nproc=2, nnodes=3, rdzv_endpoint="node7:29400")
-    assert rendezvous_args(cfg, env={"SLURM_JOB_ID": "881"}) == [
+    cfg = with_train(nproc=2, nnodes=3, rdzv_endpoint="node7:29400", rdzv_timeout_s=45)
+    rdzv = job_rendezvous(cfg, env={})
+    assert rdzv == Rendezvous("node7:29400", (), 45)
+    assert rendezvous_args(cfg, rdzv, env={"SLURM_JOB_ID": "881"}) == [
         "--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node7:29400",
-        "--rdzv-id", "881"]
+        "--rdzv-id", "881", "--rdzv-conf", "join_timeout=45"]
     env_cfg = with_train(nproc=2, nnodes=2)
-    assert rendezvous_args(env_cfg, env={"MASTER_ADDR": "n1", "MASTER_PORT": "1234"},
-                           job_id="step_0000010")[5:] == ["n1:1234", "--rdzv-id", "step_0000010"]
+    master = {"MASTER_ADDR": "n1", "MASTER_PORT": "1234"}
+    assert rendezvous_args(env_cfg, job_rendezvous(env_cfg, master), master,
+                           job_id="step_0000010")[5:8] == ["n1:1234", "--rdzv-id", "step_0000010"]
     with pytest.raises(ConfigError, match="train.rdzv_endpoint"):
-        rendezvous_args(env_cfg, env={})
+        job_rendezvous(env_cfg, env={})
+    assert job_rendezvous(with_train(nproc=2), env={}) is None  # one node: --standalone
 
 
-def test_inside_slurm_srun_starts_one_torchrun_per_node_with_the_node_cpus(
+def test_inside_slurm_srun_starts_one_labelled_torchrun_per_node_with_the_node_cpus(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from support.stand_in_srun import install_stand_in_srun
 
     install_stand_in_srun(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
     cfg = with_train(nproc=4, nnodes=2, rdzv_endpoint="n1:29400")
-    cmd = torchrun_command(cfg, ["--out", "o"], env={"SLURM_JOB_ID": "7",
-                                                     "SLURM_CPUS_ON_NODE": "32"})
-    assert cmd[:6] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=32",
-                       "--kill-on-bad-exit=1", sys.executable]
-    assert torchrun_command(cfg, [], env={})[0] == sys.executable  # no allocation: no srun
+    cfg = replace(cfg, resources=replace(cfg.resources, train_cpus=30, train_gpus=4))
+    rdzv = Rendezvous("n1:29400", ("n1", "n2"), 600)
+    cmd = torchrun_command(cfg, ["--out", "o"], rdzv=rdzv, env={"SLURM_JOB_ID": "7"})
+    # 30 CPUs over 4 processes: the job holds 7 per process (cluster_resources), 28 per node
+    assert cmd[:8] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=28",
+                       "--gres=gpu:4", "--kill-on-bad-exit=1", "--label", sys.executable]
+    assert torchrun_command(cfg, [], rdzv=rdzv, env={})[0] == sys.executable  # no allocation
 
 
 def test_failure_line_prefers_the_one_line_pipeline_error() -> None:

@@ -19,6 +19,7 @@ from support.stand_in_srun import install_stand_in_srun
 from trainer_helpers import make_pack, metrics, snap, tiny_config
 
 from pipeline_lib.checkpoint.snapshot import load_snapshot
+from pipeline_lib.errors import TrainingError
 from pipeline_lib.spec.data_id import data_id
 from pipeline_lib.train.launch import run_training_job
 
@@ -47,17 +48,18 @@ def test_two_nodes_train_exactly_like_one_node_of_two_processes(
     srun_log = tmp_path / "srun.json"
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "1")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "")  # no scontrol asked: the endpoint is given
     monkeypatch.setenv("STAND_IN_SRUN_LOG", str(srun_log))
     run_training_job(two_nodes, pack, None, 3, snap(two, 3), two)
 
     # srun started one torchrun per node, joined by c10d at the endpoint
     call = json.loads(srun_log.read_text())
     assert call["options"] == {"nodes": "2", "ntasks-per-node": "1", "cpus-per-task": "1",
-                               "kill-on-bad-exit": "1"}
+                               "kill-on-bad-exit": "1", "label": ""}
     cmd = call["command"]
     for flag, value in (("--nnodes", "2"), ("--rdzv-backend", "c10d"),
                         ("--rdzv-endpoint", endpoint), ("--rdzv-id", "4242"),
+                        ("--rdzv-conf", "join_timeout=600"),
                         ("--nproc_per_node", "1")):
         assert cmd[cmd.index(flag) + 1] == value
     # the workers read the config from the run directory (shared storage), removed after
@@ -74,3 +76,20 @@ def test_two_nodes_train_exactly_like_one_node_of_two_processes(
     assert sa.model_state.keys() == sb.model_state.keys()
     assert all(torch.equal(sa.model_state[k], sb.model_state[k]) for k in sa.model_state)
     assert sa.trainer_state["world_size"] == sb.trainer_state["world_size"] == 2
+
+
+def test_a_node_that_never_starts_torchrun_ends_the_job_in_one_line(tmp_path: Path) -> None:
+    """Two nodes expected, one torchrun started (as a node whose launcher never runs): the
+    rendezvous gives up after train.rdzv_timeout_s and the job says so in one line."""
+    pack = make_pack(tmp_path / "data" / data_id(CFG.data))
+    endpoint = f"127.0.0.1:{free_port()}"
+    alone = replace(CFG, train=replace(CFG.train, nproc=1, nnodes=2, rdzv_endpoint=endpoint,
+                                       rdzv_timeout_s=3))
+    with pytest.raises(TrainingError) as failed:
+        run_training_job(alone, pack, None, 3, snap(tmp_path / "run", 3), tmp_path / "run")
+    assert str(failed.value) == (
+        f"2-process training to step 3 failed: the rendezvous at {endpoint} did not complete "
+        f"within 3 s: fewer than 2 nodes joined (a node whose torchrun did not start, or that "
+        f"cannot reach {endpoint}; train.rdzv_timeout_s sets the wait); the full output is in "
+        "the job log")
+    assert not snap(tmp_path / "run", 3).exists()

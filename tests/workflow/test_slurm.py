@@ -29,9 +29,12 @@ from pathlib import Path
 import pytest
 from support.slurm_cluster import (
     CANNOT,
+    RUN,
     cluster,
+    job_env,
     job_state,
     jobs_named,
+    run_config,
     running_job,
     sacct,
     wait_gone,
@@ -44,41 +47,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 TINY = ROOT / "config" / "experiments" / "tiny.yaml"
 FAULT_SITE = Path(__file__).resolve().parents[1] / "support" / "fault_site"
-RUN = "loops2"
 SEGMENT, STEPS = 8, 32
 PREFIX = f"lltest{os.getpid()}"
 
 
-def _config(steps: int, segment: int, train_extra: str = "") -> str:
-    return f"""
-experiment: {{name: loopline-slurm}}
-data:
-  sources:
-    - {{type: reasoning, num_docs: 300, max_difficulty: 2}}
-train:
-  total_steps: {steps}
-  steps_per_segment: {segment}
-  micro_batch_rows: 1  # eight passes per step
-  eval_interval: {segment}{train_extra}
-  eval_rows: 16
-snapshots: {{keep_last: 2}}
-eval: {{h_eff: [1, 2], max_tokens: 512}}
-bench: {{tasks: [loopline_khop], h_eff: [1, 2], examples_per_level: 2, max_difficulty: 2}}
-resources: {{slurm_partition: train, slurm_account: loopline, train_mem_mb: 3500,
-             eval_mem_mb: 3000, eval_runtime_minutes: 20}}
-runs:
-  {RUN}: {{model: {{loops: 2}}}}
-"""
-
-
-CONFIG = _config(STEPS, SEGMENT)  # four segments, each signalled differently
-
-
-def _env(workdir: Path) -> dict[str, str]:
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "HF_HOME": str(workdir / ".hf"), "OMP_NUM_THREADS": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
+CONFIG = run_config(STEPS, SEGMENT)  # four segments, each signalled differently
 
 
 def _command(workdir: Path, *extra: str, slurm: bool = True, prefix: str = PREFIX) -> list[str]:
@@ -95,15 +68,15 @@ def _command(workdir: Path, *extra: str, slurm: bool = True, prefix: str = PREFI
 def _start(workdir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = open(workdir / f"snakemake.{time.monotonic_ns()}.log", "w")  # noqa: SIM115
     return subprocess.Popen(_command(workdir, *extra), stdout=log, stderr=subprocess.STDOUT,
-                            env=env or _env(workdir), cwd=workdir, start_new_session=True,
+                            env=env or job_env(workdir), cwd=workdir, start_new_session=True,
                             preexec_fn=_as_from_a_terminal)
 
 
 def _fault_env(workdir: Path, inject: str, **extra: str) -> dict[str, str]:
-    """``_env`` with support/fault_site on PYTHONPATH: each segment's trainer installs
+    """``job_env`` with support/fault_site on PYTHONPATH: each segment's trainer installs
     ``LOOPLINE_FAULT_INJECT=inject`` (only the first one, with ``LOOPLINE_TEST_FAULT_ONCE``
     in ``extra``)."""
-    return {**_env(workdir), "PYTHONPATH": os.pathsep.join(
+    return {**job_env(workdir), "PYTHONPATH": os.pathsep.join(
         p for p in (str(FAULT_SITE), os.environ.get("PYTHONPATH", "")) if p),
         "LOOPLINE_FAULT_INJECT": inject, **extra}
 
@@ -117,7 +90,7 @@ def _as_from_a_terminal() -> None:
 
 def _finish(workdir: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run(_command(workdir, *extra), capture_output=True, text=True,
-                          env=_env(workdir), cwd=workdir, timeout=timeout)
+                          env=job_env(workdir), cwd=workdir, timeout=timeout)
 
 
 def _workdir(tmp: Path, name: str, config: str = CONFIG) -> Path:
@@ -178,7 +151,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same config run locally (--cores 2): what the cluster run must reproduce."""
     workdir = _workdir(tmp_path_factory.mktemp("slurm_local"), "local")
     done = subprocess.run(_command(workdir, slurm=False), capture_output=True, text=True,
-                          env=_env(workdir), cwd=workdir, timeout=900)
+                          env=job_env(workdir), cwd=workdir, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     return workdir
 
@@ -339,7 +312,7 @@ def test_ctrl_c_during_the_local_rules_leaves_a_run_that_builds_everything(
 # segment pauses 10 s before each step (support/fault_site: a slow segment that computes the
 # same numbers); the retry that resumes it runs at full speed.
 TL_STEPS = 16
-TL_CONFIG = _config(TL_STEPS, TL_STEPS,
+TL_CONFIG = run_config(TL_STEPS, TL_STEPS,
                     "\n  segment_runtime_minutes: 1\n  stop_margin_minutes: 0")
 TL_PREFIX = PREFIX + "tl"
 TL_TARGET = Path("results") / RUN / "snapshots" / f"step_{TL_STEPS:07d}"
@@ -350,7 +323,7 @@ def time_limit_run(slurm, tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("slurm_time_limit")
     local = _workdir(tmp, "local", TL_CONFIG)
     done = subprocess.run(_command(local, str(TL_TARGET), slurm=False), capture_output=True,
-                          text=True, env=_env(local), cwd=local, timeout=600)
+                          text=True, env=job_env(local), cwd=local, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     workdir = _workdir(tmp, "wd", TL_CONFIG)
     env = _fault_env(workdir, f"pause_step=1:{TL_STEPS},pause_s=10",

@@ -81,10 +81,14 @@ class TrainConfig:
     global_batch_rows: int = _f(16, "Rows per optimizer step over all ranks and micro-batches.", minimum=1)
     micro_batch_rows: int = _f(8, "Rows per forward/backward pass per rank.", minimum=1)
     nproc: int = _f(1, "Processes (torchrun) per training job.", minimum=1)
-    nnodes: int = _f(1, "Nodes per training job; > 1 runs torchrun on each node (needs rdzv_endpoint).",
+    nnodes: int = _f(1, "Nodes per training job; > 1 runs torchrun on each node (srun in SLURM).",
                      minimum=1)
-    rdzv_endpoint: str = _f("", "host:port of the torchrun rendezvous when nnodes > 1 "
-                            "(empty = $MASTER_ADDR:$MASTER_PORT).")
+    rdzv_endpoint: str = _f("", "host:port of the torchrun rendezvous when nnodes > 1 (empty = "
+                            "$MASTER_ADDR:$MASTER_PORT, else in SLURM the job's first node, "
+                            "port 20000 + job id mod 20000).")
+    rdzv_timeout_s: int = _f(600, "Seconds the nodes of a multi-node job wait for each other "
+                             "at the rendezvous before the job fails naming the missing ones.",
+                             minimum=1)
     optimizer: str = _f(
         "adamw", "adamw, adamatan2, or muon (torch.optim.Muon on the blocks' hidden matrices: "
         "attention, FFN, per-expert MoE matrices; AdamW on the rest: embeddings, norms, head, "

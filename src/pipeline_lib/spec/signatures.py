@@ -13,8 +13,8 @@ from .config import Config
 from .config_write import config_hash, to_dict
 from .init_source import fingerprint_id
 
-# how long a segment job may run: no effect on the weights (a stop resumes exactly)
-JOB_TIME_KEYS = frozenset({"segment_runtime_minutes", "stop_margin_minutes"})
+# how long a segment job may run or wait: no effect on the weights (a stop resumes exactly)
+JOB_TIME_KEYS = frozenset({"segment_runtime_minutes", "stop_margin_minutes", "rdzv_timeout_s"})
 # Model keys added after runs were made, at their defaults: left out of the train signature
 # so that a finished run does not retrain because the code learned a new option.
 LATER_MODEL_DEFAULTS = {"n_kv_heads": 0, "rope_scaling": "none", "rope_scaling_factor": 1.0,

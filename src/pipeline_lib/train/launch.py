@@ -13,11 +13,11 @@ read it; :meth:`RunLayout.launch_config`) and runs PyTorch's own launcher::
 ``--standalone`` starts the rendezvous store on ``localhost:0``: the kernel hands every job
 a free port, so concurrent segment jobs on one machine never collide (torchrun ignores
 ``--master_port`` in this mode). With ``train.nnodes`` > 1 the job uses a c10d rendezvous
-at ``train.rdzv_endpoint`` (or ``$MASTER_ADDR:$MASTER_PORT``) and, inside a SLURM
-allocation, ``srun`` starts one torchrun per node (the rule asks SLURM for the nodes: see
-:func:`pipeline_lib.workflow.cluster_resources.multi_node_resources`). The job's output is
-streamed into this process's log; a failure raises TrainingError carrying the failing rank's
-error line.
+(:mod:`.rendezvous`: ``train.rdzv_endpoint``, or derived from the SLURM allocation) and,
+inside a SLURM allocation, ``srun --label`` starts one torchrun per node (the rule asks SLURM
+for the nodes: see :func:`pipeline_lib.workflow.cluster_resources.multi_node_resources`). The
+job's output is streamed into this process's log; a failure raises TrainingError carrying the
+failing rank's error line, or the nodes a rendezvous waited for in vain.
 
 In the worker processes the ``train`` command calls :func:`train_in_process`, which sees
 torchrun's environment, joins the process group and trains its rank.
@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, PipelineError, Preempted, TrainingError
+from ..errors import PipelineError, Preempted, TrainingError
 from ..fsio import write_text_atomic
 from ..spec.config import Config
 from ..spec.config_write import config_yaml
@@ -48,6 +48,7 @@ from .finished import adopt_finished, drop_consumed
 from .job import check_segment_outputs, train_segment
 from .lease import run_lease
 from .preempt import STOP_SIGNALS, latched_signal
+from .rendezvous import Rendezvous, rendezvous_failure, resolve_rendezvous
 from .run_tracking import SegmentTracking
 from .segment_start import segment_signature, snapshot_step, stop_record
 
@@ -61,38 +62,42 @@ _RANK_PREFIX = re.compile(r"^\[(?:default)?(?:rank)?(\d+)\]:\s?(.*)$")
 _ERROR_LINE = re.compile(r"\b(error: .+|\w*(?:Error|Exception): .+)$")
 
 
-def rendezvous_args(cfg: Config, env: Mapping[str, str] | None = None,
-                    job_id: str = "") -> list[str]:
-    """torchrun's rendezvous options: standalone on one node, c10d across several."""
+def job_rendezvous(cfg: Config, env: Mapping[str, str] | None = None) -> Rendezvous | None:
+    """The rendezvous of a multi-node segment (None on one node: ``--standalone``)."""
     t = cfg.train
     if t.nnodes == 1:
+        return None
+    return resolve_rendezvous(t.rdzv_endpoint, t.nnodes, t.rdzv_timeout_s,
+                              os.environ if env is None else env)
+
+
+def rendezvous_args(cfg: Config, rdzv: Rendezvous | None,
+                    env: Mapping[str, str] | None = None, job_id: str = "") -> list[str]:
+    """torchrun's rendezvous options: standalone on one node, c10d across several."""
+    if rdzv is None:
         return ["--standalone", "--nnodes", "1"]
     env = os.environ if env is None else env
-    endpoint = t.rdzv_endpoint
-    if not endpoint and env.get("MASTER_ADDR"):
-        endpoint = f"{env['MASTER_ADDR']}:{env.get('MASTER_PORT', '29500')}"
-    if not endpoint:
-        raise ConfigError(f"train.nnodes = {t.nnodes} needs a rendezvous address: set "
-                          "train.rdzv_endpoint: HOST:PORT (a node of the job) or export "
-                          "MASTER_ADDR/MASTER_PORT")
     rdzv_id = env.get("SLURM_JOB_ID") or job_id or "loopline"
-    return ["--nnodes", str(t.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", rdzv_id]
+    return ["--nnodes", str(cfg.train.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            rdzv.endpoint, "--rdzv-id", rdzv_id, "--rdzv-conf", f"join_timeout={rdzv.timeout_s}"]
 
 
-def torchrun_command(cfg: Config, train_args: Iterable[str], *,
+def torchrun_command(cfg: Config, train_args: Iterable[str], *, rdzv: Rendezvous | None = None,
                      env: Mapping[str, str] | None = None, job_id: str = "") -> list[str]:
-    """The command line of a multi-process segment (``srun`` first across SLURM nodes)."""
+    """The command line of a multi-process segment (``srun`` first across SLURM nodes);
+    ``rdzv``: :func:`job_rendezvous`'s (None on one node)."""
     env = os.environ if env is None else env
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous_args(cfg, env, job_id),
-           "--nproc_per_node", str(cfg.train.nproc), "-m", "pipeline_lib", "train",
-           *train_args]
-    if cfg.train.nnodes > 1 and env.get("SLURM_JOB_ID") and shutil.which("srun"):
-        # one torchrun per node, holding the node's CPUs for its nproc workers
-        cpus = [f"--cpus-per-task={env['SLURM_CPUS_ON_NODE']}"] if env.get(
-            "SLURM_CPUS_ON_NODE") else []
-        cmd = ["srun", f"--nodes={cfg.train.nnodes}", "--ntasks-per-node=1", *cpus,
-               "--kill-on-bad-exit=1", *cmd]
+    t, r = cfg.train, cfg.resources
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous_args(cfg, rdzv, env, job_id),
+           "--nproc_per_node", str(t.nproc), "-m", "pipeline_lib", "train", *train_args]
+    if t.nnodes > 1 and env.get("SLURM_JOB_ID") and shutil.which("srun"):
+        # one torchrun per node, holding what the job holds on each node for its nproc workers
+        # (the executor plugin strips SLURM_CPUS_ON_NODE & co. from the job: from the config,
+        # as cluster_resources.multi_node_resources asked for them); --label: node by node
+        cpus = max(1, r.train_cpus // t.nproc) * t.nproc
+        gres = [f"--gres=gpu:{r.train_gpus}"] if r.train_gpus else []
+        cmd = ["srun", f"--nodes={t.nnodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
+               *gres, "--kill-on-bad-exit=1", "--label", *cmd]
     return cmd
 
 
@@ -171,21 +176,23 @@ def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step
     config_path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(config_path, config_yaml(cfg))  # without credentials
     try:
+        rdzv = job_rendezvous(cfg)
         cmd = torchrun_command(cfg, _train_args(config_path, data_dir, resume_from, until_step,
                                                 out, run_dir, attempt, warm_start,
                                                 tracked=tracking is not None),
-                               job_id=Path(out).name)
+                               rdzv=rdzv, job_id=Path(out).name)
         log.info("launching %d×%d processes: %s", cfg.train.nnodes, cfg.train.nproc,
                  " ".join(cmd))
         rc, tail = _stream(cmd)
     finally:
         config_path.unlink(missing_ok=True)
     if rc != 0:
-        reason = failure_line(tail) or f"no error line in its output (exit status {rc})"
+        reason = (rdzv and rendezvous_failure(rdzv, cfg.train.nnodes, tail)
+                  or failure_line(tail) or f"no error line in its output (exit status {rc})")
         if _stopped_with_resume_point(run_dir or run_dir_of(Path(out)), until_step, attempt,
                                       segment_signature(cfg, data_dir)):
             raise Preempted(reason.removeprefix("stopped: "))
-        raise TrainingError(f"{cfg.train.nproc}-process training to step {until_step} failed: "
+        raise TrainingError(f"{cfg.train.nproc * cfg.train.nnodes}-process training to step {until_step} failed: "
                             f"{reason}; the full output is in the job log")
     return Path(out)
 
