@@ -91,8 +91,10 @@ def test_manifest_covers_files_inside_dcp_directories(tmp_path: Path) -> None:
     manifest = verify_snapshot(path)
     assert "model" in dcp_dirs(manifest)
     (path / "model_dcp" / "shard-1.safetensors").write_bytes(b"abd")
-    with pytest.raises(CheckpointError, match="model_dcp/shard-1.safetensors fails its sha256"):
-        verify_snapshot(path)
+    verify_snapshot(path, hash_files=["config.yaml", "model_dcp/shard-1"])  # not hashed
+    for hashed in (None, ["model_dcp/"]):  # everything, or every file in model_dcp/
+        with pytest.raises(CheckpointError, match="model_dcp/shard-1.safetensors fails its sha"):
+            verify_snapshot(path, hash_files=hashed)
     path = _nested_snapshot(tmp_path / "t")
     (path / "model_dcp" / ".metadata").write_bytes(b"\x80")
     with pytest.raises(CheckpointError, match=r"holds model_dcp/\.metadata"):
