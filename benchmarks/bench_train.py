@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 from pipeline_lib.checkpoint import state_io  # noqa: E402
 from pipeline_lib.checkpoint.fsutil import fsync_dir  # noqa: E402
-from pipeline_lib.checkpoint.snapshot import load_snapshot  # noqa: E402
+from pipeline_lib.checkpoint.restore import load_snapshot  # noqa: E402
 from pipeline_lib.data.loader import DataCursor, PackedData  # noqa: E402
 from pipeline_lib.data.pack import pack_corpus  # noqa: E402
 from pipeline_lib.model.looped import LoopedLM  # noqa: E402

@@ -8,7 +8,8 @@ from ckpt_helpers import make_state, snapshot_kwargs
 
 from pipeline_lib.checkpoint.best import BEST_DIR, read_best, update_best_snapshot
 from pipeline_lib.checkpoint.manifest import verify_snapshot
-from pipeline_lib.checkpoint.snapshot import load_snapshot, write_snapshot
+from pipeline_lib.checkpoint.restore import load_snapshot
+from pipeline_lib.checkpoint.snapshot import write_snapshot
 
 
 def _snap(root, step: int):
@@ -38,7 +39,7 @@ def test_best_follows_lowest_loss_and_survives_deletion(tmp_path):
             f.unlink()
         d.rmdir()
     snap = load_snapshot(best)
-    assert snap.step == 20 and json.loads(snap.extra_files["BEST.json"])["val_loss"] == 2.5
+    assert snap.trainer_state["step"] == 20 and json.loads(snap.extra_files["BEST.json"])["val_loss"] == 2.5
     assert (best / "model.safetensors").read_bytes() == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "step_0000030"]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline_lib.checkpoint.manifest import MANIFEST_NAME, HashingWriter, verify_snapshot
-from pipeline_lib.checkpoint.snapshot import load_snapshot
+from pipeline_lib.checkpoint.restore import load_snapshot
 from pipeline_lib.errors import CheckpointError
 
 

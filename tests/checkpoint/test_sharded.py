@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline_lib.checkpoint.best import update_best_snapshot
-from pipeline_lib.checkpoint.contents import is_sharded
+from pipeline_lib.checkpoint.contents import dcp_dirs
 from pipeline_lib.checkpoint.manifest import (
     MANIFEST_NAME,
     manifest_bytes,
@@ -89,10 +89,12 @@ def _nested_snapshot(root: Path) -> Path:
 def test_manifest_covers_files_inside_dcp_directories(tmp_path: Path) -> None:
     path = _nested_snapshot(tmp_path / "s")
     manifest = verify_snapshot(path)
-    assert is_sharded(manifest)
+    assert "model" in dcp_dirs(manifest)
     (path / "model_dcp" / "shard-1.safetensors").write_bytes(b"abd")
-    with pytest.raises(CheckpointError, match="model_dcp/shard-1.safetensors fails its sha256"):
-        verify_snapshot(path)
+    verify_snapshot(path, hash_files=["config.yaml", "model_dcp/shard-1"])  # not hashed
+    for hashed in (None, ["model_dcp/"]):  # everything, or every file in model_dcp/
+        with pytest.raises(CheckpointError, match="model_dcp/shard-1.safetensors fails its sha"):
+            verify_snapshot(path, hash_files=hashed)
     path = _nested_snapshot(tmp_path / "t")
     (path / "model_dcp" / ".metadata").write_bytes(b"\x80")
     with pytest.raises(CheckpointError, match=r"holds model_dcp/\.metadata"):
@@ -116,5 +118,5 @@ def test_best_copy_of_a_sharded_snapshot_keeps_its_directories(tmp_path: Path) -
     step = _nested_snapshot(tmp_path / "snapshots" / "step_0000004")
     assert update_best_snapshot(tmp_path / "snapshots", step, 1.5)
     best = tmp_path / "snapshots" / "best"
-    assert is_sharded(verify_snapshot(best))
+    assert "model" in dcp_dirs(verify_snapshot(best))
     assert (best / "model_dcp" / "shard-1.safetensors").read_bytes() == b"abc"

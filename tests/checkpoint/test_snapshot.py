@@ -17,13 +17,9 @@ from ckpt_helpers import TinyLM, make_optimizer, make_state, snapshot_kwargs, tr
 from support.faults import SNAPSHOT_PAUSE_ENV
 
 from pipeline_lib.checkpoint.manifest import MANIFEST_NAME, verify_snapshot
+from pipeline_lib.checkpoint.restore import load_model_state, load_snapshot, load_weights_only
 from pipeline_lib.checkpoint.rng import capture_rng_state, restore_rng_state
-from pipeline_lib.checkpoint.snapshot import (
-    load_model_state,
-    load_snapshot,
-    load_weights_only,
-    write_snapshot,
-)
+from pipeline_lib.checkpoint.snapshot import write_snapshot
 from pipeline_lib.errors import CheckpointError
 
 
@@ -64,7 +60,7 @@ def test_round_trip_is_bit_exact_and_training_continues_identically(tmp_path, ki
     model2 = TinyLM()
     opt2 = make_optimizer(model2, kind)
     snap = load_snapshot(out)
-    assert snap.step == 3 and snap.trainer_state["cursor"] == [0, 12]
+    assert snap.trainer_state["step"] == 3 and snap.trainer_state["cursor"] == [0, 12]
     assert snap.config_yaml == "model:\n  d_model: 8\n"
     assert snap.extra_files == {"metrics.jsonl": b'{"step": 1}\n', "samples.jsonl": b"\x00bin"}
     assert_tree_equal(snap.extra_tensors["ema"], ema)
@@ -105,7 +101,7 @@ def test_existing_valid_snapshot_is_replaced_whole(snapshot_dir):
     kwargs["trainer_state"] = {"step": 99}
     write_snapshot(snapshot_dir, **kwargs)
     snap = load_snapshot(snapshot_dir)
-    assert snap.step == 99 and "metrics.jsonl" not in snap.extra_files
+    assert snap.trainer_state["step"] == 99 and "metrics.jsonl" not in snap.extra_files
     assert [p.name for p in snapshot_dir.parent.iterdir()] == [snapshot_dir.name]
 
 
@@ -208,7 +204,7 @@ def test_sigkill_during_replacement_keeps_old_snapshot(snapshot_dir):
     with pytest.raises(CheckpointError, match="incomplete"):
         verify_snapshot(leftovers[0])
     assert {p.name: p.read_bytes() for p in snapshot_dir.iterdir()} == before
-    assert load_snapshot(snapshot_dir).step == 3
+    assert load_snapshot(snapshot_dir).trainer_state["step"] == 3
     # the next write cleans the leftover and replaces the snapshot
     model, opt = make_state(steps=1)
     write_snapshot(snapshot_dir, **snapshot_kwargs(model, opt))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pipeline_lib.checkpoint import state_io
+from pipeline_lib.checkpoint.restore import restore_snapshot
 from pipeline_lib.checkpoint.rng import RNGStreams
 from pipeline_lib.errors import CheckpointError
 
@@ -49,7 +50,7 @@ def test_parts_land_in_their_files_and_come_back(tmp_path):
     assert doc["ema"] == {"updates": 4}  # the EMA's non-tensor entries: a JSON section
     fresh = parts(guard=Box(None), ema=Box(None))
     fresh["rng"] = Box(None)
-    snap = state_io.load(out, fresh)
+    snap = restore_snapshot(out, fresh)
     assert fresh["config"].loaded == {"yaml": "a: 1\n"}
     assert fresh["guard"].loaded == {"baselines": {"0": 1.5}}
     assert fresh["trainer"].loaded == {"format": 1, "step": 7}  # no sections in it
@@ -63,9 +64,9 @@ def test_parts_land_in_their_files_and_come_back(tmp_path):
 def test_absent_part_refuses_unless_optional(tmp_path):
     out = state_io.save(tmp_path / "s", parts())
     with pytest.raises(CheckpointError, match="holds no 'guard' state"):
-        state_io.load(out, parts(guard=Box(None)))
+        restore_snapshot(out, parts(guard=Box(None)))
     optional = Box(None, optional=True)
-    state_io.load(out, parts(ema=optional))
+    restore_snapshot(out, parts(ema=optional))
     assert optional.loaded is None  # left to start fresh
 
 

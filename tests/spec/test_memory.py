@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))  # the trainer's helpers
 from trainer_helpers import make_pack, snap, tiny_config  # noqa: E402
 
-from pipeline_lib.checkpoint.snapshot import load_snapshot  # noqa: E402
+from pipeline_lib.checkpoint.restore import load_snapshot  # noqa: E402
 from pipeline_lib.spec.config_load import load_config  # noqa: E402
 from pipeline_lib.spec.memory import (  # noqa: E402
     FP32,

@@ -24,7 +24,8 @@ import torch
 from trainer_helpers import RICH, make_pack, metrics, snap, tiny_config
 
 from pipeline_lib.checkpoint.manifest import verify_snapshot
-from pipeline_lib.checkpoint.snapshot import load_model_state, load_snapshot, write_snapshot
+from pipeline_lib.checkpoint.restore import load_model_state, load_snapshot
+from pipeline_lib.checkpoint.snapshot import write_snapshot
 from pipeline_lib.errors import CheckpointError, TrainingError
 from pipeline_lib.evaluate.heff import run_heff
 from pipeline_lib.spec.data_id import data_id

@@ -18,7 +18,7 @@ import torch
 from support.stand_in_srun import install_stand_in_srun
 from trainer_helpers import make_pack, metrics, snap, tiny_config
 
-from pipeline_lib.checkpoint.snapshot import load_snapshot
+from pipeline_lib.checkpoint.restore import load_snapshot
 from pipeline_lib.errors import TrainingError
 from pipeline_lib.spec.data_id import data_id
 from pipeline_lib.train.launch import run_training_job

@@ -166,7 +166,7 @@ def test_validation_reads_out_every_h_eff_once_per_evaluation(pack: Path, tmp_pa
     after every loop of every step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from pipeline_lib.checkpoint.snapshot import load_model_state
+    from pipeline_lib.checkpoint.restore import load_model_state
     from pipeline_lib.data.loader import PackedData
     from pipeline_lib.train.trainer import Trainer
 

@@ -18,7 +18,7 @@ from trainer_helpers import (
     uninterrupted_run,
 )
 
-from pipeline_lib.checkpoint.snapshot import load_snapshot
+from pipeline_lib.checkpoint.restore import load_snapshot
 from pipeline_lib.cli import main
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.train.job import train_segment

@@ -1,29 +1,24 @@
 """What a snapshot directory holds, for both writers (:mod:`.snapshot`, :mod:`.sharded`).
 
 The file names of both kinds of snapshot, how to tell them apart by their manifest, the
-loaded :class:`Snapshot` record, the checks on what a caller asks to store, and the hidden
-temporary sibling a write builds in. Both writers and both readers import this module and
-it imports neither of them, so the two never import each other. Torch-free at import time.
+checks on what a caller asks to store, and the hidden temporary sibling a write builds in.
+Both writers and the reader (:mod:`.restore`) import this module and it imports none of
+them. Torch-free.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import CheckpointError
 from ..output_paths import check_creatable
 from ..spec.names import is_name
 from .fsutil import clean_stale_siblings, tmp_sibling
 from .manifest import MANIFEST_NAME, verify_snapshot
-
-if TYPE_CHECKING:
-    import torch
 
 # one process (see the table in :mod:`.snapshot`)
 MODEL_FILE = "model.safetensors"
@@ -57,48 +52,6 @@ def dcp_dirs(manifest: Mapping[str, Any]) -> dict[str, str]:
         if "/" in name and top.endswith(DCP_SUFFIX):
             out[top.removesuffix(DCP_SUFFIX)] = top
     return out
-
-
-def is_sharded(manifest: Mapping[str, Any]) -> bool:
-    """Whether a snapshot (by its manifest) holds its weights as DCP shards."""
-    return "model" in dcp_dirs(manifest)
-
-
-@dataclass
-class Snapshot:
-    """A verified snapshot in memory, ready to hand to ``load_state_dict`` calls."""
-
-    path: Path
-    manifest: dict[str, Any]
-    model_state: dict[str, torch.Tensor]
-    optimizer_state: dict[str, Any]
-    trainer_state: dict[str, Any]
-    rng_state: dict[str, Any]
-    config_yaml: str
-    extra_tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-    extra_files: dict[str, bytes] = field(default_factory=dict)
-    # sharded snapshots loaded with consolidate=False: {set name: DCP directory}; the
-    # tensors of those sets are then left out (model_state and optimizer tensors empty)
-    dcp: dict[str, Path] = field(default_factory=dict)
-
-    @property
-    def sharded(self) -> bool:
-        """Written by a multi-process run (weights and optimizer in DCP directories)."""
-        return is_sharded(self.manifest)
-
-    @property
-    def step(self) -> int | None:
-        """``trainer_state["step"]`` when the trainer recorded it."""
-        step = self.trainer_state.get("step")
-        return int(step) if step is not None else None
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is not readable JSON ({exc}); the snapshot is corrupted, "
-                              "rerun the segment that writes it") from None
 
 
 def _check_json(obj: Any, where: str, path: str = "") -> None:

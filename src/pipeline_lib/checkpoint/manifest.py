@@ -91,11 +91,11 @@ class HashingWriter:
         return {"size": self.size, "sha256": self.sha.hexdigest(), "role": role}
 
 
-def write_bytes_file(path: Path, data: bytes, role: str) -> dict[str, Any]:
-    """Write ``data`` to ``path``, fsync it, and return its manifest record."""
+def write_bytes_file(path: Path, data: bytes | str, role: str) -> dict[str, Any]:
+    """Write ``data`` (a str as UTF-8) to ``path``, fsync it, and return its manifest record."""
     with open(path, "wb") as fh:
         writer = HashingWriter(fh)
-        writer.write(data)
+        writer.write(data.encode() if isinstance(data, str) else data)
         fh.flush()
         os.fsync(fh.fileno())
     return writer.record(role)
@@ -234,7 +234,8 @@ def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None
     Refuses (CheckpointError naming the file): a missing or malformed MANIFEST.json, a
     listed file that is missing, a size mismatch, a sha256 mismatch, and any file or folder
     the manifest does not list (at any depth). ``hash_files`` restricts the (costly) sha256 check to those
-    names; sizes and presence are always checked for every file. Default: hash everything.
+    names (``dir/``: every file in that directory); sizes and presence are always checked for
+    every file. Default: hash everything.
     """
     path = Path(path)
     doc = read_manifest(path)
@@ -243,7 +244,8 @@ def verify_snapshot(path: str | Path, *, hash_files: Iterable[str] | None = None
     listed_dirs = {parent.as_posix() for name in files for parent in Path(name).parents} - {"."}
     for name in sorted((present - set(files)) | (dirs - listed_dirs)):
         raise CheckpointError(_unlisted(path, name))
-    to_hash = set(files) if hash_files is None else set(hash_files)
+    wanted = set(files if hash_files is None else hash_files)
+    to_hash = {name for name in files if name in wanted or f"{name.split('/')[0]}/" in wanted}
     for name in sorted(files):
         record = files[name]
         fpath = path / name

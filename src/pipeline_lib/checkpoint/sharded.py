@@ -22,8 +22,8 @@ resumes on any world size.
 Writing (collective, :func:`write_sharded_snapshot`): rank 0 prepares the hidden temporary
 sibling and tells every rank its path; all ranks write their shards and RNG files into it;
 after a barrier rank 0 hashes everything, writes the JSON files and the manifest, and
-renames the directory into place (the usual atomic publication). Single-process tools read a
-sharded snapshot without a process group (:func:`read_dcp` consolidates full tensors).
+renames the directory into place (the usual atomic publication). :mod:`.restore` reads it
+back, in one process too (:func:`read_dcp` consolidates full tensors).
 """
 
 from __future__ import annotations
@@ -49,16 +49,13 @@ from .contents import (
     OPTIMIZER_DCP,
     OPTIMIZER_JSON,
     TRAINER_STATE,
-    Snapshot,
     check_snapshot_contents,
-    dcp_dirs,
     prepare_snapshot_tmp,
-    read_json,
     rng_names,
 )
 from .fsutil import fsync_dir, publish_dir
 from .manifest import MANIFEST_NAME, manifest_bytes, write_bytes_file
-from .tensorio import dumps_json, join_tree, read_safetensors, split_tree, write_safetensors
+from .tensorio import dumps_json, split_tree, write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +228,7 @@ def write_sharded_snapshot(
     if rank == 0:
         try:
             records = _finish_on_rank0(tmp, out_dir, optimizer_doc, trainer_state, config_yaml,
-                                       extra_files, names=(OPTIMIZER_JSON, TRAINER_STATE,
-                                                           CONFIG_FILE))
+                                       extra_files)
             log.info("wrote sharded snapshot %s (%.1f MB in %.2f s)", out_dir,
                      sum(r["size"] for r in records.values()) / 1e6,
                      time.perf_counter() - started)
@@ -262,10 +258,8 @@ def _agreed_tmp(out_dir: Path, rank: int, device: torch.device,
 
 def _finish_on_rank0(tmp: Path, out_dir: Path, optimizer_doc: Mapping[str, Any],
                      trainer_state: Mapping[str, Any], config_yaml: str,
-                     extra_files: Mapping[str, bytes | str], *,
-                     names: tuple[str, str, str]) -> dict[str, dict[str, Any]]:
+                     extra_files: Mapping[str, bytes | str]) -> dict[str, dict[str, Any]]:
     """Hash what all ranks wrote, add the JSON files and the manifest, publish."""
-    optimizer_json, trainer_json, config_file = names
     records: dict[str, dict[str, Any]] = {}
     for sub in sorted(p for p in tmp.iterdir() if p.is_dir()):
         role = {MODEL_DCP: "model_dcp", OPTIMIZER_DCP: "optimizer_dcp"}.get(sub.name, "extra_dcp")
@@ -276,16 +270,15 @@ def _finish_on_rank0(tmp: Path, out_dir: Path, optimizer_doc: Mapping[str, Any],
     for f in sorted(tmp.glob("rng_rank*")):
         role = "rng_tensors" if f.suffix == ".safetensors" else "rng_json"
         records[f.name] = {"size": f.stat().st_size, "sha256": file_sha256(f), "role": role}
-    opt_doc, opt_tensors = split_tree(dict(optimizer_doc), optimizer_json)
+    opt_doc, opt_tensors = split_tree(dict(optimizer_doc), OPTIMIZER_JSON)
     assert not opt_tensors, "optimizer tensors go through DCP"
-    records[optimizer_json] = write_bytes_file(tmp / optimizer_json, dumps_json(opt_doc),
+    records[OPTIMIZER_JSON] = write_bytes_file(tmp / OPTIMIZER_JSON, dumps_json(opt_doc),
                                                "optimizer_json")
-    records[trainer_json] = write_bytes_file(tmp / trainer_json, dumps_json(trainer_state),
-                                             "trainer_state")
-    records[config_file] = write_bytes_file(tmp / config_file, config_yaml.encode(), "config")
+    records[TRAINER_STATE] = write_bytes_file(tmp / TRAINER_STATE, dumps_json(trainer_state),
+                                              "trainer_state")
+    records[CONFIG_FILE] = write_bytes_file(tmp / CONFIG_FILE, config_yaml, "config")
     for name, data in sorted(extra_files.items()):
-        blob = data.encode() if isinstance(data, str) else bytes(data)
-        records[name] = write_bytes_file(tmp / name, blob, "extra_file")
+        records[name] = write_bytes_file(tmp / name, data, "extra_file")
     write_bytes_file(tmp / MANIFEST_NAME, manifest_bytes(records), "manifest")
     publish_dir(tmp, out_dir)
     return records
@@ -312,46 +305,3 @@ def _broadcast_text(text: str, device: torch.device, src: int = 0) -> str:
         buf.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
     dist.broadcast(buf, src)
     return bytes(buf.cpu().tolist()).decode()
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def load_sharded_snapshot(path: Path, manifest: dict[str, Any], *, rank: int = 0,
-                          consolidate: bool = True,
-                          map_location: str | torch.device = "cpu") -> Snapshot:
-    """A verified sharded snapshot as a :class:`~.contents.Snapshot` (see ``load_snapshot``).
-
-    RNG: rank ``rank``'s streams; a rank the writing run did not have gets rank 0's (a
-    resume on more processes than the snapshot was written with), logged.
-    """
-    sets = {name: path / d for name, d in dcp_dirs(manifest).items()}
-    if OPTIMIZER_DCP.removesuffix(DCP_SUFFIX) not in sets:
-        raise CheckpointError(f"sharded snapshot {path} has no {OPTIMIZER_DCP}/; it is "
-                              "incomplete, resume from another one")
-    opt_doc = join_tree(read_json(path / OPTIMIZER_JSON), {}, str(path / OPTIMIZER_JSON))
-    rng_rank = rank if rng_names(rank)[0] in manifest["files"] else 0
-    if rng_rank != rank:
-        log.info("%s has no RNG state for rank %d (written by fewer ranks): using rank 0's",
-                 path, rank)
-    rng_st, rng_js = rng_names(rng_rank)
-    if rng_st not in manifest["files"]:
-        raise CheckpointError(f"sharded snapshot {path} has no {rng_st}; it is incomplete, "
-                              "resume from another one")
-    rng_tensors, _ = read_safetensors(path / rng_st)
-    rng_state = join_tree(read_json(path / rng_js), rng_tensors, str(path / rng_js))
-    extra_files = {name: (path / name).read_bytes() for name, r in manifest["files"].items()
-                   if r.get("role") == "extra_file"}
-    snap = Snapshot(path=path, manifest=manifest, model_state={}, optimizer_state=opt_doc,
-                    trainer_state=read_json(path / TRAINER_STATE), rng_state=rng_state,
-                    config_yaml=(path / CONFIG_FILE).read_text(), extra_files=extra_files,
-                    dcp=sets)
-    if not consolidate:
-        return snap
-    snap.model_state = read_dcp(sets["model"], device=map_location)
-    snap.optimizer_state = optimizer_by_index(opt_doc, read_dcp(sets["optimizer"]),
-                                              str(path / OPTIMIZER_JSON))
-    snap.extra_tensors = {name: read_dcp(d, device=map_location) for name, d in sets.items()
-                          if name not in ("model", "optimizer")}
-    snap.dcp = {}
-    return snap

@@ -6,7 +6,8 @@
   file's metadata and restored as the same tensor by :func:`read_safetensors`.
 - :func:`split_tree` / :func:`join_tree` turn a nested structure such as
   ``optimizer.state_dict()`` into (JSON document, {name: tensor}) and back exactly:
-  int dict keys, tuples and tensors survive the round trip.
+  int dict keys, tuples and tensors survive the round trip; :func:`read_tree` reads such a
+  pair of files back.
 """
 
 from __future__ import annotations
@@ -201,6 +202,22 @@ def join_tree(doc: Any, tensors: Mapping[str, torch.Tensor], where: str) -> Any:
 
 def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
+
+
+def read_json(path: Path) -> Any:
+    """A snapshot's JSON file; CheckpointError when it is not readable JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON ({exc}); the snapshot is corrupted, "
+                              "rerun the segment that writes it") from None
+
+
+def read_tree(directory: Path, doc_name: str, tensors_name: str | None = None) -> Any:
+    """What :func:`split_tree` wrote as ``doc_name`` (JSON) + ``tensors_name`` (safetensors;
+    None: the document references no tensors) in ``directory``, joined back."""
+    tensors = {} if tensors_name is None else read_safetensors(directory / tensors_name)[0]
+    return join_tree(read_json(directory / doc_name), tensors, str(directory / doc_name))
 
 
 def dumps_json(doc: Any) -> bytes:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint.manifest import verify_snapshot
-from ..checkpoint.snapshot import load_model_state
+from ..checkpoint.restore import load_model_state
 from ..device import dist_backend
 from ..model.flex import decided_kernel
 from ..spec.layout import RunLayout

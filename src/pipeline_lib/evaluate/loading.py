@@ -2,7 +2,7 @@
 
 Works on both kinds of snapshot without a process group: a sharded one (written by a
 multi-process run, weights in ``model_dcp/``) is consolidated into full tensors by
-:func:`~pipeline_lib.checkpoint.snapshot.load_model_state`.
+:func:`~pipeline_lib.checkpoint.restore.load_model_state`.
 
 The tokenizer is the snapshot's own ``tokenizer.json`` (the trainer writes it into every
 snapshot, covered by MANIFEST.json), so the snapshot directory is all evaluation needs; an
@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from ..checkpoint.compat import snapshot_config
-from ..checkpoint.contents import CONFIG_FILE, TRAINER_STATE, read_json
+from ..checkpoint.contents import CONFIG_FILE, TRAINER_STATE
 from ..checkpoint.manifest import MANIFEST_NAME, describe_non_snapshot, verify_snapshot
-from ..checkpoint.snapshot import load_model_state
+from ..checkpoint.restore import load_model_state
+from ..checkpoint.tensorio import read_json
 from ..data.tokenizer_identity import check_same_tokenizer, identify, snapshot_identity
 from ..errors import CheckpointError
 from ..memory_check import check_memory

@@ -184,8 +184,8 @@ def segment_signature(cfg: Config, data_dir: Path) -> str:
 def snapshot_step(snapshot: Path) -> int | None:
     """The step ``snapshot`` recorded (None when unreadable: restoring it names the fault)."""
     try:
-        return int(json.loads((snapshot / "trainer_state.json").read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int((read_state(snapshot) or {})["step"])
+    except (ValueError, KeyError, TypeError):
         return None
 
 

@@ -1,7 +1,8 @@
 """A segment's stateful parts in torch's ``Stateful`` shape, for the one checkpoint path.
 
 :func:`segment_parts` gives the mapping the trainer hands to
-:func:`pipeline_lib.checkpoint.state_io.save` / ``load``. Parts that already have the shape
+:func:`pipeline_lib.checkpoint.state_io.save` and
+:func:`~pipeline_lib.checkpoint.restore.restore_snapshot`. Parts that already have the shape
 go in as they are (spike guard, loop sampler, RNG streams, trainer counters); the adapters
 here give it to the rest:
 

@@ -35,9 +35,8 @@ from tqdm import tqdm
 
 from ..checkpoint import state_io
 from ..checkpoint.best import update_best_snapshot
-from ..checkpoint.contents import Snapshot
+from ..checkpoint.restore import Snapshot, load_weights_only, restore_snapshot
 from ..checkpoint.rng import RNGStreams
-from ..checkpoint.snapshot import load_weights_only
 from ..data.loader import DataCursor, PackedData
 from ..errors import ConfigError, TrainingError
 from ..model.loop_sampling import LoopSampler
@@ -216,7 +215,7 @@ class Trainer:
         lacks starts from the restored weights."""
         parts = self.parts(source=snapshot)
         self.state.source = str(snapshot / "trainer_state.json")
-        snap = state_io.load(snapshot, parts, ranks=self.ranks, map_location=self.device)
+        snap = restore_snapshot(snapshot, parts, ranks=self.ranks, map_location=self.device)
         if self.ema is not None and not parts["ema"].loaded:
             self.ema = self.runner.ema = WeightsEMA(self.model, self.cfg.train.ema_decay)
         log.info("resumed from %s: step %d, cursor %s", snapshot, self.state.step,
