@@ -30,7 +30,7 @@ import pytest
 from support.slurm_cluster import CANNOT, RUN, job_env, run_config, was_up
 
 from pipeline_lib.checkpoint.manifest import verify_snapshot
-from pipeline_lib.checkpoint.snapshot import load_snapshot
+from pipeline_lib.checkpoint.restore import load_snapshot
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(900)]
 
