@@ -19,7 +19,7 @@ from pipeline_lib.spec.config import BenchConfig, BenchSamplingConfig
 
 pytestmark = pytest.mark.slow
 TASK = "loopline_addition"
-SAMPLING = BenchSamplingConfig(repeats=5, temperature=1.0, k=[1, 5])
+SAMPLING = BenchSamplingConfig(repeats=5, temperature=1.0)
 
 
 def bench_config(**kwargs) -> BenchConfig:
@@ -58,7 +58,7 @@ def direct_answers(snapshot_dir: Path, tasks_dir: Path, h_eff: int, seed: int) -
 def test_maj_and_pass_at_5_per_h_eff_with_intervals_from_the_answers(sampled, snapshot_dir):
     report, _, tasks_dir = sampled
     info = report["tasks"][TASK]
-    assert report["bench"]["sampling"] == {"repeats": 5, "temperature": 1.0, "k": [1, 5]}
+    assert report["bench"]["sampling"] == {"repeats": 5, "temperature": 1.0}
     rows = [json.loads(line) for line in (tasks_dir / f"{TASK}.jsonl").read_text().splitlines()]
     for h in (1, 3):
         scores = info["h_eff"][str(h)]
@@ -128,7 +128,7 @@ def test_temperature_zero_repeats_are_todays_greedy(snapshot_dir, tmp_path):
     greedy = run_benchmarks(snapshot_dir, bench_config(sampling=BenchSamplingConfig()),
                             tmp_path / "g", None)
     zero = run_benchmarks(snapshot_dir, bench_config(sampling=BenchSamplingConfig(
-        repeats=5, temperature=0.0, k=[5])), tmp_path / "z", None)
+        repeats=5, temperature=0.0)), tmp_path / "z", None)
     for h in ("1", "3"):
         g, z = greedy["tasks"][TASK]["h_eff"][h], zero["tasks"][TASK]["h_eff"][h]
         assert "sampled" not in g and z["per_sample"] == g["per_sample"]

@@ -19,8 +19,6 @@ from pipeline_lib.task_catalog import check_bench_tasks
     ("bench.sampling.temperature=-1", "config key bench.sampling.temperature = -1.0 is below "
                                       "its minimum 0"),
     ("bench.sampling.repeats=0", "config key bench.sampling.repeats = 0 is below its minimum 1"),
-    ("bench.sampling.k=[1,8]", "bench.sampling.k lists 8 but bench.sampling.repeats = 5 answers "
-                               "per question; raise repeats to at least 8 or lower k"),
 ])
 def test_bad_bench_sampling_is_a_one_line_config_error(override, words):
     with pytest.raises(ConfigError) as err:
@@ -73,10 +71,4 @@ def test_the_bench_command_refuses_them_with_exit_2_and_writes_nothing(snapshot_
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert err[0].startswith("error: task my_gen (") and "k=3" in err[0]
-    assert not (tmp_path / "bench").exists()
-    rc = main(["bench", "--snapshot", str(snapshot_dir), "--out", str(out), "--h-eff", "1",
-               "bench.sampling.repeats=2", "bench.sampling.k=[3]", "--no-track"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err == ["error: bench.sampling.k lists 3 but bench.sampling.repeats = 2 "
-                               "answers per question; raise repeats to at least 3 or lower k"]
     assert not (tmp_path / "bench").exists()

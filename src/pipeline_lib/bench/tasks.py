@@ -158,20 +158,19 @@ def task_config(task: BuiltinTask, data_file: Path, bench: BenchConfig) -> dict[
 
 def sampled_config(sampling: BenchSamplingConfig) -> dict[str, Any]:
     """What ``bench.sampling`` changes in a generative built-in task's YAML: lm-eval's
-    ``repeats`` and sampling ``generation_kwargs``, and with ``k`` the metric that scores all
-    answers (:data:`.sampled.SAMPLES_METRIC`: exact_match of the first, pass@k and maj@k)
-    behind a filter that keeps them all. Nothing at the defaults (one greedy answer), so the
-    task file stays byte for byte what it was."""
+    ``repeats`` and sampling ``generation_kwargs``, and with several answers the metric that
+    scores them all (:data:`.sampled.SAMPLES_METRIC`: exact_match of the first, pass@1,
+    pass@repeats and maj@repeats) behind a filter that keeps them all. Nothing at the
+    defaults (one greedy answer), so the task file stays byte for byte what it was."""
     cfg: dict[str, Any] = {}
     if sampling.temperature > 0:
         cfg["generation_kwargs"] = {"do_sample": True, "temperature": sampling.temperature}
     if sampling.repeats > 1:
         cfg["repeats"] = sampling.repeats
-    if sampling.k:
         cfg["filter_list"] = [{"name": "none", "filter": [
             {"function": "take_first_k", "k": sampling.repeats}]}]
         cfg["metric_list"] = [{"metric": SAMPLES_METRIC, "aggregation": "mean",
-                               "higher_is_better": True, "k": sorted(set(sampling.k))}]
+                               "higher_is_better": True, "k": [1, sampling.repeats]}]
     return cfg
 
 

@@ -207,13 +207,11 @@ class BenchSamplingConfig:
     """Sampled answers of the built-in generative tasks (``loopline_addition``): lm-eval's
     ``repeats`` with ``do_sample``, scored as pass@k and maj@k (bench.sampled)."""
 
-    repeats: int = _f(1, "Answers sampled per question (lm-eval repeats); 1 with temperature 0 "
-                      "= one greedy answer, as without sampling.", minimum=1)
+    repeats: int = _f(1, "Answers sampled per question (lm-eval repeats), scored as pass@1, "
+                      "pass@repeats and maj@repeats when > 1; 1 with temperature 0 = one "
+                      "greedy answer, as without sampling.", minimum=1)
     temperature: float = _f(0.0, "Sampling temperature; 0 = greedy (every repeat the same "
                             "answer).", minimum=0)
-    k: list[int] = _f([], "pass@k and maj@k reported for each k (each at most repeats), with "
-                      "compute per answer = k × loops per sampled answer; empty = none.",
-                      items={"minimum": 1})
 
 
 @dataclass

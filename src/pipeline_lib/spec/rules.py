@@ -267,14 +267,6 @@ def check_exit_gate_trained(train: Any, model: Any) -> None:
 
 
 
-def check_bench_sampling(sampling: Any, key: str = "bench.sampling") -> None:
-    """Every k of pass@k and maj@k needs at least k sampled answers per question."""
-    too_big = [k for k in sampling.k if k > sampling.repeats]
-    if too_big:
-        raise ConfigError(f"{key}.k lists {too_big[0]} but {key}.repeats = {sampling.repeats} "
-                          f"answers per question; raise repeats to at least {max(too_big)} or "
-                          "lower k")
-
 
 def check_model_shape(cfg: Any) -> None:
     """Cross-field rules of the architecture (run by :func:`validate_config` and by
@@ -350,7 +342,6 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError("bench.min_difficulty exceeds bench.max_difficulty; swap them")
     check_adaptive_exit(cfg.eval.adaptive, "eval.adaptive", cfg.model)
     check_adaptive_exit(cfg.bench.adaptive, "bench.adaptive", cfg.model)
-    check_bench_sampling(cfg.bench.sampling)
     check_exit_objective(t, cfg.model)
     for name in cfg.runs:
         if not is_name(name, RUN_NAME_PATTERN):

@@ -23,7 +23,7 @@ LATER_MODEL_DEFAULTS = {"n_kv_heads": 0, "rope_scaling": "none", "rope_scaling_f
                         "head_dim": 0, "qkv_bias": False, "qk_norm": "none",
                         "norm_placement": "pre", "recurrence": "plain", "init": "scaled",
                         "learned_positions": 0}
-LATER_BENCH_DEFAULTS = {"sampling": {"repeats": 1, "temperature": 0.0, "k": []}}
+LATER_BENCH_DEFAULTS = {"sampling": {"repeats": 1, "temperature": 0.0}}
 LATER_TRAIN_DEFAULTS = {"muon_lr": 0.0, "muon_momentum": 0.95,
                         "muon_adjust_lr": "match_rms_adamw", "freeze": [],
                         "exit_entropy_weight": 0.01}
