@@ -33,13 +33,13 @@ def test_single_node_command_is_standalone_with_the_train_arguments() -> None:
 def test_multi_node_rendezvous_from_config_then_environment() -> None:
     cfg = with_train(nproc=2, nnodes=3, rdzv_endpoint="node7:29400", rdzv_timeout_s=45)
     rdzv = job_rendezvous(cfg, env={})
-    assert rdzv == Rendezvous("node7:29400", (), 45)
-    assert rendezvous_args(cfg, rdzv, env={"SLURM_JOB_ID": "881"}) == [
+    assert rdzv == Rendezvous("node7:29400", 3, (), 45)
+    assert rendezvous_args(rdzv, env={"SLURM_JOB_ID": "881"}) == [
         "--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node7:29400",
         "--rdzv-id", "881", "--rdzv-conf", "join_timeout=45"]
     env_cfg = with_train(nproc=2, nnodes=2)
     master = {"MASTER_ADDR": "n1", "MASTER_PORT": "1234"}
-    assert rendezvous_args(env_cfg, job_rendezvous(env_cfg, master), master,
+    assert rendezvous_args(job_rendezvous(env_cfg, master), master,
                            job_id="step_0000010")[5:8] == ["n1:1234", "--rdzv-id", "step_0000010"]
     with pytest.raises(ConfigError, match="train.rdzv_endpoint"):
         job_rendezvous(env_cfg, env={})
@@ -54,11 +54,12 @@ def test_inside_slurm_srun_starts_one_labelled_torchrun_per_node_with_the_node_c
     monkeypatch.setenv("PATH", str(tmp_path))
     cfg = with_train(nproc=4, nnodes=2, rdzv_endpoint="n1:29400")
     cfg = replace(cfg, resources=replace(cfg.resources, train_cpus=30, train_gpus=4))
-    rdzv = Rendezvous("n1:29400", ("n1", "n2"), 600)
+    rdzv = Rendezvous("n1:29400", 2, ("n1", "n2"), 600)
     cmd = torchrun_command(cfg, ["--out", "o"], rdzv=rdzv, env={"SLURM_JOB_ID": "7"})
     # 30 CPUs over 4 processes: the job holds 7 per process (cluster_resources), 28 per node
-    assert cmd[:8] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=28",
-                       "--gres=gpu:4", "--kill-on-bad-exit=1", "--label", sys.executable]
+    assert cmd[:9] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=28",
+                       "--ntasks=2", "--gres=gpu:4", "--kill-on-bad-exit=1", "--label",
+                       sys.executable]
     assert torchrun_command(cfg, [], rdzv=rdzv, env={})[0] == sys.executable  # no allocation
 
 

@@ -55,7 +55,7 @@ def test_two_nodes_train_exactly_like_one_node_of_two_processes(
     # srun started one torchrun per node, joined by c10d at the endpoint
     call = json.loads(srun_log.read_text())
     assert call["options"] == {"nodes": "2", "ntasks-per-node": "1", "cpus-per-task": "1",
-                               "kill-on-bad-exit": "1", "label": ""}
+                               "ntasks": "2", "kill-on-bad-exit": "1", "label": ""}
     cmd = call["command"]
     for flag, value in (("--nnodes", "2"), ("--rdzv-backend", "c10d"),
                         ("--rdzv-endpoint", endpoint), ("--rdzv-id", "4242"),

@@ -4,9 +4,14 @@ tests/workflow/test_slurm_nodes.py)."""
 
 from __future__ import annotations
 
-from pipeline_lib.train.rendezvous import Rendezvous, rendezvous_failure, rendezvous_port
+from pipeline_lib.train.rendezvous import (
+    Rendezvous,
+    after_node_loss,
+    rendezvous_failure,
+    rendezvous_port,
+)
 
-RDZV = Rendezvous("10.241.17.1:24242", ("node1", "node2", "node3"), 30)
+RDZV = Rendezvous("10.241.17.1:24242", 3, ("node1", "node2", "node3"), 30)
 # what torchrun prints on a node whose rendezvous timed out, as srun --label shows it
 TIMED_OUT = [
     "0: Traceback (most recent call last):\n",
@@ -23,7 +28,7 @@ def test_the_port_is_20000_plus_the_job_id_mod_20000() -> None:
 
 
 def test_a_timed_out_rendezvous_names_the_nodes_that_did_not_join_and_the_timeout() -> None:
-    line = rendezvous_failure(RDZV, 3, TIMED_OUT)
+    line = rendezvous_failure(RDZV, TIMED_OUT)
     assert line == ("the rendezvous at 10.241.17.1:24242 did not complete within 30 s: node2 "
                     "did not join (a node whose torchrun did not start, or that cannot reach "
                     "10.241.17.1:24242; train.rdzv_timeout_s sets the wait)")
@@ -31,11 +36,19 @@ def test_a_timed_out_rendezvous_names_the_nodes_that_did_not_join_and_the_timeou
 
 
 def test_without_labels_it_says_how_many_nodes_were_expected() -> None:
-    lone = Rendezvous("127.0.0.1:29400", (), 5)
-    line = rendezvous_failure(lone, 2, ["torch.distributed.elastic.rendezvous.api."
-                                        "RendezvousTimeoutError\n"])
+    lone = Rendezvous("127.0.0.1:29400", 2, (), 5)
+    line = rendezvous_failure(lone, ["torch.distributed.elastic.rendezvous.api."
+                                   "RendezvousTimeoutError\n"])
     assert line is not None and "within 5 s: fewer than 2 nodes joined" in line
 
 
 def test_other_failures_are_not_a_rendezvous_timeout() -> None:
-    assert rendezvous_failure(RDZV, 3, ["0: RuntimeError: connection reset by peer\n"]) is None
+    assert rendezvous_failure(RDZV, ["0: RuntimeError: connection reset by peer\n"]) is None
+
+
+def test_going_on_after_a_node_loss_is_asked_for_and_needs_a_slurm_job() -> None:
+    """No min_nnodes, or no SLURM job to ask which nodes are left: the failure stands (the
+    nodes left are read from a real allocation in tests/workflow/test_slurm_nodes.py)."""
+    assert after_node_loss(RDZV, "", 0, {"SLURM_JOB_ID": "4242"}) is None
+    assert after_node_loss(RDZV, "", 2, {}) is None
+    assert after_node_loss(Rendezvous("n1:1", 2, (), 5), "n1:1", 1, {"SLURM_JOB_ID": "1"}) is None

@@ -277,6 +277,35 @@ def test_multi_node_segments_ask_slurm_for_nodes_and_tasks(nproc, gpus, wanted, 
     assert "nodes" not in plan.cluster_resources("eval")
 
 
+def test_going_on_with_fewer_nodes_asks_slurm_not_to_end_the_job_on_a_failed_node():
+    plan = _plan("train.nnodes=3", "train.min_nnodes=2", "train.global_batch_rows=48",
+                 "train.micro_batch_rows=8")
+    assert plan.segment_time() == {"runtime": 60, "slurm_extra": "--signal=USR1@300 --no-kill"}
+    assert "--no-kill" in _sbatch({**plan.cluster_resources("train"), **plan.segment_time()})
+    same = _plan("train.nnodes=3", "train.min_nnodes=3", "train.global_batch_rows=48",
+                 "train.micro_batch_rows=8")
+    assert same.segment_time()["slurm_extra"] == "--signal=USR1@300"  # nothing to go on with
+
+
+@pytest.mark.parametrize("overrides, pattern", [
+    (["train.nnodes=2", "train.min_nnodes=3", "train.micro_batch_rows=2"],
+     r"train.min_nnodes = 3 exceeds train.nnodes = 2; use at most 2"),
+    # 16 rows split over 2 and 4 nodes of one process, not over 3: lcm(2, 3, 4) × 8 rows
+    (["train.nnodes=4", "train.min_nnodes=2", "train.micro_batch_rows=2",
+      "train.global_batch_rows=16"],
+     r"global_batch_rows = 16 does not split over every node count from train.min_nnodes = "
+     r"2 to train.nnodes = 4 .* use a multiple of 24, or raise train.min_nnodes"),
+])
+def test_the_fewest_nodes_must_fit_the_nodes_and_the_batch(overrides, pattern):
+    from pipeline_lib.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(None, overrides)
+    fits = ["train.nnodes=4", "train.min_nnodes=2", "train.micro_batch_rows=2",
+            "train.global_batch_rows=24"]
+    assert load_config(None, fits).train.min_nnodes == 2
+
+
 def test_variants_cannot_change_the_nodes_of_a_multi_node_run(tmp_path):
     from pipeline_lib.errors import ConfigError
 
@@ -345,6 +374,8 @@ def test_train_signature_ignores_keys_that_leave_the_weights_alone():
 
     plain = signature()
     assert signature(activation_checkpointing="loop", val_h_eff=[1, 2]) == plain
+    two = {"nnodes": 2, "micro_batch_rows": 8}
+    assert signature(**two, min_nnodes=1) == signature(**two)  # how few after a node loss
     assert signature(muon_momentum=0.95, freeze=[]) == plain  # the later keys' defaults
     assert signature(freeze=["embeddings"]) != plain
     assert signature(optimizer="muon") != plain

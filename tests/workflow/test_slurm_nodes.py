@@ -9,7 +9,10 @@ torchrun per node, and they meet at the rendezvous the job derived from its allo
 slurmd and every process of its namespace killed, the node marked DOWN); SLURM requeues the
 job (``slurm-requeue``), node2 comes back, and the segment runs again from its input
 snapshot. Both snapshots must be bit-identical to the same config run locally as one node
-of two processes, every step logged once.
+of two processes, every step logged once. A second run allows one node
+(``train.min_nnodes: 1``): its job outlives the loss (``--no-kill``) and runs the segment
+again on node1 alone, node2 staying down; the result equals the reference up to the rounding
+of one process summing what two did.
 
 One cluster bring-up for the module (seconds), the smallest run that shows it (two segments
 of 4 steps). Skipped, with the script's reason, where the cluster cannot be brought up (not
@@ -45,8 +48,8 @@ SEGMENT, STEPS = 4, 8
 PREFIX = f"llnodes{os.getpid()}"
 
 
-def _config(nodes: int, procs: int) -> str:
-    return run_config(STEPS, SEGMENT, f"\n  nnodes: {nodes}\n  nproc: {procs}")
+def _config(nodes: int, procs: int, extra: str = "") -> str:
+    return run_config(STEPS, SEGMENT, f"\n  nnodes: {nodes}\n  nproc: {procs}{extra}")
 
 
 def _snapshot(workdir: Path, step: int) -> Path:
@@ -135,8 +138,9 @@ def local(lost_node_run: dict) -> Path:
     return lost_node_run["local"]
 
 
-def _lose_a_node(workdir: Path) -> dict:
-    workdir = _workdir(workdir, _config(2, 1))
+def _start_and_lose_node2(workdir: Path, config: str) -> tuple[subprocess.Popen, dict]:
+    """Snakemake started on ``config``; node2 lost while the second segment pauses."""
+    workdir = _workdir(workdir, config)
     paused = workdir / "paused"
     env = {**_slurm_env(workdir), "PYTHONPATH": os.pathsep.join(
         p for p in (str(FAULT_SITE), os.environ.get("PYTHONPATH", "")) if p),
@@ -144,6 +148,7 @@ def _lose_a_node(workdir: Path) -> dict:
     log = open(workdir / "snakemake.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(_command(workdir, slurm=True), stdout=log, stderr=subprocess.STDOUT,
                             env=env, cwd=workdir, start_new_session=True)
+    log.close()  # the child holds it
     seen: dict = {"workdir": workdir}
     try:
         _wait("the second segment's pause", paused.exists, proc)
@@ -152,6 +157,27 @@ def _lose_a_node(workdir: Path) -> dict:
                            if f"_{RUN}_{STEPS:07d}" in line)
         lost = _script("lose", "2")
         assert lost.returncode == 0, lost.stderr
+    except BaseException:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise
+    return proc, seen
+
+
+def _finish(proc: subprocess.Popen, seen: dict) -> dict:
+    try:
+        seen["rc"] = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    seen["log"] = (seen["workdir"] / "snakemake.log").read_text()
+    return seen
+
+
+def _lose_a_node(workdir: Path) -> dict:
+    proc, seen = _start_and_lose_node2(workdir, _config(2, 1))
+    try:
         # SLURM requeues the job of the failed node (same id; pending until it may start)
         _wait("the job requeued", lambda: _job_state(seen["job"]) in ("PENDING", ""), proc, 120)
         seen["state_after_loss"] = _job_state(seen["job"])
@@ -159,13 +185,8 @@ def _lose_a_node(workdir: Path) -> dict:
         assert back.returncode == 0, back.stderr
         if seen["state_after_loss"] == "PENDING":  # not after SLURM's 120-s requeue delay
             _slurm("scontrol", "update", f"JobId={seen['job']}", "StartTime=now")
-        seen["rc"] = proc.wait(timeout=600)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        log.close()
-    seen["log"] = (workdir / "snakemake.log").read_text()
+        seen = _finish(proc, seen)
     return seen
 
 
@@ -229,3 +250,54 @@ def test_the_lost_node_fails_the_job_in_one_line_and_slurm_requeues_it(
                  .rglob(f"step_{STEPS:07d}.attempt1.log")).read_text()
     # one line says why (here: srun's "Node failure on node2", unless node1's task ended first)
     assert re.search(r"ERROR .*: 2-process training to step 8 failed: \S", first), first[-3000:]
+
+
+@pytest.fixture(scope="module")
+def fewer_nodes_run(lost_node_run: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The same run allowed to go on with one node (``train.min_nnodes: 1``): node2 is lost
+    in the second segment and stays down until the run has finished."""
+    workdir = tmp_path_factory.mktemp("nodes") / "fewer"
+    proc, seen = _start_and_lose_node2(workdir, _config(2, 1, "\n  min_nnodes: 1"))
+    try:
+        seen = _finish(proc, seen)
+    finally:
+        back = _script("back", "2")
+    assert back.returncode == 0, back.stderr
+    return seen
+
+
+def test_a_job_allowed_fewer_nodes_goes_on_with_the_node_left(fewer_nodes_run: dict) -> None:
+    assert fewer_nodes_run["rc"] == 0, fewer_nodes_run["log"][-5000:]
+    states = _slurm("sacct", "-X", "-D", "-n", "-P", "-j", fewer_nodes_run["job"], "-o", "State")
+    # one job, resized (node2 taken out of it), not ended and requeued
+    assert states.split() == ["RESIZING", "COMPLETED"]
+    log = _segment_logs(fewer_nodes_run["workdir"], STEPS)
+    assert re.search(r"WARNING .*: node2 failed and left the job; going on with the 1 node\(s\) "
+                     r"left \(node1; train.min_nnodes = 1\): the segment again from its input, "
+                     r"1 process\(es\)", log), log[-4000:]
+    launches = re.findall(r"launching (\d)×1 processes: srun --nodes=(\d)", log)
+    assert launches == [("2", "2"), ("1", "1")], launches
+    assert log.count(f"segment {SEGMENT}→{STEPS} done") == 1
+
+
+def test_on_fewer_nodes_the_weights_differ_only_by_rounding(fewer_nodes_run: dict,
+                                                            local: Path) -> None:
+    """Same rows per step (global data order), one process summing what two did: the
+    segment before the loss is bit-identical, the one finished on node1 equal up to
+    rounding; every step logged once."""
+    wd = fewer_nodes_run["workdir"]
+    before, reference = load_snapshot(_snapshot(wd, SEGMENT)), load_snapshot(_snapshot(local, SEGMENT))
+    assert all(before.model_state[k].equal(reference.model_state[k]) for k in reference.model_state)
+    verify_snapshot(_snapshot(wd, STEPS))
+    after, reference = load_snapshot(_snapshot(wd, STEPS)), load_snapshot(_snapshot(local, STEPS))
+    assert after.trainer_state["world_size"] == 1 and reference.trainer_state["world_size"] == 2
+    worst = max((after.model_state[k] - reference.model_state[k]).abs().max().item()
+                for k in reference.model_state)
+    assert worst < 1e-5, worst
+    assert _metrics_steps(wd) == list(range(1, STEPS + 1))
+    ours = [json.loads(x)["loss"] for x in (wd / "results" / RUN / "train" / "metrics.jsonl")
+            .read_text().splitlines()]
+    theirs = [json.loads(x)["loss"] for x in (local / "results" / RUN / "train" /
+                                              "metrics.jsonl").read_text().splitlines()]
+    assert ours[:SEGMENT] == theirs[:SEGMENT]
+    assert ours == pytest.approx(theirs, rel=1e-5)

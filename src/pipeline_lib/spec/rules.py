@@ -10,6 +10,7 @@ the vocabulary of ``train.freeze``; what each part holds in the model is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,30 @@ def check_optimizer_and_freeze(train: Any, model: Any) -> None:
     if not set(present) - set(train.freeze):
         raise ConfigError(f"train.freeze = {train.freeze} freezes every part of the model; "
                           "nothing would train: leave at least one part out")
+
+
+def check_nodes_and_batch(t: Any) -> None:
+    """``train.min_nnodes`` lies in [0, nnodes], and the global batch splits evenly over
+    every world size a segment may run on (``nproc`` × each node count from ``min_nnodes``,
+    or ``nnodes`` alone, to ``nnodes``): one micro-batch on every rank per pass."""
+    if t.min_nnodes > t.nnodes:
+        raise ConfigError(f"train.min_nnodes = {t.min_nnodes} exceeds train.nnodes = "
+                          f"{t.nnodes}; use at most {t.nnodes} (0 = no continuing on fewer)")
+    counts = range(t.min_nnodes or t.nnodes, t.nnodes + 1)
+    unit = math.lcm(*(t.micro_batch_rows * t.nproc * n for n in counts))
+    if t.global_batch_rows % unit == 0:
+        return
+    if len(counts) > 1:
+        raise ConfigError(
+            f"train.global_batch_rows = {t.global_batch_rows} does not split over every node "
+            f"count from train.min_nnodes = {t.min_nnodes} to train.nnodes = {t.nnodes} (× "
+            f"train.nproc {t.nproc} × train.micro_batch_rows {t.micro_batch_rows}); use a "
+            f"multiple of {unit}, or raise train.min_nnodes")
+    nodes = (" × train.nnodes", f" × {t.nnodes}") if t.nnodes > 1 else ("", "")
+    raise ConfigError(
+        f"train.global_batch_rows = {t.global_batch_rows} is not a multiple of "
+        f"train.micro_batch_rows × train.nproc{nodes[0]} = {t.micro_batch_rows} × "
+        f"{t.nproc}{nodes[1]}; use a multiple of {unit}")
 
 
 def check_distill(train: Any, model: Any) -> None:
@@ -300,13 +325,7 @@ def validate_config(cfg: Any) -> None:
     check_field_constraints(cfg, "")
     check_model_shape(cfg.model)
     t, d = cfg.train, cfg.data
-    per_pass = t.micro_batch_rows * t.nproc * t.nnodes  # one micro-batch on every rank
-    if t.global_batch_rows % per_pass:
-        nodes = (" × train.nnodes", f" × {t.nnodes}") if t.nnodes > 1 else ("", "")
-        raise ConfigError(
-            f"train.global_batch_rows = {t.global_batch_rows} is not a multiple of "
-            f"train.micro_batch_rows × train.nproc{nodes[0]} = {t.micro_batch_rows} × "
-            f"{t.nproc}{nodes[1]}; use a multiple of {per_pass}")
+    check_nodes_and_batch(t)
     if t.stop_margin_minutes >= t.segment_runtime_minutes:
         raise ConfigError(f"train.stop_margin_minutes = {t.stop_margin_minutes} leaves no time "
                           f"of train.segment_runtime_minutes = {t.segment_runtime_minutes}; "

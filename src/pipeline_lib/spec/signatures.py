@@ -13,8 +13,10 @@ from .config import Config
 from .config_write import config_hash, to_dict
 from .init_source import fingerprint_id
 
-# how long a segment job may run or wait: no effect on the weights (a stop resumes exactly)
-JOB_TIME_KEYS = frozenset({"segment_runtime_minutes", "stop_margin_minutes", "rdzv_timeout_s"})
+# how long a segment job may run or wait, and on how few nodes it may go on after losing
+# some: no effect on the weights of a segment that runs through (a stop resumes exactly)
+JOB_KEYS = frozenset({"segment_runtime_minutes", "stop_margin_minutes", "rdzv_timeout_s",
+                           "min_nnodes"})
 # Model keys added after runs were made, at their defaults: left out of the train signature
 # so that a finished run does not retrain because the code learned a new option.
 LATER_MODEL_DEFAULTS = {"n_kv_heads": 0, "rope_scaling": "none", "rope_scaling_factor": 1.0,
@@ -79,7 +81,7 @@ def bench_signature(cfg: Config) -> str:
 def train_signature(cfg: Config, data_id: str) -> str:
     """Hash of what determines the trained weights: a change retrains, eval.* does not."""
     train = without_later_defaults(to_dict(cfg.train), LATER_TRAIN_DEFAULTS,
-                                    JOB_TIME_KEYS | SAME_WEIGHTS_TRAIN_KEYS | {"distill"})
+                                    JOB_KEYS | SAME_WEIGHTS_TRAIN_KEYS | {"distill"})
     train.update(distill_signature(cfg))
     relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
                 "data_id": data_id, "model": model_signature(cfg.model),

@@ -17,7 +17,9 @@ a free port, so concurrent segment jobs on one machine never collide (torchrun i
 inside a SLURM allocation, ``srun --label`` starts one torchrun per node (the rule asks SLURM
 for the nodes: see :func:`pipeline_lib.workflow.cluster_resources.multi_node_resources`). The
 job's output is streamed into this process's log; a failure raises TrainingError carrying the
-failing rank's error line, or the nodes a rendezvous waited for in vain.
+failing rank's error line, or the nodes a rendezvous waited for in vain. A node that fails
+mid-segment ends the job, which SLURM requeues; with ``train.min_nnodes`` the job survives it
+(``--no-kill``) and runs the segment again from its input on the nodes left, when enough are.
 
 In the worker processes the ``train`` command calls :func:`train_in_process`, which sees
 torchrun's environment, joins the process group and trains its rank.
@@ -25,6 +27,7 @@ torchrun's environment, joins the process group and trains its rank.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -33,7 +36,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +51,7 @@ from .finished import adopt_finished, drop_consumed
 from .job import check_segment_outputs, train_segment
 from .lease import run_lease
 from .preempt import STOP_SIGNALS, latched_signal
-from .rendezvous import Rendezvous, rendezvous_failure, resolve_rendezvous
+from .rendezvous import Rendezvous, after_node_loss, rendezvous_failure, resolve_rendezvous
 from .run_tracking import SegmentTracking
 from .segment_start import segment_signature, snapshot_step, stop_record
 
@@ -71,33 +74,34 @@ def job_rendezvous(cfg: Config, env: Mapping[str, str] | None = None) -> Rendezv
                               os.environ if env is None else env)
 
 
-def rendezvous_args(cfg: Config, rdzv: Rendezvous | None,
-                    env: Mapping[str, str] | None = None, job_id: str = "") -> list[str]:
+def rendezvous_args(rdzv: Rendezvous | None, env: Mapping[str, str] | None = None,
+                    job_id: str = "") -> list[str]:
     """torchrun's rendezvous options: standalone on one node, c10d across several."""
     if rdzv is None:
         return ["--standalone", "--nnodes", "1"]
     env = os.environ if env is None else env
     rdzv_id = env.get("SLURM_JOB_ID") or job_id or "loopline"
-    return ["--nnodes", str(cfg.train.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+    return ["--nnodes", str(rdzv.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
             rdzv.endpoint, "--rdzv-id", rdzv_id, "--rdzv-conf", f"join_timeout={rdzv.timeout_s}"]
 
 
 def torchrun_command(cfg: Config, train_args: Iterable[str], *, rdzv: Rendezvous | None = None,
                      env: Mapping[str, str] | None = None, job_id: str = "") -> list[str]:
     """The command line of a multi-process segment (``srun`` first across SLURM nodes);
-    ``rdzv``: :func:`job_rendezvous`'s (None on one node)."""
+    ``rdzv``: :func:`job_rendezvous`'s (None on one node), or the smaller one of the nodes
+    left after a node failed (:func:`~.rendezvous.after_node_loss`)."""
     env = os.environ if env is None else env
     t, r = cfg.train, cfg.resources
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous_args(cfg, rdzv, env, job_id),
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous_args(rdzv, env, job_id),
            "--nproc_per_node", str(t.nproc), "-m", "pipeline_lib", "train", *train_args]
-    if t.nnodes > 1 and env.get("SLURM_JOB_ID") and shutil.which("srun"):
+    if rdzv is not None and env.get("SLURM_JOB_ID") and shutil.which("srun"):
         # one torchrun per node, holding what the job holds on each node for its nproc workers
         # (the executor plugin strips SLURM_CPUS_ON_NODE & co. from the job: from the config,
         # as cluster_resources.multi_node_resources asked for them); --label: node by node
         cpus = max(1, r.train_cpus // t.nproc) * t.nproc
         gres = [f"--gres=gpu:{r.train_gpus}"] if r.train_gpus else []
-        cmd = ["srun", f"--nodes={t.nnodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
-               *gres, "--kill-on-bad-exit=1", "--label", *cmd]
+        cmd = ["srun", f"--nodes={rdzv.nnodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
+               f"--ntasks={rdzv.nnodes}", *gres, "--kill-on-bad-exit=1", "--label", *cmd]
     return cmd
 
 
@@ -171,30 +175,51 @@ def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step
                              warm_start=warm_start, tracking=tracking, build_source=build_source)
     if cfg.tracking.enabled:
         resolve_uri(cfg)  # the URI's credentials into MLflow's variables, which workers inherit
-    layout = RunLayout.at(Path(run_dir or run_dir_of(Path(out))).resolve())
-    config_path = layout.launch_config(until_step)
+    home = Path(run_dir or run_dir_of(Path(out)))
+    config_path = RunLayout.at(home.resolve()).launch_config(until_step)
     config_path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(config_path, config_yaml(cfg))  # without credentials
+    args = _train_args(config_path, data_dir, resume_from, until_step, out, run_dir, attempt,
+                       warm_start, tracked=tracking is not None)
+    stopped = functools.partial(_stopped_with_resume_point, home, until_step, attempt,
+                                segment_signature(cfg, data_dir))
     try:
-        rdzv = job_rendezvous(cfg)
-        cmd = torchrun_command(cfg, _train_args(config_path, data_dir, resume_from, until_step,
-                                                out, run_dir, attempt, warm_start,
-                                                tracked=tracking is not None),
-                               rdzv=rdzv, job_id=Path(out).name)
-        log.info("launching %d×%d processes: %s", cfg.train.nnodes, cfg.train.nproc,
-                 " ".join(cmd))
-        rc, tail = _stream(cmd)
+        rc, tail, rdzv = _run_workers(cfg, args, Path(out).name, stopped)
     finally:
         config_path.unlink(missing_ok=True)
     if rc != 0:
-        reason = (rdzv and rendezvous_failure(rdzv, cfg.train.nnodes, tail)
+        reason = (rdzv and rendezvous_failure(rdzv, tail)
                   or failure_line(tail) or f"no error line in its output (exit status {rc})")
-        if _stopped_with_resume_point(run_dir or run_dir_of(Path(out)), until_step, attempt,
-                                      segment_signature(cfg, data_dir)):
+        if stopped():
             raise Preempted(reason.removeprefix("stopped: "))
-        raise TrainingError(f"{cfg.train.nproc * cfg.train.nnodes}-process training to step {until_step} failed: "
-                            f"{reason}; the full output is in the job log")
+        world = cfg.train.nproc * (rdzv.nnodes if rdzv else 1)
+        raise TrainingError(f"{world}-process training to step {until_step} failed: {reason}; "
+                            "the full output is in the job log")
     return Path(out)
+
+
+def _run_workers(cfg: Config, args: list[str], job_id: str,
+                 stopped: Callable[[], bool]) -> tuple[int, list[str], Rendezvous | None]:
+    """Run the workers (torchrun, by ``srun`` on each node of a SLURM job); when a node
+    failed and at least ``train.min_nnodes`` are left, run them again on those, from the
+    segment's input as a new job of it would. (exit status, last lines, last rendezvous)."""
+    rdzv = job_rendezvous(cfg)
+    while True:
+        cmd = torchrun_command(cfg, args, rdzv=rdzv, job_id=job_id)
+        log.info("launching %d×%d processes: %s", rdzv.nnodes if rdzv else 1, cfg.train.nproc,
+                 " ".join(cmd))
+        rc, tail = _stream(cmd)
+        smaller = (rc != 0 and rdzv is not None and not stopped()
+                   and after_node_loss(rdzv, cfg.train.rdzv_endpoint, cfg.train.min_nnodes,
+                                       os.environ))
+        if not smaller:
+            return rc, tail, rdzv
+        lost = sorted(set(rdzv.nodes) - set(smaller.nodes))
+        log.warning("%s failed and left the job; going on with the %d node(s) left (%s; "
+                    "train.min_nnodes = %d): the segment again from its input, %d process(es)",
+                    ", ".join(lost), smaller.nnodes, ", ".join(smaller.nodes),
+                    cfg.train.min_nnodes, smaller.nnodes * cfg.train.nproc)
+        rdzv = smaller
 
 
 def _stopped_with_resume_point(run_dir: Path, until_step: int, attempt: int,

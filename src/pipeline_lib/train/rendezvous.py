@@ -33,10 +33,12 @@ _TIMEOUT = "RendezvousTimeoutError"
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """One segment job's rendezvous: ``endpoint`` host:port, the job's ``nodes`` in SLURM's
-    order (empty outside an allocation) and how long torchrun waits for them."""
+    """One segment job's rendezvous: ``endpoint`` host:port, how many nodes meet there, the
+    job's ``nodes`` in SLURM's order (empty outside an allocation) and how long torchrun
+    waits for them."""
 
     endpoint: str
+    nnodes: int
     nodes: tuple[str, ...]
     timeout_s: int
 
@@ -67,10 +69,12 @@ def _field(record: str, key: str) -> str:
     return ""
 
 
-def job_nodes(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The nodes of the allocation in ``env`` (``SLURM_JOB_ID``), in SLURM's order."""
-    nodelist = env.get("SLURM_JOB_NODELIST") or _field(
-        _scontrol("show", "job", "-o", env["SLURM_JOB_ID"]), "NodeList")
+def job_nodes(env: Mapping[str, str], *, now: bool = False) -> tuple[str, ...]:
+    """The nodes of the allocation in ``env`` (``SLURM_JOB_ID``), in SLURM's order; ``now``:
+    as SLURM holds them now (``$SLURM_JOB_NODELIST`` keeps the nodes the job began with)."""
+    nodelist = "" if now else env.get("SLURM_JOB_NODELIST", "")
+    nodelist = nodelist or _field(_scontrol("show", "job", "-o", env["SLURM_JOB_ID"]),
+                                  "NodeList")
     return tuple(_scontrol("show", "hostnames", nodelist).split())
 
 
@@ -86,14 +90,33 @@ def resolve_rendezvous(endpoint: str, nnodes: int, timeout_s: int,
     if not endpoint and env.get("MASTER_ADDR"):
         endpoint = f"{env['MASTER_ADDR']}:{env.get('MASTER_PORT', '29500')}"
     if endpoint:  # the nodes only name the missing ones should the rendezvous fail
-        return Rendezvous(endpoint, _nodes_if_known(env), timeout_s)
+        return Rendezvous(endpoint, nnodes, _nodes_if_known(env), timeout_s)
     if not env.get("SLURM_JOB_ID"):
         raise ConfigError(f"train.nnodes = {nnodes} outside a SLURM allocation needs a "
                           "rendezvous address: set train.rdzv_endpoint: HOST:PORT (a node of "
                           "the job) or export MASTER_ADDR/MASTER_PORT")
     nodes = job_nodes(env)
     return Rendezvous(f"{node_address(nodes[0])}:{rendezvous_port(env['SLURM_JOB_ID'])}",
-                      nodes, timeout_s)
+                      nnodes, nodes, timeout_s)
+
+
+def after_node_loss(rdzv: Rendezvous, endpoint: str, min_nnodes: int,
+                    env: Mapping[str, str]) -> Rendezvous | None:
+    """The rendezvous of the nodes left in the job when some of ``rdzv.nodes`` failed and
+    SLURM took them out of the allocation (a ``--no-kill`` job), provided at least
+    ``min_nnodes`` are left; None otherwise (no node lost, too few left, outside SLURM).
+    ``endpoint``: ``train.rdzv_endpoint`` (empty: derived again, from the first node left)."""
+    if not (min_nnodes and rdzv.nodes and env.get("SLURM_JOB_ID")):
+        return None
+    try:
+        left = job_nodes(env, now=True)
+    except ConfigError as exc:
+        log.warning("the job's nodes after the failure are unknown: %s", exc)
+        return None
+    if set(rdzv.nodes) <= set(left) or len(left) < min_nnodes:
+        return None
+    return resolve_rendezvous(endpoint, len(left), rdzv.timeout_s,
+                              {**env, "SLURM_JOB_NODELIST": ",".join(left)})
 
 
 def _nodes_if_known(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -106,7 +129,7 @@ def _nodes_if_known(env: Mapping[str, str]) -> tuple[str, ...]:
         return ()
 
 
-def rendezvous_failure(rdzv: Rendezvous, nnodes: int, lines: Iterable[str]) -> str | None:
+def rendezvous_failure(rdzv: Rendezvous, lines: Iterable[str]) -> str | None:
     """The one line of a rendezvous that timed out (None when it did not): the nodes that
     did not join, known from srun's ``--label`` (a node whose torchrun waited and timed out
     says so under its task number), and the timeout."""
@@ -124,7 +147,7 @@ def rendezvous_failure(rdzv: Rendezvous, nnodes: int, lines: Iterable[str]) -> s
     if rdzv.nodes and waited and missing:
         who = f"{', '.join(missing)} did not join"
     else:
-        who = f"fewer than {nnodes} nodes joined"
+        who = f"fewer than {rdzv.nnodes} nodes joined"
     return (f"the rendezvous at {rdzv.endpoint} did not complete within {rdzv.timeout_s} s: "
             f"{who} (a node whose torchrun did not start, or that cannot reach "
             f"{rdzv.endpoint}; train.rdzv_timeout_s sets the wait)")

@@ -56,13 +56,20 @@ def usr1_lead_seconds(cfg: Config) -> int:
 
 
 def segment_time(cfg: Config) -> dict[str, Any]:
-    """A segment job's ``runtime`` (minutes) and, with a stop margin, ``slurm_extra``
-    asking SLURM for SIGUSR1 that long before the limit (``--signal=USR1@seconds``: to the
-    job's steps, where the trainer runs; Snakemake inside the job ignores it)."""
-    res: dict[str, Any] = {"runtime": cfg.train.segment_runtime_minutes}
+    """A segment job's ``runtime`` (minutes) and its ``slurm_extra``: with a stop margin,
+    SIGUSR1 that long before the limit (``--signal=USR1@seconds``: to the job's steps, where
+    the trainer runs; Snakemake inside the job ignores it); with ``train.min_nnodes`` below
+    ``train.nnodes``, ``--no-kill``: a failed node leaves the job (SLURM takes it out of the
+    allocation) rather than ending it, so the segment can go on with the nodes left
+    (:mod:`pipeline_lib.train.launch`)."""
+    t = cfg.train
+    res: dict[str, Any] = {"runtime": t.segment_runtime_minutes}
     lead = usr1_lead_seconds(cfg)
-    if lead:
-        res["slurm_extra"] = f"--signal=USR1@{lead}"
+    extra = [f"--signal=USR1@{lead}"] if lead else []
+    if 0 < t.min_nnodes < t.nnodes:
+        extra.append("--no-kill")
+    if extra:
+        res["slurm_extra"] = " ".join(extra)
     return res
 
 

@@ -66,11 +66,13 @@ class WorkflowPlan:
         t = self.config.train
         for name, plan in self.runs.items():
             v = plan.config.train
-            if (v.nnodes, v.nproc) != (t.nnodes, t.nproc) and max(v.nnodes, t.nnodes) > 1:
+            if ((v.nnodes, v.nproc, v.min_nnodes) != (t.nnodes, t.nproc, t.min_nnodes)
+                    and max(v.nnodes, t.nnodes) > 1):
                 raise ConfigError(f"runs.{name} sets train.nnodes × train.nproc = {v.nnodes} × "
-                                  f"{v.nproc}, the base config {t.nnodes} × {t.nproc}; the "
+                                  f"{v.nproc} (min_nnodes {v.min_nnodes}), the base config "
+                                  f"{t.nnodes} × {t.nproc} (min_nnodes {t.min_nnodes}); the "
                                   "segment jobs' SLURM resources come from the base config, "
-                                  "so set train.nnodes and train.nproc there, not per run")
+                                  "so set train.nnodes, nproc and min_nnodes there, not per run")
 
     def _check_bench(self) -> None:
         """bench.tasks and bench.include_path of every run, checked before any job starts."""
