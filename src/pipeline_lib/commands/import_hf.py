@@ -63,9 +63,8 @@ def run(args: argparse.Namespace) -> int:
             cfg.data.tokenizer, type="file", path=source)),
         tracking=dataclasses.replace(cfg.tracking,
                                      enabled=cfg.tracking.enabled and not args.no_track))
-    # completed from the source as a run's plan completes it (resolve_run's init_from step),
-    # not by resolve_run itself: a bare import trains nothing, so its token budget, exit-gate
-    # and distillation-teacher checks are not this command's to make
+    # completed as a run's plan completes it (resolve_run's init_from step), not by resolve_run:
+    # a bare import trains nothing (no token budget, exit-gate or distillation-teacher check)
     cfg, planned = resolve_init_from(cfg)
     run_dir = args.run_dir if args.run_dir is not None else run_dir_of(args.out)
     record = import_stage(cfg, planned, run_dir, args.out)

@@ -97,10 +97,9 @@ def _from_json(path: Path) -> Tokenizer:
 
 def _hf_directory(path: Path, tok: Tokenizer, known: dict[str, Any]) -> _Declared:
     """BOS/EOS and add_bos_token from tokenizer_config.json, special_tokens_map.json and
-    config.json, in that order (``known``: those read already); else the post-processor's
-    leading token is the BOS."""
-    side = {name: known[name] if name in known else read_json(path / name) for name in HF_SIDE_FILES
-            if name in known or (path / name).is_file()}
+    config.json (``known``: read already), in that order; else the post-processor's BOS."""
+    side = {name: known[name] if name in known else read_json(path / name)
+            for name in HF_SIDE_FILES if name in known or (path / name).is_file()}
     tok_cfg, special, model_cfg = (side.get(n, {}) for n in HF_SIDE_FILES)
 
     def declared(name: str) -> int | None:
@@ -202,9 +201,9 @@ def tokenizer_from_source(path: str | Path, add_bos: str = "auto", *,
     ``add_bos_token`` in tokenizer_config.json or the GGUF, else a post-processor that
     prepends a token), true or false; the returned tokenizer's post-processor prepends that
     BOS or nothing. EOS and padding are found by name (:func:`.tokenizer.eos_id`,
-    :func:`.tokenizer.pad_id`). ``config_json``: the HF directory's config.json, read
-    already (the importer's), not read again. Raises a one-line DataError naming the path
-    for a missing or unusable source, before anything is written.
+    :func:`.tokenizer.pad_id`); ``config_json``: the HF directory's, read already. Raises a
+    one-line DataError naming the path for a missing or unusable source, before anything is
+    written.
     """
     source = str(path)
     p = check_tokenizer_source(source)

@@ -95,11 +95,6 @@ def weight_files(directory: Path) -> list[Path]:
     return [directory / shard for shard in dict.fromkeys(_weight_map(index).values())]
 
 
-def source_arch(source: str | Path) -> SourceArch:
-    """The architecture of a checked source (:func:`read_source`)."""
-    return read_source(source).arch
-
-
 def _check_tensors(path: Path, arch: SourceArch, tensors: dict[str, TensorInfo]) -> None:
     """Every tensor loopline reads is there, of a type it reads, with the config's shape."""
     gguf = is_gguf(path)

@@ -19,7 +19,8 @@ it is at every loop count, since its extra loops start as no-ops.
 
 Everything is checked before anything is written: the source by the one validated reader
 (:func:`~pipeline_lib.pretrained.pretrained_source.read_source`: config keys, every tensor
-header and size, the shapes the config implies), which the planner runs too; the snapshot
+header and size, the shapes the config implies), run by the planner (a planned import then
+compares the source's fingerprint with the run spec's ``init`` record instead); the snapshot
 is built in a hidden sibling and renamed (:func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`).
 """
 
@@ -68,16 +69,10 @@ class _HFTensors:
     once, its own header naming its tensors (read once, not once per name)."""
 
     def __init__(self, directory: Path) -> None:
-        from safetensors import SafetensorError, safe_open  # lazy: torch, see below
+        from safetensors import safe_open  # lazy: torch, see below
 
-        self.opened: dict[str, tuple[Path, Any]] = {}
-        for file in weight_files(directory):
-            try:
-                handle = safe_open(str(file), "pt")
-            except (SafetensorError, OSError) as exc:  # changed since it was checked
-                raise DataError(f"{file} cannot be read ({exc}); the file changed or is "
-                                "damaged, download the model again") from None
-            self.opened.update(dict.fromkeys(handle.keys(), (file, handle)))
+        self.opened = {name: (file, handle) for file in weight_files(directory)
+                       for handle in [safe_open(str(file), "pt")] for name in handle.keys()}
 
     def get(self, name: str) -> Any:
         from safetensors import SafetensorError  # lazy: torch, see below
@@ -213,11 +208,9 @@ def _check_out(out: Path, source: Path) -> None:
 
 def _opened_source(path: Path, planned: dict[str, Any] | None, cfg: Config
                    ) -> tuple[PretrainedSource, dict[str, Any] | None]:
-    """The source and its config.json (None: not read here). Unplanned: checked by
-    :func:`read_source`. Planned (``cfg`` completed from it): checked when it was resolved,
-    so its fingerprint (sizes and mtimes) must still be the record's and no header is checked
-    again; an HF directory's config.json is read once, for the model and the tokenizer's
-    BOS/EOS (a GGUF's metadata is its reader's)."""
+    """The source and its config.json (None: not read here): checked by :func:`read_source`,
+    or ``planned`` (``cfg`` completed from it) unchanged since then (its fingerprint), no
+    header checked again and config.json read once, for the model and the tokenizer."""
     if planned is not None and (found := fingerprint_id(path)) != planned["fingerprint"]:
         raise DataError(f"model source {path} changed after the run was planned (fingerprint "
                         f"{found}, the run spec's {planned['fingerprint']}); re-plan: run "
@@ -237,9 +230,8 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     ``cfg``: the run's config (its model section is completed from the source by
     :func:`~pipeline_lib.pretrained.init.init_model_config`; its data section's tokenizer must
     be the source's or a file of the same vocabulary). ``choice``: by default the ranges of
-    ``model.init_from``, else every layer. ``planned``: what the source resolved to
-    (``RunSpec.init``, :func:`~pipeline_lib.pretrained.init.resolve_init_from`), whose
-    layers are imported; see :func:`_opened_source` for what is read. Raises
+    ``model.init_from`` (``planned``'s: ``RunSpec.init``, see :func:`_opened_source`), else
+    every layer. Each file of the source is read once. Raises
     :class:`DataError` / :class:`UsageError` / :class:`~pipeline_lib.errors.ConfigError`
     before anything is written.
     """
