@@ -25,7 +25,7 @@ from support.rel_messages import TINY, assert_one_line_error, entries, run_snake
 from pipeline_lib.cli import main
 from pipeline_lib.data.tokenizer_files import smollm2_gguf_path
 from pipeline_lib.errors import DataError
-from pipeline_lib.pretrained.pretrained_source import source_arch
+from pipeline_lib.pretrained.pretrained_source import read_source
 
 
 @pytest.fixture(scope="module")
@@ -211,16 +211,16 @@ def test_import_hf_refuses_rows_longer_than_a_mistral_window(pristine, tmp_path,
 def test_a_mistral_config_without_window_or_kv_heads_has_transformers_defaults(pristine, tmp_path):
     source = _source(pristine, tmp_path, architectures=["MistralForCausalLM"],
                      model_type="mistral", sliding_window=None)
-    assert source_arch(source).sliding_window == 4096  # MistralConfig's default
+    assert read_source(source).arch.sliding_window == 4096  # MistralConfig's default
     explicit_none = _source(pristine, tmp_path / "b", architectures=["MistralForCausalLM"])
     _set(explicit_none, sliding_window=None)
-    assert source_arch(explicit_none).sliding_window is None
+    assert read_source(explicit_none).arch.sliding_window is None
     # and MistralConfig's 8 key/value heads when the key is absent (4 heads: impossible)
     no_kv = _source(pristine, tmp_path / "c", architectures=["MistralForCausalLM"],
                     num_key_value_heads=None)
     with pytest.raises(DataError, match="num_attention_heads = 4 is not a multiple of "
                                         "num_key_value_heads = 8"):
-        source_arch(no_kv)
+        read_source(no_kv)
 
 
 @pytest.mark.parametrize("extra, fragment", [
@@ -325,4 +325,4 @@ def test_a_bias_flag_the_family_ignores_is_ignored(families, pristine, tmp_path,
                                                     "model_type": "mistral"}))
     layer = AutoModelForCausalLM.from_pretrained(source).model.layers[0]
     assert layer.self_attn.o_proj.bias is None and layer.mlp.up_proj.bias is None
-    assert source_arch(source).architecture.lower().startswith(kind)
+    assert read_source(source).arch.architecture.lower().startswith(kind)

@@ -15,7 +15,7 @@ from support.hf_import_helpers import save_tiny_llama, write_tiny_gguf
 from pipeline_lib.errors import ConfigError, DataError, UsageError
 from pipeline_lib.evaluate.loading import load_for_eval
 from pipeline_lib.pretrained.hf_layout import layer_choice
-from pipeline_lib.pretrained.pretrained_source import source_arch
+from pipeline_lib.pretrained.pretrained_source import read_source
 from pipeline_lib.retrofit.hf_import import import_checkpoint, unpermute_rows
 from pipeline_lib.spec.config import Config
 
@@ -39,7 +39,7 @@ def tied_llama3(tmp_path_factory):
 
 
 def _import(source, out, tokenizer=None, **ranges):
-    arch = source_arch(source)
+    arch = read_source(source).arch
     choice = layer_choice(arch.layers, ranges.get("prelude"), ranges.get("core"),
                           ranges.get("coda"))
     cfg = Config()
@@ -107,7 +107,7 @@ def test_whole_model_at_one_loop_gives_the_hf_logits(request, tmp_path, fixture)
 def test_a_mistral_within_its_sliding_window_gives_the_hf_logits(tmp_path):
     """Rows no longer than the window (data.seq_len = 16, the window's size): exact."""
     hf = save_tiny_llama(tmp_path / "src", seed=5, mistral=True, sliding_window=16)
-    arch = source_arch(tmp_path / "src")
+    arch = read_source(tmp_path / "src").arch
     assert arch.sliding_window == 16
     cfg = Config()
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seq_len=16))
@@ -184,7 +184,7 @@ def test_gguf_import_undoes_llama_cpps_qk_permutation(llama, tmp_path):
     HF logits; without the inverse permutation they would not."""
     source, hf = llama
     gguf_file = write_tiny_gguf(hf, tmp_path / "tiny.gguf")
-    arch = source_arch(gguf_file)
+    arch = read_source(gguf_file).arch
     assert (arch.heads, arch.kv_heads, arch.layers, arch.tie_embeddings) == (4, 2, 4, False)
     _, model = _import(gguf_file, tmp_path / "snap", tokenizer=source / "tokenizer.json")
     with torch.no_grad():
@@ -235,7 +235,7 @@ def test_unsupported_architecture_names_the_supported_ones(llama, tmp_path):
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(DataError, match="LlamaForCausalLM, MistralForCausalLM, "
                        "Qwen2ForCausalLM, Qwen3ForCausalLM, Olmo2ForCausalLM") as err:
-        source_arch(bad)
+        read_source(bad)
     assert "GeGLU" in str(err.value) and "\n" not in str(err.value)
 
 

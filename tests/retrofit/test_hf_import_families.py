@@ -21,7 +21,7 @@ from pipeline_lib.evaluate.loading import load_for_eval
 from pipeline_lib.export import export_snapshot
 from pipeline_lib.pretrained.hf_layout import layer_choice, model_fields
 from pipeline_lib.pretrained.init import resolve_init_from
-from pipeline_lib.pretrained.pretrained_source import source_arch
+from pipeline_lib.pretrained.pretrained_source import read_source
 from pipeline_lib.retrofit.hf_import import import_checkpoint
 from pipeline_lib.spec.config import Config
 from pipeline_lib.spec.config_load import config_from_dict
@@ -73,7 +73,7 @@ def test_the_import_sets_the_family_s_model_keys(sources, name):
     """In the snapshot's config and in a ``model.init_from`` run's model section, whatever
     the config said for them."""
     source, want = sources[name][0], SOURCES[name][2]
-    fields = model_fields(source_arch(source), layer_choice(4))
+    fields = model_fields(read_source(source).arch, layer_choice(4))
     assert {k: fields[k] for k in want} == want
     model = load_for_eval(sources[name][2]).model
     assert {k: getattr(model.cfg, k) for k in want} == want
@@ -197,7 +197,7 @@ def test_biases_beyond_qwen2_s_are_one_line_errors(sources, tmp_path, family, ke
     config.update({"architectures": [FAMILIES[family][1]], key: True})
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(DataError, match=f"{key} = true") as err:
-        source_arch(tmp_path)
+        read_source(tmp_path)
     assert "\n" not in str(err.value)
 
 
@@ -208,7 +208,7 @@ def test_a_qwen_window_it_does_not_use_is_not_a_limit(sources, tmp_path):
     config.update(sliding_window=32, use_sliding_window=False)
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes())
-    assert source_arch(tmp_path).sliding_window is None
+    assert read_source(tmp_path).arch.sliding_window is None
     config["use_sliding_window"] = True
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert source_arch(tmp_path).sliding_window == 32
+    assert read_source(tmp_path).arch.sliding_window == 32

@@ -12,7 +12,7 @@ from pipeline_lib.data.tokenizer import load_tokenizer
 from pipeline_lib.data.tokenizer_files import smollm2_gguf_path
 from pipeline_lib.evaluate.loading import load_for_eval
 from pipeline_lib.pretrained.hf_layout import layer_choice
-from pipeline_lib.pretrained.pretrained_source import source_arch
+from pipeline_lib.pretrained.pretrained_source import read_source
 from pipeline_lib.retrofit.hf_import import import_checkpoint
 from pipeline_lib.spec.config import Config
 
@@ -43,7 +43,7 @@ def _close(ours: torch.Tensor, theirs: torch.Tensor) -> float:
 
 
 def test_architecture_is_read_from_the_gguf_metadata():
-    arch = source_arch(smollm2_gguf_path())
+    arch = read_source(smollm2_gguf_path()).arch
     assert (arch.layers, arch.hidden_size, arch.heads, arch.kv_heads, arch.vocab_size) == (
         30, 576, 9, 3, 49152)
     assert arch.tie_embeddings and arch.rope_theta == 100000.0

@@ -26,7 +26,7 @@ from pipeline_lib.spec.memory import (  # noqa: E402
 )
 from pipeline_lib.spec.size import param_count  # noqa: E402
 from pipeline_lib.train.job import train_segment  # noqa: E402
-from pipeline_lib.workflow.resolve import planned_vocab_size, resolve_run  # noqa: E402
+from pipeline_lib.workflow.resolve import resolve_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # (config files merged in order, as the Makefile's targets pass them)
@@ -145,6 +145,6 @@ def test_every_shipped_run_fits_a_small_machine(files: list[str],
     base = load_config([ROOT / "config" / f for f in files] or None, [])
     for run in sorted(base.runs) or [None]:
         cfg = resolve_run(base, run).config
-        vocab = cfg.model.vocab_size or planned_vocab_size(cfg.data)  # what the pack will say
+        vocab = cfg.model.vocab_size or cfg.data.tokenizer.vocab_size  # a BPE's: its target
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
         assert training_memory(cfg).total < 4 * GIB, (files, run)

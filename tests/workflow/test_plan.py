@@ -96,6 +96,7 @@ def test_snakemake_configfiles_merge_like_the_cli(tmp_path):
     from pipeline_lib.cli import build_parser
     from pipeline_lib.commands._common import config_from_args
     from pipeline_lib.workflow.plan import plan_for_snakemake
+    from pipeline_lib.workflow.resolve import resolve_run
 
     tiny = Path(__file__).resolve().parents[2] / "config" / "experiments" / "tiny.yaml"
     mine = tmp_path / "my.yaml"
@@ -108,7 +109,7 @@ def test_snakemake_configfiles_merge_like_the_cli(tmp_path):
     plan = plan_for_snakemake(config, settings.configfiles, settings.config)
     args = build_parser().parse_args(["pack", "--config", str(tiny), "--config", str(mine),
                                       "train.total_steps=20", "--out", str(tmp_path)])
-    assert to_dict(plan.config) == to_dict(config_from_args(args))
+    assert to_dict(resolve_run(plan.config).config) == to_dict(config_from_args(args))
     assert plan.run_names == ["mine"]
     cfg = plan.runs["mine"].config
     assert (cfg.model.loops, cfg.model.d_model, cfg.train.lr, cfg.train.total_steps) == \
@@ -203,7 +204,6 @@ def test_token_budget_of_a_file_tokenizer_reads_its_vocabulary(tmp_path):
 
     from pipeline_lib.errors import DataError
     from pipeline_lib.spec.size import param_count
-    from pipeline_lib.workflow.resolve import planned_vocab_size
 
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0"))
     tok.add_special_tokens(["<|endoftext|>"])
@@ -211,13 +211,13 @@ def test_token_budget_of_a_file_tokenizer_reads_its_vocabulary(tmp_path):
     file_tok = ["data.tokenizer.type=file", f"data.tokenizer.path={tmp_path / 'tokenizer.json'}"]
     plan = _plan("train.total_steps=0", "train.token_budget_multiplier=1", *file_tok)
     cfg = plan.runs[plan.run_names[0]].config
-    assert planned_vocab_size(cfg.data) == 1001
-    params = param_count(dataclasses.replace(cfg.model, vocab_size=1001))
+    assert cfg.model.vocab_size == plan.runs[plan.run_names[0]].spec.vocab_size == 1001
+    params = param_count(cfg.model)
     assert cfg.train.total_steps == -(-params // (cfg.data.seq_len * cfg.train.global_batch_rows))
     gone = ["data.tokenizer.type=file", f"data.tokenizer.path={tmp_path / 'gone.json'}"]
-    assert _plan("train.total_steps=7", *gone).runs[plan.run_names[0]].config.train.total_steps == 7
-    with pytest.raises(DataError, match="gone.json does not exist"):
-        _plan("train.total_steps=0", *gone)
+    for steps in ("train.total_steps=7", "train.total_steps=0"):  # model.vocab_size needs it
+        with pytest.raises(DataError, match="gone.json does not exist"):
+            _plan(steps, *gone)
 
 
 def test_cluster_resources_only_name_what_is_set():

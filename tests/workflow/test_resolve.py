@@ -4,6 +4,7 @@ params name (by digest), and a cluster job's plan reads the files the main call 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,9 +14,10 @@ import yaml
 from pipeline_lib.commands._common import CONFIG, run_spec_from_args
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.spec.config_load import load_config
-from pipeline_lib.spec.config_write import to_dict
+from pipeline_lib.spec.config_write import config_hash, to_dict
 from pipeline_lib.spec.names import BYTE_VOCAB_SIZE
 from pipeline_lib.spec.run_spec import SpecRef, read_run_spec, spec_path, write_run_spec
+from pipeline_lib.spec.signatures import train_signature
 from pipeline_lib.workflow.io import run_config, run_spec
 from pipeline_lib.workflow.plan import WorkflowPlan
 from pipeline_lib.workflow.resolve import resolve_run
@@ -44,11 +46,34 @@ def test_resolve_run_completes_variant_and_budget(tmp_path: Path) -> None:
     assert spec.config.model.loops == 2 and spec.vocab_size == BYTE_VOCAB_SIZE
     assert spec.config.train.total_steps > 0  # the token budget, decided here
     fixed = resolve_run(cfg, "loops1")
-    assert fixed.config.train.total_steps == 40 and fixed.vocab_size == 0  # the pack decides
+    assert fixed.config.train.total_steps == 40  # the byte tokenizer's vocabulary, filled in
+    assert fixed.vocab_size == fixed.config.model.vocab_size == BYTE_VOCAB_SIZE
+    bpe = resolve_run(load_config(_config_file(tmp_path), ["data.tokenizer.type=bpe"]),
+                      "budget")  # its size is the pack's (metadata.json), read by the segment
+    assert bpe.vocab_size == bpe.config.model.vocab_size == 0
+    assert bpe.config.train.total_steps > spec.config.train.total_steps  # counted at 1024
     base = resolve_run(cfg)
     assert base.name == "default" and base.config.runs == cfg.runs
     with pytest.raises(ConfigError, match="unknown run 'nope'"):
         resolve_run(cfg, "nope")
+
+
+def test_the_filled_vocabulary_keeps_the_signatures_of_finished_runs(tmp_path: Path) -> None:
+    """model.vocab_size filled in by resolve_run is hashed as the config wrote it (0): the
+    train and config signatures are those of the code that left it to the trainer, so a
+    finished run's results directory reruns nothing."""
+    plan = _plan(tmp_path)
+    for name in plan.run_names:
+        spec = plan.runs[name].spec
+        assert spec.config.model.vocab_size == spec.vocab_size == BYTE_VOCAB_SIZE
+        written = dataclasses.replace(spec.config, model=dataclasses.replace(
+            spec.config.model, vocab_size=0))
+        assert plan.train_signature(name) == train_signature(written, spec.data_id)
+        assert plan.config_signature(name) == config_hash(to_dict(written))
+        wider = dataclasses.replace(spec.config, model=dataclasses.replace(
+            spec.config.model, vocab_size=300))  # a vocabulary of the config's own still counts
+        assert train_signature(wider, spec.data_id, spec.vocab_size) != \
+            plan.train_signature(name)
 
 
 def test_the_plan_and_the_command_line_resolve_the_same_spec(tmp_path: Path) -> None:

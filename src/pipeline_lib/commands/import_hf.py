@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..pretrained.hf_layout import layer_choice
-from ..pretrained.pretrained_source import source_arch
+from ..pretrained.hf_layout import parse_range
+from ..pretrained.init import resolve_init_from
 from ..spec.config_load import load_config
 from ..spec.layout import run_dir_of
 from ..workflow.stages.interop import import_stage
@@ -51,18 +51,22 @@ def run(args: argparse.Namespace) -> int:
     if args.loops < 1:
         raise ConfigError(f"--loops {args.loops} must be at least 1")
     cfg = load_config(args.config, args.overrides)
-    choice = layer_choice(source_arch(args.source).layers, args.prelude, args.core, args.coda)
     source = str(Path(args.source).expanduser().resolve())
+    ranges = {part: list(parse_range(value, f"--{part}")) if value else []
+              for part, value in (("prelude", args.prelude), ("core", args.core),
+                                  ("coda", args.coda))}
+    init = dataclasses.replace(cfg.model.init_from, source=source, adapter=args.adapter,
+                               **ranges)
     cfg = dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, loops=args.loops,
-                                       init_from=dataclasses.replace(
-                                           cfg.model.init_from, source=source,
-                                           **choice.as_lists(), adapter=args.adapter)),
+        cfg, model=dataclasses.replace(cfg.model, loops=args.loops, init_from=init),
         data=dataclasses.replace(cfg.data, tokenizer=dataclasses.replace(
             cfg.data.tokenizer, type="file", path=source)),
         tracking=dataclasses.replace(cfg.tracking,
                                      enabled=cfg.tracking.enabled and not args.no_track))
+    # completed as a run's plan completes it (resolve_run's init_from step), not by resolve_run:
+    # a bare import trains nothing (no token budget, exit-gate or distillation-teacher check)
+    cfg, planned = resolve_init_from(cfg)
     run_dir = args.run_dir if args.run_dir is not None else run_dir_of(args.out)
-    record = import_stage(cfg, run_dir, args.out)
+    record = import_stage(cfg, planned, run_dir, args.out)
     print(json.dumps({"out": str(args.out), **record}))
     return 0

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from ..spec.names import TOKENIZER_FILE
+from ..spec.config import Config
+from ..spec.names import BYTE_VOCAB_SIZE, TOKENIZER_FILE
 from ..spec.tokenizer_id import KIND_GGUF, KIND_HF_DIR, source_kind, tokenizer_path
 from .gguf_metadata import MODEL_KEY, TOKENS_KEY, GGUFArray, read_gguf_metadata
 
@@ -94,6 +95,18 @@ def source_vocab_size(path: str) -> int:
     p = check_tokenizer_source(path)
     file = p / TOKENIZER_FILE if source_kind(p) == KIND_HF_DIR else p
     return json_vocab_size(read_json(file), file)
+
+
+def fixed_vocab_size(cfg: Config) -> int:
+    """The vocabulary ``cfg``'s tokenizer fixes before anything is packed, for a model trained
+    from scratch: 258 for byte, a file tokenizer's own (:func:`source_vocab_size`). 0 where
+    the tokenizer does not fix it now: a BPE trained on the corpus (its size is the pack's,
+    in its metadata.json; it may come out below data.tokenizer.vocab_size) and a model with
+    ``init_from`` (the source's embedding rows)."""
+    tok = cfg.data.tokenizer
+    if cfg.model.init_from.source or tok.type == "bpe":
+        return 0
+    return BYTE_VOCAB_SIZE if tok.type == "byte" else source_vocab_size(tok.path)
 
 
 def smollm2_gguf_path() -> Path:

@@ -29,7 +29,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from ..errors import DataError
-from ..spec.names import TOKENIZER_FILE
+from ..spec.names import CONFIG_JSON, TOKENIZER_FILE
 from ..spec.tokenizer_id import (
     HF_SIDE_FILES,
     KIND_GGUF,
@@ -95,10 +95,11 @@ def _from_json(path: Path) -> Tokenizer:
                         "point data.tokenizer.path at a tokenizers tokenizer.json") from None
 
 
-def _hf_directory(path: Path, tok: Tokenizer) -> _Declared:
+def _hf_directory(path: Path, tok: Tokenizer, known: dict[str, Any]) -> _Declared:
     """BOS/EOS and add_bos_token from tokenizer_config.json, special_tokens_map.json and
-    config.json, in that order; else the post-processor's leading token is the BOS."""
-    side = {name: read_json(path / name) for name in HF_SIDE_FILES if (path / name).is_file()}
+    config.json (``known``: read already), in that order; else the post-processor's BOS."""
+    side = {name: known[name] if name in known else read_json(path / name)
+            for name in HF_SIDE_FILES if name in known or (path / name).is_file()}
     tok_cfg, special, model_cfg = (side.get(n, {}) for n in HF_SIDE_FILES)
 
     def declared(name: str) -> int | None:
@@ -168,7 +169,7 @@ def _vocab_size(tok: Tokenizer) -> int:
     return max(ids, default=-1) + 1
 
 
-def _load(p: Path, kind: str) -> tuple[Tokenizer, _Declared]:
+def _load(p: Path, kind: str, known: dict[str, Any]) -> tuple[Tokenizer, _Declared]:
     """The source's tokenizer, encoding whole texts (no stored truncation or padding, which
     would cut or pad documents and hide a BOS), and what the source declares."""
     n_tokens = None
@@ -180,7 +181,7 @@ def _load(p: Path, kind: str) -> tuple[Tokenizer, _Declared]:
     tok.no_padding()
     tok.encode_special_tokens = True  # a literal "<|endoftext|>" in a document is text
     if kind == KIND_HF_DIR:
-        declared = _hf_directory(p, tok)
+        declared = _hf_directory(p, tok, known)
     elif kind != KIND_GGUF:  # a bare tokenizer.json: only its post-processor can say
         declared = _Declared(bos=bos_id(tok), add_bos=bos_id(tok) is not None)
     if n_tokens is not None and _vocab_size(tok) != n_tokens:
@@ -190,7 +191,8 @@ def _load(p: Path, kind: str) -> tuple[Tokenizer, _Declared]:
     return tok, declared
 
 
-def tokenizer_from_source(path: str | Path, add_bos: str = "auto"
+def tokenizer_from_source(path: str | Path, add_bos: str = "auto", *,
+                          config_json: dict[str, Any] | None = None
                           ) -> tuple[Tokenizer, TokenizerInfo]:
     """The tokenizer at ``path`` (tokenizer.json, HF directory or .gguf) and its
     :class:`TokenizerInfo`, for the pack and the model importer alike.
@@ -199,13 +201,14 @@ def tokenizer_from_source(path: str | Path, add_bos: str = "auto"
     ``add_bos_token`` in tokenizer_config.json or the GGUF, else a post-processor that
     prepends a token), true or false; the returned tokenizer's post-processor prepends that
     BOS or nothing. EOS and padding are found by name (:func:`.tokenizer.eos_id`,
-    :func:`.tokenizer.pad_id`). Raises a one-line DataError naming the path for a missing or
-    unusable source, before anything is written.
+    :func:`.tokenizer.pad_id`); ``config_json``: the HF directory's, read already. Raises a
+    one-line DataError naming the path for a missing or unusable source, before anything is
+    written.
     """
     source = str(path)
     p = check_tokenizer_source(source)
     kind = source_kind(p)
-    tok, declared = _load(p, kind)
+    tok, declared = _load(p, kind, {} if config_json is None else {CONFIG_JSON: config_json})
     bos = _document_bos(p, add_bos, declared)
     set_document_start(tok, bos)
     assert bos_id(tok) == bos, "the post-processor does not prepend the document BOS"

@@ -86,9 +86,13 @@ def read_source(source: str | Path) -> PretrainedSource:
     return PretrainedSource(path, arch, tensors)
 
 
-def source_arch(source: str | Path) -> SourceArch:
-    """The architecture of a checked source (:func:`read_source`)."""
-    return read_source(source).arch
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of an HF directory that :func:`read_source` reads: the shards
+    its index names (in order), else every ``*.safetensors``."""
+    index = directory / SAFETENSORS_INDEX
+    if not index.is_file():
+        return sorted(directory.glob("*.safetensors"))
+    return [directory / shard for shard in dict.fromkeys(_weight_map(index).values())]
 
 
 def _check_tensors(path: Path, arch: SourceArch, tensors: dict[str, TensorInfo]) -> None:
@@ -139,7 +143,7 @@ def _hf_tensors(directory: Path) -> dict[str, TensorInfo]:
     index = directory / SAFETENSORS_INDEX
     if index.is_file():
         return _indexed_tensors(index)
-    files = sorted(directory.glob("*.safetensors"))
+    files = weight_files(directory)
     if not files:
         bins = sorted(p.name for p in directory.glob("*.bin"))
         hint = (f" (it has {', '.join(bins)}: pickled weights, which loopline never loads; "
@@ -156,7 +160,8 @@ def _hf_tensors(directory: Path) -> dict[str, TensorInfo]:
     return tensors
 
 
-def _indexed_tensors(index: Path) -> dict[str, TensorInfo]:
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's tensor name → shard file name."""
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
     except (OSError, ValueError, AttributeError) as exc:
@@ -166,7 +171,11 @@ def _indexed_tensors(index: Path) -> dict[str, TensorInfo]:
             isinstance(v, str) for v in weight_map.values()):
         raise DataError(f"{index}: weight_map is missing or not a map of tensor names to "
                         f"shard files; {AGAIN}")
-    headers = {}
+    return weight_map
+
+
+def _indexed_tensors(index: Path) -> dict[str, TensorInfo]:
+    weight_map, headers = _weight_map(index), {}
     for name, shard in weight_map.items():
         if shard not in headers:
             file = index.parent / shard

@@ -102,11 +102,12 @@ def read_config_json(directory: Path) -> dict[str, Any]:
     return config
 
 
-def hf_arch(directory: Path) -> SourceArch:
-    """The architecture in ``directory/config.json``, every key checked; a key the file
-    lacks takes its family's transformers default (:attr:`.hf_archs.Family.absent`: e.g.
-    Mistral's 4096-token sliding window and 8 key/value heads, Qwen3's head_dim 128)."""
-    config = read_config_json(directory)
+def hf_arch(directory: Path, config: dict[str, Any] | None = None) -> SourceArch:
+    """The architecture in ``directory/config.json`` (``config``: that file, read already),
+    every key checked; a key the file lacks takes its family's transformers default
+    (:attr:`.hf_archs.Family.absent`: e.g. Mistral's 4096-token sliding window and 8
+    key/value heads, Qwen3's head_dim 128)."""
+    config = read_config_json(directory) if config is None else config
     keys = SourceKeys(config, directory / CONFIG_JSON)
     archs = keys.raw("architectures", None) or [keys.text("model_type", "?")]
     if not (isinstance(archs, list) and isinstance(archs[0], str)):

@@ -19,7 +19,8 @@ it is at every loop count, since its extra loops start as no-ops.
 
 Everything is checked before anything is written: the source by the one validated reader
 (:func:`~pipeline_lib.pretrained.pretrained_source.read_source`: config keys, every tensor
-header and size, the shapes the config implies), which the planner runs too; the snapshot
+header and size, the shapes the config implies), run by the planner (a planned import then
+compares the source's fingerprint with the run spec's ``init`` record instead); the snapshot
 is built in a hidden sibling and renamed (:func:`~pipeline_lib.checkpoint.snapshot.write_snapshot`).
 """
 
@@ -43,9 +44,11 @@ from ..pretrained.hf_layout import (
     gguf_block_prefix,
     hf_block_prefix,
     init_choice,
+    is_gguf,
 )
 from ..pretrained.init import init_model_config, original_config
-from ..pretrained.pretrained_source import PretrainedSource, read_source
+from ..pretrained.pretrained_source import PretrainedSource, read_source, weight_files
+from ..pretrained.source_config import hf_arch, read_config_json
 from ..spec.config import Config
 from ..spec.config_write import config_yaml
 from ..spec.init_source import fingerprint_id, source_fingerprint
@@ -62,24 +65,24 @@ IMPORT_RECORD = "import.json"
 
 
 class _HFTensors:
-    """Tensors of an HF directory by name, from the files :func:`read_source` checked, each
-    file opened once (its tensors read once, not once per name)."""
+    """Tensors of an HF directory by name: each weights file (:func:`weight_files`) opened
+    once, its own header naming its tensors (read once, not once per name)."""
 
-    def __init__(self, source: PretrainedSource) -> None:
-        self.files = {name: info.file for name, info in source.tensors.items()}
-        self.opened: dict[Path, Any] = {}
+    def __init__(self, directory: Path) -> None:
+        from safetensors import safe_open  # lazy: torch, see below
+
+        self.opened = {name: (file, handle) for file in weight_files(directory)
+                       for handle in [safe_open(str(file), "pt")] for name in handle.keys()}
 
     def get(self, name: str) -> Any:
-        from safetensors import SafetensorError, safe_open  # lazy: torch, see below
+        from safetensors import SafetensorError  # lazy: torch, see below
 
-        file = self.files[name]
+        file, handle = self.opened[name]
         try:
-            if file not in self.opened:
-                self.opened[file] = safe_open(str(file), "pt")
-            return self.opened[file].get_tensor(name).float()
+            return handle.get_tensor(name).float()
         except (SafetensorError, OSError) as exc:  # changed since it was checked
-            raise DataError(f"{self.files[name]}: tensor {name} cannot be read ({exc}); the "
-                            "file changed or is damaged, download the model again") from None
+            raise DataError(f"{file}: tensor {name} cannot be read ({exc}); the file changed "
+                            "or is damaged, download the model again") from None
 
 
 class _GGUFTensors:
@@ -121,7 +124,7 @@ def mapped_state(source: PretrainedSource, choice: LayerChoice) -> dict[str, Any
     (every one present with its shape: :func:`read_source` checked)."""
     import torch  # lazy: the CLI imports us; `--help` stays torch-free
 
-    reader = _GGUFTensors(source) if source.gguf else _HFTensors(source)
+    reader = _GGUFTensors(source) if source.gguf else _HFTensors(source.path)
     out: dict[str, Any] = {}
 
     def read(names: tuple[str, ...]) -> Any:
@@ -203,15 +206,32 @@ def _check_out(out: Path, source: Path) -> None:
                          "pass a new path or remove it")
 
 
+def _opened_source(path: Path, planned: dict[str, Any] | None, cfg: Config
+                   ) -> tuple[PretrainedSource, dict[str, Any] | None]:
+    """The source and its config.json (None: not read here): checked by :func:`read_source`,
+    or ``planned`` (``cfg`` completed from it) unchanged since then (its fingerprint), no
+    header checked again and config.json read once, for the model and the tokenizer."""
+    if planned is not None and (found := fingerprint_id(path)) != planned["fingerprint"]:
+        raise DataError(f"model source {path} changed after the run was planned (fingerprint "
+                        f"{found}, the run spec's {planned['fingerprint']}); re-plan: run "
+                        "snakemake (or import-hf) again, which checks it anew")
+    if planned is None or is_gguf(path):
+        return read_source(path), None
+    config = read_config_json(path)  # a kept lm_head (read_source) is in cfg already
+    arch = dataclasses.replace(hf_arch(path, config), tie_embeddings=cfg.model.tie_embeddings)
+    return PretrainedSource(path, arch, {}), config
+
+
 def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
-                      choice: LayerChoice | None = None, *, adapter: str | None = None
-                      ) -> dict[str, Any]:
+                      choice: LayerChoice | None = None, *, adapter: str | None = None,
+                      planned: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the loopline snapshot of ``source`` to ``out``; returns the import record.
 
     ``cfg``: the run's config (its model section is completed from the source by
     :func:`~pipeline_lib.pretrained.init.init_model_config`; its data section's tokenizer must
     be the source's or a file of the same vocabulary). ``choice``: by default the ranges of
-    ``model.init_from``, else every layer. Each file of the source is read once. Raises
+    ``model.init_from`` (``planned``'s: ``RunSpec.init``, see :func:`_opened_source`), else
+    every layer. Each file of the source is read once. Raises
     :class:`DataError` / :class:`UsageError` / :class:`~pipeline_lib.errors.ConfigError`
     before anything is written.
     """
@@ -219,16 +239,20 @@ def import_checkpoint(source: str | Path, out: str | Path, cfg: Config,
     from ..data.tokenizer_source import tokenizer_from_source  # lazy: tokenizers
 
     started = time.perf_counter()
-    src, out = read_source(source), Path(out)
-    source, arch = src.path, src.arch
+    src, model_json = _opened_source(Path(source).expanduser(), planned, cfg)
+    source, arch, out = src.path, src.arch, Path(out)
+    if planned:
+        choice = LayerChoice(**{part: tuple(r) for part, r in planned["layers"].items()})
     choice = choice or init_choice(cfg.model.init_from, arch.layers)
     _check_out(out, source)
     cfg = init_model_config(cfg, src, choice, adapter)
     check_source_memory(src, cfg, "importing it")
     tok_cfg = cfg.data.tokenizer
     own = tok_cfg.type == "file" and tok_cfg.path
-    tok, info = tokenizer_from_source(Path(tok_cfg.path).expanduser() if own else source,
-                                      tok_cfg.add_bos if own else "auto")
+    tok_path = Path(tok_cfg.path).expanduser() if own else source
+    tok, info = tokenizer_from_source(
+        tok_path, tok_cfg.add_bos if own else "auto",
+        config_json=model_json if tok_path.resolve() == source.resolve() else None)
     if info.vocab_size > arch.vocab_size:
         raise DataError(f"the tokenizer of {source} has {info.vocab_size} ids, the model "
                         f"{arch.vocab_size} embedding rows; the tokenizer does not belong to "

@@ -30,7 +30,7 @@ class InitFromConfig:
 class ModelConfig:
     """Looped transformer: prelude → core × loops (input injection) → coda → norm → head."""
 
-    vocab_size: int = _f(0, "Vocabulary size; 0 = taken from the packed data's tokenizer.", minimum=0)
+    vocab_size: int = _f(0, "Vocabulary size; 0 = the tokenizer's (byte, file: filled in when the run is planned; a trained BPE: its pack's metadata.json).", minimum=0)
     d_model: int = _f(128, "Residual stream width.", minimum=8)
     n_heads: int = _f(4, "Attention heads; must divide d_model (unless head_dim is set).",
                       minimum=1)

@@ -4,7 +4,7 @@ read back, verified, by every job.
 :class:`RunSpec` is what one run directory trains and evaluates: the ``runs:`` variant merged
 over the other sections, the model section completed from ``model.init_from.source`` (and
 what that source resolved to), ``train.total_steps`` filled in (the token budget decided),
-the data pack's id and the vocabulary the plan counted with.
+the data pack's id and the vocabulary the tokenizer fixes before packing.
 :func:`pipeline_lib.workflow.resolve.resolve_run` is the one function that makes one.
 
 The contract between the plan and its jobs:
@@ -62,7 +62,7 @@ class RunSpec:
     name: str  # the ``runs:`` variant ("default" without variants)
     config: Config  # variant merged, init_from applied, train.total_steps > 0; runs: {}
     data_id: str  # the data pack the run trains on (results/data/{data_id})
-    vocab_size: int  # the vocabulary planned before packing (model.vocab_size when set)
+    vocab_size: int  # what the tokenizer fixes (byte, file; model.vocab_size 0 filled with it)
     # model.init_from.source as the plan resolved it: fingerprint, architecture, layers ({}: none)
     init: dict[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -42,10 +42,19 @@ def without_later_defaults(section: dict[str, Any], later: dict[str, Any],
             if k not in ignored and (k not in later or v != later[k])}
 
 
-def model_signature(model: Any) -> dict[str, Any]:
+def as_written(section: dict[str, Any], tokenizer_ids: int) -> dict[str, Any]:
+    """A model section (a dict) with ``vocab_size`` 0, as configs write it, where it is the
+    tokenizer's ``tokenizer_ids`` that resolve_run fills in (``RunSpec.vocab_size``): runs made
+    before keep their signatures (the size spelled out hashes like 0: the same weights)."""
+    return {**section, "vocab_size": 0} if section["vocab_size"] == tokenizer_ids else section
+
+
+def model_signature(model: Any, tokenizer_ids: int = 0) -> dict[str, Any]:
     """The model section as the train signature hashes it: keys at :data:`LATER_MODEL_DEFAULTS`
-    and an empty ``init_from`` left out; an init source by its fingerprint."""
-    data = without_later_defaults(to_dict(model), LATER_MODEL_DEFAULTS)
+    and an empty ``init_from`` left out; an init source by its fingerprint; the vocabulary as
+    written (:func:`as_written`)."""
+    data = without_later_defaults(as_written(to_dict(model), tokenizer_ids),
+                                  LATER_MODEL_DEFAULTS)
     init = data.pop("init_from", None) or {}
     if init.get("source"):
         data["init_from"] = {**init, "fingerprint": fingerprint_id(init["source"])}
@@ -78,15 +87,22 @@ def bench_signature(cfg: Config) -> str:
     return config_hash({**bench, **precision_signature(cfg)})
 
 
-def train_signature(cfg: Config, data_id: str) -> str:
-    """Hash of what determines the trained weights: a change retrains, eval.* does not."""
+def train_signature(cfg: Config, data_id: str, tokenizer_ids: int = 0) -> str:
+    """Hash of what determines the trained weights: a change retrains, eval.* does not
+    (``tokenizer_ids``: see :func:`as_written`)."""
     train = without_later_defaults(to_dict(cfg.train), LATER_TRAIN_DEFAULTS,
                                     JOB_KEYS | SAME_WEIGHTS_TRAIN_KEYS | {"distill"})
     train.update(distill_signature(cfg))
     relevant = {"seed": cfg.experiment.seed, "device": cfg.experiment.device,
-                "data_id": data_id, "model": model_signature(cfg.model),
+                "data_id": data_id, "model": model_signature(cfg.model, tokenizer_ids),
                 "train": train, "keep_best": cfg.snapshots.keep_best}
     return config_hash({**relevant, **precision_signature(cfg)})
+
+
+def config_signature(cfg: Config, tokenizer_ids: int) -> str:
+    """Hash of the whole resolved config (the vocabulary as written: :func:`as_written`)."""
+    data = to_dict(cfg)
+    return config_hash({**data, "model": as_written(data["model"], tokenizer_ids)})
 
 
 def init_signature(cfg: Config) -> str:

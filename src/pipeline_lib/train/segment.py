@@ -121,9 +121,10 @@ def build_model(cfg: Config, device: torch.device, world_size: int = 1) -> Loope
 
 
 def resolve_config(cfg: Config, data: PackedData) -> Config:
-    """``cfg`` with ``model.vocab_size`` taken from the pack when 0; the pack's sequence
-    length must be ``data.seq_len``, an answer_* objective needs answer spans, and an exit
-    gate needs the objective that trains it."""
+    """``cfg`` with ``model.vocab_size`` taken from the pack when 0 (a trained BPE's: the
+    pack's metadata.json is where it is decided; resolve_run fills the others); the pack's
+    sequence length must be ``data.seq_len``, an answer_* objective needs answer spans, and
+    an exit gate needs the objective that trains it."""
     if data.seq_len != cfg.data.seq_len:
         raise DataError(f"data directory {data.data_dir} is packed with seq_len {data.seq_len}, "
                         f"config data.seq_len is {cfg.data.seq_len}; pass the data directory "

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..data.tokenizer_files import fixed_vocab_size
 from ..errors import ConfigError
 from ..spec.config import Config
 from ..spec.data_id import data_id
@@ -173,12 +174,13 @@ def usable_resume_point(path: Path, resume_from: Path | None, until_step: int,
 def segment_signature(cfg: Config, data_dir: Path) -> str:
     """The job's train signature: what the workflow's ``params.signature`` holds
     (:func:`~pipeline_lib.spec.signatures.train_signature` of the config and the pack's
-    ``data_id``), recorded with each stop and each finished segment."""
+    ``data_id`` and the tokenizer's fixed vocabulary), recorded with each stop and each
+    finished segment."""
     try:
         pack_id = str(json.loads((Path(data_dir) / PACK_METADATA).read_text())["data_id"])
     except (OSError, ValueError, KeyError, TypeError):  # the trainer names a broken pack
         pack_id = data_id(cfg.data)
-    return train_signature(cfg, pack_id)
+    return train_signature(cfg, pack_id, fixed_vocab_size(cfg))
 
 
 def snapshot_step(snapshot: Path) -> int | None:

@@ -23,7 +23,7 @@ from ..spec.config_write import config_hash, to_dict
 from ..spec.init_source import source_files
 from ..spec.layout import ResultsLayout, RunLayout
 from ..spec.run_spec import SpecRef, read_run_spec
-from ..spec.signatures import bench_signature, init_signature, precision_signature
+from ..spec.signatures import bench_signature, config_signature, init_signature, precision_signature
 from ..spec.snapshots import previous_end
 from ..task_catalog import check_bench_tasks, user_task_inputs
 from .cluster_resources import job_resources, job_threads, segment_time
@@ -308,7 +308,7 @@ class WorkflowPlan:
         """Hash of the run's whole resolved config: a param of ``track_config``, so any
         config change brings the parent run up to date (config hash, changed params, config
         artifact)."""
-        return config_hash(to_dict(self.runs[run].config))
+        return config_signature(self.runs[run].config, self.runs[run].spec.vocab_size)
 
     def eval_signature(self, run: str) -> str:
         data = to_dict(self.runs[run].config.eval)

@@ -36,7 +36,7 @@ class RunPlan:
         written); ``digest``: its spec file's, when read from one (else computed)."""
         cfg = spec.config
         ends = segment_ends(cfg.train.total_steps, cfg.train.steps_per_segment)
-        signature = train_signature(cfg, spec.data_id)
+        signature = train_signature(cfg, spec.data_id, spec.vocab_size)
         return cls(spec=spec, digest=digest or spec.digest, train_signature=signature,
                    segment_ends=ends,
                    retention=retention(layout, ends, cfg.snapshots, signature))

@@ -20,13 +20,15 @@ from .common import check_stage_outputs
 log = logging.getLogger(__name__)
 
 
-def import_stage(cfg: Config, run_dir: Path, out: Path) -> dict[str, Any]:
-    """``model.init_from`` (source, layer ranges, adapter) imported as a snapshot at ``out``
-    (child run ``import``: source, layers, fingerprint as params, import time and size as
-    metrics, the import record as an artifact). Rule ``import_init`` and ``import-hf``."""
+def import_stage(cfg: Config, planned: dict[str, Any], run_dir: Path, out: Path
+                 ) -> dict[str, Any]:
+    """``model.init_from`` (source, adapter; the layers of ``planned``, what the source
+    resolved to: ``RunSpec.init``) imported as a snapshot at ``out`` (child run ``import``:
+    source, layers, fingerprint as params, import time and size as metrics, the import record
+    as an artifact). Rule ``import_init`` and ``import-hf``."""
     check_stage_outputs(cfg, run_dir)
     init = cfg.model.init_from
-    record = import_checkpoint(init.source, out, cfg, adapter=init.adapter)
+    record = import_checkpoint(init.source, out, cfg, adapter=init.adapter, planned=planned)
     params = {"import.source": record["source"]["source"],
               "import.fingerprint": record["fingerprint"],
               "import.architecture": record["architecture"],
