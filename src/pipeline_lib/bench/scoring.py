@@ -55,10 +55,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from ..errors import DataError
+from ..evaluate.heff_summary import write_parquet
 from .heatmap import plot_bench
 from .intervals import find_comparison, interval_fields, paired_comparisons
 
@@ -69,6 +67,9 @@ SUMMARY_COLUMNS = ("step", "task", "h_eff", "level", "metric", "value", "n", "ci
                    "mean_loops", "loops_hist", "computed_loops", "kv_bytes", "kv_bytes_core",
                    "setting_seconds", "samples", "loops_per_answer")
 _SPENT = ("kv_bytes", "kv_bytes_core")
+_SUMMARY_TYPES = {**dict.fromkeys(SUMMARY_COLUMNS, "float64"),
+                  **dict.fromkeys(("step", "h_eff", "level", "n", *_SPENT, "samples"), "int64"),
+                  **dict.fromkeys(("task", "metric", "adaptive", "loops_hist"), "string")}
 _INTERVAL_KEYS = ("n", "ci_low", "ci_high")
 
 
@@ -346,27 +347,7 @@ def summarize_bench(jsons: list[Path], out_parquet: Path, out_png: Path) -> list
         raise DataError("summarize-bench got no benchmark JSON files; pass at least one")
     reports = sorted((_read_report(Path(p)) for p in jsons), key=lambda r: r.get("step") or 0)
     rows = [row for report in reports for row in bench_records(report)]
-    table = pa.table({
-        "step": pa.array([r["step"] for r in rows], pa.int64()),
-        "task": pa.array([r["task"] for r in rows], pa.string()),
-        "h_eff": pa.array([r["h_eff"] for r in rows], pa.int64()),
-        "level": pa.array([r["level"] for r in rows], pa.int64()),
-        "metric": pa.array([r["metric"] for r in rows], pa.string()),
-        "value": pa.array([r["value"] for r in rows], pa.float64()),
-        "n": pa.array([r["n"] for r in rows], pa.int64()),
-        **{c: pa.array([r[c] for r in rows], pa.float64())
-           for c in ("ci_low", "ci_high", "diff_vs_h1", "diff_lo", "diff_hi", "p_mcnemar")},
-        "adaptive": pa.array([r["adaptive"] for r in rows], pa.string()),
-        "mean_loops": pa.array([r["mean_loops"] for r in rows], pa.float64()),
-        "loops_hist": pa.array([r["loops_hist"] for r in rows], pa.string()),
-        "computed_loops": pa.array([r["computed_loops"] for r in rows], pa.float64()),
-        **{c: pa.array([r[c] for r in rows], pa.int64()) for c in _SPENT},
-        "setting_seconds": pa.array([r["setting_seconds"] for r in rows], pa.float64()),
-        "samples": pa.array([r["samples"] for r in rows], pa.int64()),
-        "loops_per_answer": pa.array([r["loops_per_answer"] for r in rows], pa.float64()),
-    })
-    Path(out_parquet).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out_parquet)
+    write_parquet(rows, SUMMARY_COLUMNS, _SUMMARY_TYPES, Path(out_parquet))
     plot_bench(reports, Path(out_png))
     log.info("bench summary: %d rows from %d reports → %s, %s", len(rows), len(reports),
              out_parquet, out_png)

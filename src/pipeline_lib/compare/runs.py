@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..evaluate.heff_summary import write_parquet
 from ..model.loop_sampling import deepest_loops
 from ..spec.config_load import load_config
 from ..spec.layout import RunLayout
@@ -31,6 +32,8 @@ TAIL_STEPS = 10  # final training loss = mean over the last this many logged ste
 VAL_LOSS_KEY = re.compile(r"val/loss_h(\d+)")  # the trainer's validation after H loops
 COLUMNS = ("run", "final_step", "metric", "h_eff", "level", "value", "n", "stderr", "ci_low",
            "ci_high")
+_TYPES = {**dict.fromkeys(COLUMNS, "float64"), "run": "string", "metric": "string",
+          **dict.fromkeys(("final_step", "h_eff", "level", "n"), "int64")}
 
 
 @dataclass
@@ -372,11 +375,4 @@ def comparison_rows(runs: Sequence[RunResults]) -> list[dict[str, Any]]:
 
 def write_table(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     """``rows`` (:data:`COLUMNS`) as a parquet file with fixed column types."""
-    import pyarrow as pa  # pyarrow: CLI --help imports this module; only writing a table needs it
-    import pyarrow.parquet as pq  # pyarrow: as above
-
-    types = {"run": pa.string(), "final_step": pa.int64(), "metric": pa.string(),
-             "h_eff": pa.int64(), "level": pa.int64(), "value": pa.float64(), "n": pa.int64(),
-             "stderr": pa.float64(), "ci_low": pa.float64(), "ci_high": pa.float64()}
-    pq.write_table(pa.table({c: pa.array([r[c] for r in rows], types[c]) for c in COLUMNS}),
-                   path)
+    write_parquet(rows, COLUMNS, _TYPES, path)

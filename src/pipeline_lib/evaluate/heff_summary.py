@@ -61,10 +61,6 @@ def sweep_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_table(rows: Sequence[dict[str, Any]], out: Path) -> None:
-    write_parquet(rows, COLUMNS, _TYPES, out)
-
-
 def write_parquet(rows: Sequence[dict[str, Any]], columns: Sequence[str],
                   types: dict[str, str], out: Path) -> None:
     """``rows`` as a parquet table of ``columns`` typed by ``types`` (pyarrow type names)."""
@@ -121,7 +117,7 @@ def summarize_heff(inputs: Sequence[Path], out_table: Path, out_plot: Path,
         raise DataError("summarize_heff got no sweep results; evaluate at least one snapshot")
     sweeps = read_sweeps(inputs)
     rows = sweep_rows(sweeps)
-    write_table(rows, out_table)
+    write_parquet(rows, COLUMNS, _TYPES, out_table)
     plot_sweeps(sweeps, out_plot, title)
     log.info("H_eff summary of %d snapshots → %s, %s", len(sweeps), out_table, out_plot)
     return rows

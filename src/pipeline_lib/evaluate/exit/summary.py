@@ -59,16 +59,12 @@ def _section_rows(doc: dict[str, Any], section: dict[str, Any], rows: list) -> N
                         for col, (fill, key) in _SPENT.items()}})
 
 
-def write_adaptive_table(rows: Sequence[dict[str, Any]], out: Path) -> None:
-    write_parquet(rows, COLUMNS, _TYPES, out)
-
-
 def summarize_adaptive(inputs: Sequence[Path], out_table: Path, out_plot: Path,
                        title: str = "") -> list[dict[str, Any]]:
     """Read every sweep JSON, write the adaptive table and figure; return the rows."""
     sweeps = read_sweeps(inputs)
     rows = adaptive_rows(sweeps)
-    write_adaptive_table(rows, out_table)
+    write_parquet(rows, COLUMNS, _TYPES, out_table)
     plot_adaptive(sweeps, out_plot, title)
     log.info("adaptive-exit summary: %d rows → %s, %s", len(rows), out_table, out_plot)
     return rows
