@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..figures import save_figure
+
 NO_TASKS_NOTE = "no downstream benchmarks configured (bench.tasks is empty)"
 
 
@@ -126,12 +128,6 @@ def _plot_trend(ax: Any, task: str, reports: list[Mapping[str, Any]], first_col:
     ax.legend(fontsize=7)
 
 
-def _save(fig: Figure, out_png: Path) -> Figure:
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    return fig
-
-
 def _no_tasks_figure() -> Figure:
     """The figure of reports without tasks: one line saying why it is empty."""
     fig = Figure(figsize=(6.0, 1.6))
@@ -151,7 +147,7 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> Figure:
     figure that says so (:data:`NO_TASKS_NOTE`) when the latest report has no task."""
     latest = reports[-1]
     if not latest["tasks"]:
-        return _save(_no_tasks_figure(), out_png)
+        return save_figure(_no_tasks_figure(), out_png)
     tasks = [t for t, info in latest["tasks"].items() if info.get("metric") and
              any(s.get("levels") for s in info["h_eff"].values())]
     others = [t for t in latest["tasks"] if t not in tasks]
@@ -183,4 +179,4 @@ def plot_bench(reports: list[Mapping[str, Any]], out_png: Path) -> Figure:
     if train_max is not None:  # on its own line: one line would not fit a single panel
         caption += f"\ndashed line: top of the training range (level {train_max})"
     fig.suptitle(caption, fontsize=9)
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)

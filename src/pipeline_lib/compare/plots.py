@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..figures import pyplot, save_figure
 from .answers import COMPUTE_PLOT, plot_accuracy_vs_compute, samples_more_than_once
 from .labels import top_trained_level
 from .markdown import depth_settings
@@ -21,11 +22,7 @@ def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
     compute spent, and when some variant sampled several answers per question,
     ``accuracy_vs_compute.png``: accuracy vs compute per answer (a stale one of either is
     removed otherwise)."""
-    import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # as above: Agg is set first
-
+    plt = pyplot()
     plots = [("loss_vs_heff.png", _plot_loss_vs_heff), ("accuracy_vs_heff.png", _plot_accuracy),
              ("train_loss.png", _plot_train_loss)]
     if any(r.adaptive for r in runs):
@@ -36,18 +33,16 @@ def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
         plots.append((COMPUTE_PLOT, plot_accuracy_vs_compute))
     else:
         (Path(out_dir) / COMPUTE_PLOT).unlink(missing_ok=True)
-    return [_save(plot(plt, runs), out_dir / name) for name, plot in plots]
+    for name, plot in plots:
+        save_figure(plot(plt, runs), out_dir / name)
+    return [out_dir / name for name, _ in plots]
 
 
 def plot_val_loss_curves(curves: Mapping[int, Sequence[tuple[int, float]]], run: str,
                          path: Path) -> Path:
     """``path``: validation loss against the training step, one line per H_eff (``curves``:
     :func:`.runs.val_loss_curves` of the run ``run``)."""
-    import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # as above: Agg is set first
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     for h, points in sorted(curves.items()):
         steps, losses = zip(*points, strict=True)
@@ -56,7 +51,8 @@ def plot_val_loss_curves(curves: Mapping[int, Sequence[tuple[int, float]]], run:
     ax.set(xlabel="optimizer step", ylabel="validation loss (nats/token)",
            title=f"{run}: validation loss while training, by test-time loops")
     ax.legend(fontsize="small")
-    return _save(fig, path)
+    save_figure(fig, path)
+    return path
 
 
 def labels_plot_levels(check: Mapping[str, Any]) -> list[int]:
@@ -71,11 +67,7 @@ def plot_labels_accuracy(check: Mapping[str, Any], path: Path) -> Path:
     """``path``: token accuracy vs H_eff (log 2), one panel per level of
     :func:`labels_plot_levels`, one line per variant with its 95% band, a dotted vertical line
     at each looped variant's train_max_loops (``check``: :func:`.labels.labels_depth_check`)."""
-    import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # as above: Agg is set first
-
+    plt = pyplot()
     levels = labels_plot_levels(check)
     fig, axes = plt.subplots(1, len(levels), figsize=(4 * len(levels), 3.6), sharey=True,
                              constrained_layout=True, squeeze=False)
@@ -105,14 +97,7 @@ def plot_labels_accuracy(check: Mapping[str, Any], path: Path) -> Path:
     axes[0][0].legend(fontsize="small")
     fig.suptitle("labelled task: accuracy vs test-time loops (dotted: train_max_loops)",
                  fontsize="medium")
-    return _save(fig, path)
-
-
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt  # matplotlib: as above
-
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 

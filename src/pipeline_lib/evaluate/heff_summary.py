@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..figures import pyplot, save_figure
 
 log = logging.getLogger(__name__)
 COLUMNS = ("step", "h_eff", "loss", "perplexity", "tokens", "deeper_better", "stderr",
@@ -75,11 +76,7 @@ def write_parquet(rows: Sequence[dict[str, Any]], columns: Sequence[str],
 
 def plot_sweeps(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") -> None:
     """Left: loss vs H_eff, one line per snapshot. Right: loss vs step, one line per H_eff."""
-    import matplotlib  # matplotlib (~0.3 s): CLI --help imports this module; only drawing needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # as above: Agg is set first
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     cmap = plt.get_cmap("viridis")
     n = max(len(sweeps) - 1, 1)
@@ -105,9 +102,7 @@ def plot_sweeps(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") ->
     right.legend(fontsize="small")
     if title:
         fig.suptitle(title)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def summarize_heff(inputs: Sequence[Path], out_table: Path, out_plot: Path,

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..figures import pyplot, save_figure
 from .heff_summary import read_sweeps, write_parquet
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,7 @@ def label_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def plot_labels(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") -> None:
     """Label accuracy vs H_eff of the last labelled snapshot, one line per level."""
-    import matplotlib  # here: the figure's jobs alone pay for it, and Agg is set before pyplot
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # as above
-
+    plt = pyplot()
     shown = [doc for doc in sweeps if doc.get("labels")]
     fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
     fig.suptitle(title or "label accuracy vs H_eff")
@@ -65,9 +62,7 @@ def plot_labels(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") ->
         ax.set_axis_off()
     else:
         _draw(ax, shown[-1], plt.get_cmap("viridis"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def _draw(ax: Any, doc: dict[str, Any], cmap: Any) -> None:

@@ -19,6 +19,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..figures import save_figure
+
 PANELS = (("relative_step", "‖s_t − s_{t−1}‖ / ‖s_t‖", "log"),
           ("cosine", "cos(s_t, s_{t−1})", "linear"),
           ("kl_to_final", "KL(p_t ‖ p_M) (nats)", "symlog"))
@@ -39,9 +41,7 @@ def plot_trajectories(result: dict[str, Any], out: Path, title: str = "") -> Any
     counts = ", ".join(f"{n} {name}" for name, n in result["classes"].items())
     fig.suptitle(title or f"latent trajectories of {result['tokens']} tokens "
                           f"(step {result.get('step')}): {counts}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return fig
+    return save_figure(fig, out)
 
 
 def _paths(fig: Any, ax: Any, result: dict[str, Any]) -> None:

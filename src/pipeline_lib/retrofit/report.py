@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..figures import save_figure
+
 SHOWN = 6  # candidates drawn in the figure (the table lists every measured one)
 
 
@@ -74,4 +76,4 @@ def plan_figure(result: dict[str, Any], out: Path) -> None:
                title=f"measured choices (95% CI, {result['tokens']} tokens)")
     curves.legend(fontsize=7)
     fig.suptitle(f"retrofit plan: {Path(result['source']).name}")
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out)

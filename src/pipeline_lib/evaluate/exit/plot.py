@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ...figures import pyplot, save_figure
+
 STYLE = {"kl": ("#0072B2", "s"), "entropy": ("#E69F00", "^"), "latent_diff": ("#009E73", "D"),
          "cosine": ("#CC79A7", "v"), "argmax_stable": ("#D55E00", "P"),
          "gate": ("#56B4E9", "*")}  # Okabe–Ito colours (colour-blind safe), one marker each
@@ -53,11 +55,7 @@ def sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") -> Any:
     """Write the figure of the sweeps that have adaptive sections to ``out``; returns the
     (closed) matplotlib figure."""
-    import matplotlib  # here: the figure's jobs alone pay for it, and Agg is set before pyplot
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # as above
-
+    plt = pyplot()
     shown = [doc for doc in sweeps if sections(doc)]
     n_small = max(len(shown) - 1, 0)
     rows, cols = -(-n_small // PER_ROW), max(1, min(n_small, PER_ROW))
@@ -72,10 +70,7 @@ def plot_adaptive(sweeps: Sequence[dict[str, Any]], out: Path, title: str = "") 
                   ha="center", va="center", transform=main.transAxes)
     else:
         _draw_all(fig, main, small, shown)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return fig
+    return save_figure(fig, out)
 
 
 def _draw_all(fig: Any, main: Any, small: Sequence[Any], shown: Sequence[dict]) -> None:
