@@ -30,26 +30,19 @@ def summarize_heff_stage(cfg: Config, run: str, run_dir: Path, inputs: Sequence[
                                        (adaptive_plot, FIGURE), (label_table, TABLE),
                                        (label_plot, FIGURE)],
                         [("--inputs", path) for path in inputs])
-    extra: list[Path] = []
+    parts = [(Path(t), Path(p), summarize, what) for t, p, summarize, what in (
+        (table, plot, summarize_heff, "validation loss vs H_eff"),
+        (adaptive_table, adaptive_plot, summarize_adaptive, "adaptive exit vs fixed H_eff"),
+        (label_table, label_plot, summarize_labels, "label accuracy vs H_eff"))
+        if t is not None and p is not None]
     with output_set() as outputs:  # the tables and figures appear together or not at all
-        rows = {Path(table): len(summarize_heff(
-            list(inputs), outputs.file(table), outputs.file(plot),
-            title=f"{run}: validation loss vs H_eff" if title is None else title))}
-        if adaptive_table is not None and adaptive_plot is not None:
-            extra = [Path(adaptive_table), Path(adaptive_plot)]
-            rows[extra[0]] = len(summarize_adaptive(
-                list(inputs), outputs.file(extra[0]), outputs.file(extra[1]),
-                title=f"{run}: adaptive exit vs fixed H_eff" if title is None else title))
-        if label_table is not None and label_plot is not None:
-            extra += [Path(label_table), Path(label_plot)]
-            rows[Path(label_table)] = len(summarize_labels(
-                list(inputs), outputs.file(label_table), outputs.file(label_plot),
-                title=f"{run}: label accuracy vs H_eff" if title is None else title))
+        rows = {t: len(summarize(list(inputs), outputs.file(t), outputs.file(p),
+                                 title=f"{run}: {what}" if title is None else title))
+                for t, p, summarize, what in parts}
     with start_stage(cfg, run_dir, "eval_summary") as stage:
-        stage.log_artifact(table, "eval")
-        stage.log_artifact(plot, "eval")
-        for path in extra:
-            stage.log_artifact(path, "eval")
+        for t, p, _, _ in parts:
+            stage.log_artifact(t, "eval")
+            stage.log_artifact(p, "eval")
         layout = RunLayout.at(run_dir)
         for tsv in layout.benchmarks("eval_heff") + layout.benchmarks("train_segment"):
             stage.log_artifact(tsv, "benchmarks")
