@@ -88,7 +88,7 @@ def test_artifacts_are_logged(cfg: Config, run_dir: Path, store_uri: str, tmp_pa
     (tmp_path / "heff.json").write_text("{}")
     with start_stage(cfg, run_dir, "train") as stage:
         stage.log_artifact(tmp_path / "heff.json", "eval")
-        stage.log_artifacts(tmp_path / "tb", "tensorboard")
+        stage.log_artifact(tmp_path / "tb", "tensorboard")
     c = client(store_uri)
     assert [a.path for a in c.list_artifacts(stage.run_id, "eval")] == ["eval/heff.json"]
     assert [a.path for a in c.list_artifacts(stage.run_id, "tensorboard")] == [

@@ -104,13 +104,10 @@ class StageRun:
             self._sink.set_tags(self.run_id, dict(tags))
 
     def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
-        """Log a file now (by path when offline: keep it until ``sync-tracking``)."""
+        """Log a file, or a directory's files (e.g. the TensorBoard event directory), now (by
+        path when offline: keep it until ``sync-tracking``)."""
         if self._sink is not None:
             self._sink.log_artifact(self.run_id, Path(path), artifact_path)
-
-    def log_artifacts(self, directory: Path | str, artifact_path: str | None = None) -> None:
-        """Log a directory's files now (e.g. the TensorBoard event directory)."""
-        self.log_artifact(directory, artifact_path)
 
     def log_headline(self, group: str, values: Values, info: Mapping[str, Any] | None = None
                      ) -> int:

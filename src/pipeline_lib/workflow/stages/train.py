@@ -54,7 +54,7 @@ class TrainTracking:
         stage.log_artifact(out / "samples.jsonl", f"train/samples/{out.name}")
         tensorboard = RunLayout.at(run_dir).tensorboard
         if tensorboard.is_dir():
-            stage.log_artifacts(tensorboard, "tensorboard")
+            stage.log_artifact(tensorboard, "tensorboard")
         state = trainer.state
         if state.total_steps and state.step >= state.total_steps:
             stage.log_headline("train", train_values(trainer.cfg.model, trainer.data.seq_len,
