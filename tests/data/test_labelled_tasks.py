@@ -10,7 +10,6 @@ from pipeline_lib.data.labelled_tasks import (
     LENGTH,
     check_task_levels,
     generate_record,
-    generate_records,
     iter_task_records,
 )
 from pipeline_lib.errors import DataError
@@ -90,11 +89,13 @@ def test_a_level_the_length_cannot_hold_is_refused(task, level):
 
 
 def test_same_seed_same_records_other_seed_other_records():
-    a = generate_records("chain_root", 4, 5, seed=1)
-    assert a == generate_records("chain_root", 4, 5, seed=1)
-    assert a != generate_records("chain_root", 4, 5, seed=2)
-    assert generate_records("prefix_parity", 4, 5, seed=1) != \
-        generate_records("prefix_parity", 5, 5, seed=1)
+    def records(seed: int) -> list:
+        return list(iter_task_records(SourceConfig(type="labelled", tasks=["chain_root"],
+                                                   num_docs=5, seed=seed)))
+
+    assert records(1) == records(1) != records(2)
+    a, b = random.Random(1), random.Random(1)
+    assert generate_record("prefix_parity", 4, a) != generate_record("prefix_parity", 5, b)
 
 
 def test_a_source_draws_tasks_and_levels_in_its_range():

@@ -19,9 +19,8 @@ def test_run_paths() -> None:
     assert run.run_dir == Path("results/loop4")
     assert run.snapshot(250) == Path("results/loop4/snapshots/step_0000250")
     assert run.snapshot(250, kept=False) == Path("results/loop4/snapshots/transient/step_0000250")
-    assert (run.best, run.index, run.final) == (
-        Path("results/loop4/snapshots/best"), Path("results/loop4/snapshots/index.json"),
-        Path("results/loop4/snapshots/final"))
+    assert (run.best, run.index) == (
+        Path("results/loop4/snapshots/best"), Path("results/loop4/snapshots/index.json"))
     assert (run.metrics, run.spike_log, run.rollback_record, run.tensorboard) == (
         Path("results/loop4/train/metrics.jsonl"), Path("results/loop4/train/spike_events.jsonl"),
         Path("results/loop4/train/rollback.json"), Path("results/loop4/tensorboard"))
@@ -52,10 +51,10 @@ def test_results_paths() -> None:
     assert RunLayout.at("out/r") == RunLayout(Path("out"), "r")
 
 
-def test_best_index_and_final_sit_in_the_snapshots_dir() -> None:
+def test_best_and_index_sit_in_the_snapshots_dir() -> None:
     run = RunLayout(Path("r"), "x")
-    assert (run.best.name, run.index.name, run.final.name) == ("best", "index.json", "final")
-    assert run.final.parent == run.index.parent == run.best.parent == run.snapshots_dir
+    assert (run.best.name, run.index.name) == ("best", "index.json")
+    assert run.index.parent == run.best.parent == run.snapshots_dir
 
 
 def test_wildcard_patterns() -> None:

@@ -12,7 +12,6 @@ from pipeline_lib.train.batch_plan import BatchPlan, make_batch_plan
 def test_default_plan():
     plan = make_batch_plan(TrainConfig())
     assert plan == BatchPlan(global_batch_rows=16, micro_batch_rows=8, world_size=1, accum_steps=2)
-    assert plan.rows_per_rank == 16
     assert plan.tokens_per_step(128) == 2048
 
 
@@ -20,7 +19,6 @@ def test_default_plan():
 def test_ranks_and_micro_batches_make_up_the_global_batch(world):
     plan = make_batch_plan(TrainConfig(global_batch_rows=24, micro_batch_rows=3), world)
     assert plan.accum_steps * plan.micro_batch_rows * plan.world_size == 24
-    assert plan.rows_per_rank * world == 24
 
 
 def test_world_size_other_than_nproc_keeps_global_batch():

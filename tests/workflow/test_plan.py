@@ -144,7 +144,7 @@ def test_trajectories_are_never_a_target_of_all():
 
 def test_variants_share_a_data_pack_when_only_the_model_differs():
     plan = _plan()
-    assert len(plan.run_names) >= 2 and len(plan.data_ids) == 1
+    assert len(plan.run_names) >= 2 and len({p.data_id for p in plan.runs.values()}) == 1
     assert plan.runs["loop1"].config.model.loops == 1
     assert plan.runs["loop1"].config.runs == {}
 

@@ -107,12 +107,6 @@ def generate_record(task: str, level: int, rng: random.Random) -> Record:
     return {**_GENERATORS[task](level, rng), "level": level}
 
 
-def generate_records(task: str, level: int, count: int, seed: int) -> list[Record]:
-    """``count`` records of one task and level; each (task, level, seed) is its own stream."""
-    rng = random.Random(f"loopline-labelled:{task}:{level}:{seed}")
-    return [generate_record(task, level, rng) for _ in range(count)]
-
-
 def check_task_levels(index: int, src: SourceConfig) -> None:
     """Every task of ``data.sources[index]`` can hold its largest level (a DataError naming
     the key otherwise), checked before a pack starts."""

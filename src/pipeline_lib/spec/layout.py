@@ -176,10 +176,6 @@ class RunLayout:
         """Where each snapshot written was put, kept or temporary (spec.retention)."""
         return self.snapshots_dir / RETENTION_FILE
 
-    @property
-    def final(self) -> Path:
-        return self.snapshots_dir / FINAL_LINK
-
     # ------------------------------------------------------------------ training logs
 
     @property

@@ -26,11 +26,6 @@ class BatchPlan:
     world_size: int
     accum_steps: int
 
-    @property
-    def rows_per_rank(self) -> int:
-        """Rows one rank processes per optimizer step (micro × accum)."""
-        return self.micro_batch_rows * self.accum_steps
-
     def tokens_per_step(self, seq_len: int) -> int:
         """Input tokens per optimizer step over all ranks (padding included)."""
         return self.global_batch_rows * seq_len

@@ -125,10 +125,6 @@ class WorkflowPlan:
     def run_names(self) -> list[str]:
         return list(self.runs)
 
-    @property
-    def data_ids(self) -> list[str]:
-        return sorted({plan.data_id for plan in self.runs.values()})
-
     def data_config(self, data_id: str) -> DataConfig:
         for plan in self.runs.values():
             if plan.data_id == data_id:
