@@ -20,19 +20,15 @@ def plot_comparison(runs: Sequence[RunResults], out_dir: Path) -> list[Path]:
     """``loss_vs_heff.png``, ``accuracy_vs_heff.png``, ``train_loss.png`` and, when some
     variant was benchmarked under adaptive exit, ``accuracy_vs_loops.png``: accuracy vs
     compute spent, and when some variant sampled several answers per question,
-    ``accuracy_vs_compute.png``: accuracy vs compute per answer (a stale one of either is
-    removed otherwise)."""
+    ``accuracy_vs_compute.png``: accuracy vs compute per answer, into a fresh ``out_dir``
+    (:func:`pipeline_lib.compare.compare_runs` removes a stale one of either)."""
     plt = pyplot()
     plots = [("loss_vs_heff.png", _plot_loss_vs_heff), ("accuracy_vs_heff.png", _plot_accuracy),
              ("train_loss.png", _plot_train_loss)]
     if any(r.adaptive for r in runs):
         plots.append((LOOPS_PLOT, _plot_accuracy_vs_loops))
-    else:
-        (Path(out_dir) / LOOPS_PLOT).unlink(missing_ok=True)
     if any(samples_more_than_once(r.answers) for r in runs):
         plots.append((COMPUTE_PLOT, plot_accuracy_vs_compute))
-    else:
-        (Path(out_dir) / COMPUTE_PLOT).unlink(missing_ok=True)
     for name, plot in plots:
         save_figure(plot(plt, runs), out_dir / name)
     return [out_dir / name for name, _ in plots]
