@@ -1,10 +1,12 @@
-"""Where a figure was made: the checkout's git state and the CPU's name (stamps of the docs'
-generated sections, the device check's JSON, the benchmarks). Imports nothing of loopline."""
+"""Where a figure was made: the checkout's git state, the CPU's name and package versions
+(stamps of the docs' generated sections, the device check's JSON, the benchmarks, a parent
+run's tags). Imports nothing of loopline."""
 
 from __future__ import annotations
 
 import platform
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 
@@ -16,6 +18,14 @@ def git_output(repo: Path, *args: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def package_version(package: str, missing: str) -> str:
+    """The installed version of ``package``, else ``missing``."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return missing
 
 
 def repo_root(path: Path) -> Path:

@@ -19,12 +19,11 @@ import json
 import logging
 import os
 import platform
-import subprocess
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from ..fsio import write_text_atomic
+from ..provenance import git_output, package_version
 from ..spec.config import Config
 from ..spec.config_load import PROJECT_ROOT
 from ..spec.config_write import config_hash, flatten, public_dict, save_config
@@ -62,25 +61,10 @@ def write_tracking_info(run_dir: Path, info: dict[str, Any]) -> None:
 
 def git_state(root: Path = PROJECT_ROOT) -> tuple[str, str]:
     """(commit, dirty) of the project checkout; ("unknown", "unknown") without git."""
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True,
-                                 text=True, timeout=20, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD") or "unknown"
-    status = git("status", "--porcelain", "--untracked-files=no")
+    commit = git_output(root, "rev-parse", "HEAD") or "unknown"
+    status = git_output(root, "status", "--porcelain", "--untracked-files=no")
     dirty = "unknown" if status is None else ("true" if status else "false")
     return commit, dirty
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "absent"
 
 
 def provenance_tags(cfg: Config, run: str, data_id: str | None) -> dict[str, str]:
@@ -90,9 +74,9 @@ def provenance_tags(cfg: Config, run: str, data_id: str | None) -> dict[str, str
         "loopline.config_hash": config_hash(cfg),
         "loopline.git_commit": commit,
         "loopline.git_dirty": dirty,
-        "loopline.version.snakemake": _version("snakemake"),
-        "loopline.version.torch": _version("torch"),
-        "loopline.version.mlflow": _version("mlflow"),
+        "loopline.version.snakemake": package_version("snakemake", "absent"),
+        "loopline.version.torch": package_version("torch", "absent"),
+        "loopline.version.mlflow": package_version("mlflow", "absent"),
         "loopline.version.python": platform.python_version(),
     }
     if commit != "unknown":
