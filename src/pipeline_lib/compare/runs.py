@@ -119,12 +119,12 @@ class RunResults:
                 and level > self.train_max_difficulty)
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path, fix: str = "rerun the stage that writes it") -> Any:
+    """A result's JSON, or a one-line DataError naming it and ``fix``."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise DataError(f"{path} cannot be read as JSON ({exc}); rerun the stage that writes "
-                        "it") from None
+        raise DataError(f"{path} cannot be read as JSON ({exc}); {fix}") from None
 
 
 def _train_curve(metrics_jsonl: Path) -> list[tuple[int, float]]:
@@ -245,7 +245,7 @@ def _labels(sweep_json: Path | None) -> dict[str, Any] | None:
     """The ``labels`` section of the final H_eff sweep (None: no sweep given, or unlabelled)."""
     if sweep_json is None or not Path(sweep_json).is_file():
         return None
-    sweep = _read_json(sweep_json)
+    sweep = read_json(sweep_json)
     labels = sweep.get("labels")
     adaptive = {c: s["labels"] for c, s in (sweep.get("adaptive_by_criterion") or {}).items()
                 if "labels" in s}
@@ -274,7 +274,7 @@ def load_run_results(name: str, heff_table: Path, bench_json: Path, metrics_json
     loss_paired = {int(r["h_eff"]): {"diff": r["diff_vs_h1"], "lo": r["diff_lo"],
                                      "hi": r["diff_hi"]}
                    for r in final if r.get("diff_vs_h1") is not None}
-    bench = _read_json(bench_json)
+    bench = read_json(bench_json)
     accuracy, scores, paired, samples = _bench_scores(bench)
     baselines = {info.get("paired_baseline") for info in bench.get("tasks", {}).values()}
     baselines.discard(None)
@@ -308,7 +308,7 @@ def run_dir_inputs(run_dir: Path) -> dict[str, Path]:
                         "e.g. results/loop1 results/loop4")
     if not layout.index.is_file():
         raise DataError(f"{layout.index} is missing; finish training run {layout.run} first")
-    final = int(_read_json(layout.index)["final_step"])
+    final = int(read_json(layout.index)["final_step"])
     return {"heff": layout.heff_table, "bench": layout.bench_result(final),
             "metrics": layout.metrics, "config": layout.snapshot(final) / "config.yaml",
             "sweep": layout.heff_result(final)}
