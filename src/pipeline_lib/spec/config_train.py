@@ -85,8 +85,9 @@ class TrainConfig:
                      minimum=1)
     min_nnodes: int = _f(0, "Fewest nodes a multi-node segment goes on with when nodes fail "
                          "mid-segment (SLURM, from its input snapshot on the nodes left; weights "
-                         "then equal up to rounding); 0 = train.nnodes: the job fails and is "
-                         "requeued.", minimum=0)
+                         "then equal up to rounding; a lost first node still ends it, idle until "
+                         "its time limit); 0 = train.nnodes: the job fails and is requeued.",
+                         minimum=0)
     rdzv_endpoint: str = _f("", "host:port of the torchrun rendezvous when nnodes > 1 (empty = "
                             "$MASTER_ADDR:$MASTER_PORT, else in SLURM the job's first node, "
                             "port 20000 + job id mod 20000).")
