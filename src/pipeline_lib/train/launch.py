@@ -162,11 +162,11 @@ def run_training_job(cfg: Config, data_dir: Path, resume_from: Path | None, unti
         if adopt_finished(home, resume_from, until_step, signature, Path(out)):
             return Path(out)
         return _train_job(cfg, data_dir, resume_from, until_step, out, run_dir, attempt,
-                          warm_start=warm_start, tracking=tracking, build_source=build_source)
+                          signature, warm_start=warm_start, tracking=tracking, build_source=build_source)
 
 
 def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step: int,
-               out: Path, run_dir: Path | None, attempt: int, *,
+               out: Path, run_dir: Path | None, attempt: int, signature: str, *,
                warm_start: Path | None, tracking: SegmentTracking | None,
                build_source: SourceBuilder | None) -> Path:
 
@@ -182,7 +182,7 @@ def _train_job(cfg: Config, data_dir: Path, resume_from: Path | None, until_step
     args = _train_args(config_path, data_dir, resume_from, until_step, out, run_dir, attempt,
                        warm_start, tracked=tracking is not None)
     stopped = functools.partial(_stopped_with_resume_point, home, until_step, attempt,
-                                segment_signature(cfg, data_dir))
+                                signature)
     try:
         rc, tail, rdzv = _run_workers(cfg, args, Path(out).name, stopped)
     finally:
